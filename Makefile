@@ -1,0 +1,52 @@
+# Switchyard — the two commands: `make up` (the whole stack, embedded) and `make test`.
+# Both create or refresh the virtualenv first; nothing else needs to be installed by hand.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# PostgreSQL for the second pass of the database tests; skipped (with a note) if unreachable.
+SWITCHYARD_TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+
+.PHONY: up test test-live lint format bench venv clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+## Run every process on this machine: Valkey, simulated vLLM fleet, web, gateway, Celery.
+up: $(STAMP)
+	$(PY) -m config.stack
+
+## The full test suite: SQLite first, then the database tests again on PostgreSQL if present.
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+	@if $(PY) -c "import psycopg,sys; psycopg.connect('$(SWITCHYARD_TEST_POSTGRES_URL)', connect_timeout=3).close()" 2>/dev/null; then \
+		echo "--- database tests on PostgreSQL ($(SWITCHYARD_TEST_POSTGRES_URL))"; \
+		SWITCHYARD_DATABASE_URL='$(SWITCHYARD_TEST_POSTGRES_URL)' $(PY) -m pytest -m django_db $(PYTEST_ARGS); \
+	else \
+		echo "--- PostgreSQL not reachable at $(SWITCHYARD_TEST_POSTGRES_URL): database tests ran on SQLite only"; \
+	fi
+
+## The simulator's contract tests against a real vLLM on the CPU (installs it; takes minutes).
+test-live: $(STAMP)
+	bash tests/live/run.sh
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) -m bench.simulator.throughput
+
+clean:
+	rm -rf $(VENV) .run

@@ -1,0 +1,163 @@
+"""Start and stop real server processes: ports, readiness probes, reliable shutdown.
+
+Used by the embedded stack (``make up``) and by the tests. Every process runs in its own
+session (process group) so that stopping it also stops its children (uvicorn workers, Celery
+pool processes), and its output goes to a log file whose tail is shown when it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_ready(url: str, *, expect: int | None = None) -> Callable[[], bool]:
+    """A readiness probe: the URL answers ``expect``, or any status below 500 if not given."""
+
+    def accepted(status: int) -> bool:
+        return status == expect if expect is not None else status < 500
+
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (loopback)
+                return accepted(int(response.status))
+        except urllib.error.HTTPError as exc:
+            return accepted(exc.code)
+        except OSError:
+            return False
+
+    return probe
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> Callable[[], bool]:
+    def probe() -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            return sock.connect_ex((host, port)) == 0
+
+    return probe
+
+
+class ManagedProcess:
+    """One child process with a log file, a readiness probe and a reliable stop."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path = REPO_ROOT,
+        log_path: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        if log_path is None:
+            fd, log_name = tempfile.mkstemp(prefix=f"switchyard-{name}-", suffix=".log")
+            os.close(fd)
+            log_path = Path(log_name)
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready: Callable[[], bool] | None = None, timeout: float = 30.0) -> None:
+        self.launch()
+        if ready is not None:
+            self.wait_ready(ready, timeout)
+
+    def launch(self) -> None:
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=self.cwd,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def wait_ready(self, ready: Callable[[], bool], timeout: float = 30.0) -> None:
+        assert self.proc is not None, "launch() first"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode} before it was ready:\n"
+                    + self.log_tail()
+                )
+            if ready():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"{self.name} was not ready within {timeout}s:\n" + self.log_tail())
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the whole process group (e.g. SIGKILL to simulate a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the group, then SIGKILL whatever is left; returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(5)
+        # Children that ignored the group signal must not outlive the test either.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
+    """Poll until the predicate holds; returns whether it did within the timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

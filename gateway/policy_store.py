@@ -1,0 +1,75 @@
+"""Keeps the current policy in memory, refreshed from Valkey in the background.
+
+Requests read ``store.current()`` — a field access, no I/O. If Valkey is unreachable the
+last policy keeps serving for ``policy_max_staleness_s``; after that the gateway fails closed
+(503), because a revocation it cannot see must not stay ineffective for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import valkey
+import valkey.asyncio as avalkey
+
+from gateway.errors import service_unavailable
+from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, Policy, parse_snapshot
+
+logger = logging.getLogger(__name__)
+
+
+class PolicyStore:
+    def __init__(self, client: avalkey.Valkey, *, refresh_s: float, max_staleness_s: float) -> None:
+        self._client = client
+        self._refresh_s = refresh_s
+        self._max_staleness_s = max_staleness_s
+        self._policy: Policy | None = None
+        self._synced_at = 0.0  # monotonic time of the last successful read of Valkey
+
+    @property
+    def version(self) -> int | None:
+        return self._policy.version if self._policy else None
+
+    def current(self) -> Policy:
+        policy = self._policy
+        if policy is None:
+            raise service_unavailable(
+                "The gateway has not loaded its policy yet; retry shortly.", code="policy_not_loaded"
+            )
+        if time.monotonic() - self._synced_at > self._max_staleness_s:
+            raise service_unavailable(
+                "The gateway cannot confirm its policy is current; retry shortly.",
+                code="policy_stale",
+            )
+        return policy
+
+    async def refresh(self) -> bool:
+        """Read the version; fetch and parse the snapshot if it moved. Returns whether it did."""
+        version = await self._client.get(VERSION_KEY)
+        changed = False
+        if version is not None and (self._policy is None or int(version) != self._policy.version):
+            raw = await self._client.get(SNAPSHOT_KEY)
+            if raw is not None:
+                self._policy = parse_snapshot(raw)
+                changed = True
+                logger.info(
+                    "policy_loaded version=%s models=%s keys=%s",
+                    self._policy.version,
+                    len(self._policy.models),
+                    len(self._policy.principals),
+                )
+        self._synced_at = time.monotonic()
+        return changed
+
+    async def run(self) -> None:
+        """Refresh for ever; survives Valkey outages and malformed snapshots."""
+        while True:
+            try:
+                await self.refresh()
+            except (valkey.ValkeyError, OSError) as exc:
+                logger.warning("policy_refresh_failed error=%s", exc.__class__.__name__)
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.error("policy_snapshot_invalid error=%r", exc)
+            await asyncio.sleep(self._refresh_s)

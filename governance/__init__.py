@@ -1,0 +1,1 @@
+"""The governance domain: tenants, use cases, models, API keys, and the policy snapshot."""

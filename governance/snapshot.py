@@ -1,0 +1,92 @@
+"""Build the gateway's policy snapshot from the database and publish it to Valkey."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+import valkey
+from django.conf import settings
+from django.db.models import Prefetch
+from django.utils import timezone
+
+from gateway.policy import SCHEMA, SNAPSHOT_KEY, VERSION_KEY, KeyEntry, ModelEntry, SnapshotDocument
+from governance.choices import ApiKeyStatus, UseCaseStatus
+from governance.models import ApiKey, Deployment, Model
+
+logger = logging.getLogger(__name__)
+
+PUBLISH_LOCK_KEY = "switchyard:policy:publish-lock"
+
+# Publishes are serialised by a short lock so that a slow publisher can never overwrite a
+# newer snapshot with an older one; inside it the document and its version are written in one
+# MULTI, and the gateway reads the document only after it sees the version move.
+
+
+def snapshot_build(*, version: int) -> SnapshotDocument:
+    models: dict[str, ModelEntry] = {}
+    for model in Model.objects.prefetch_related(
+        Prefetch("deployments", queryset=Deployment.objects.filter(active=True))
+    ):
+        deployments = list(model.deployments.all())
+        if not deployments:
+            continue  # a model with nowhere to run is not offered to clients
+        models[model.public_id] = {
+            "served_name": deployments[0].served_name,
+            "capabilities": list(model.capabilities),
+            "replicas": [url for d in deployments for url in d.replicas],
+            "timeout_s": model.timeout_seconds,
+            "max_tokens": model.max_tokens,
+        }
+
+    keys: dict[str, KeyEntry] = {}
+    now = timezone.now()
+    live_keys = (
+        ApiKey.objects.filter(
+            status=ApiKeyStatus.ACTIVE, use_case__status=UseCaseStatus.APPROVED
+        )
+        .exclude(expires_at__lte=now)
+        .select_related("use_case__tenant")
+        .prefetch_related("use_case__allowed_models")
+    )
+    for key in live_keys:
+        use_case = key.use_case
+        keys[key.key_hash] = {
+            "key_id": key.pk,
+            "prefix": key.prefix,
+            "tenant": use_case.tenant.slug,
+            "tenant_id": use_case.tenant_id,
+            "environment": use_case.tenant.environment,
+            "use_case": use_case.slug,
+            "use_case_id": use_case.pk,
+            "namespace": use_case.namespace,
+            "models": sorted(m.public_id for m in use_case.allowed_models.all()),
+            "expires_at": key.expires_at.timestamp() if key.expires_at else None,
+        }
+    return {
+        "schema": SCHEMA,
+        "version": version,
+        "published_at": time.time(),
+        "models": models,
+        "keys": keys,
+    }
+
+
+def snapshot_publish(*, client: valkey.Valkey | None = None) -> int:
+    """Publish a fresh snapshot; returns its version."""
+    client = client or valkey.Valkey.from_url(settings.VALKEY_URL)
+    with client.lock(PUBLISH_LOCK_KEY, timeout=30, blocking_timeout=30):
+        version = int(client.get(VERSION_KEY) or 0) + 1
+        document = snapshot_build(version=version)
+        with client.pipeline(transaction=True) as pipe:
+            pipe.set(SNAPSHOT_KEY, orjson.dumps(document))
+            pipe.set(VERSION_KEY, version)
+            pipe.execute()
+    logger.info(
+        "policy_snapshot_published version=%s models=%s keys=%s",
+        version,
+        len(document["models"]),
+        len(document["keys"]),
+    )
+    return version

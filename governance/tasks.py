@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from celery import shared_task
+
+from governance.snapshot import snapshot_publish
+
+
+@shared_task(
+    name="governance.publish_policy_snapshot",
+    autoretry_for=(ConnectionError, OSError),
+    retry_backoff=True,
+    max_retries=5,
+)
+def publish_policy_snapshot() -> int:
+    """Republish the gateway's policy snapshot; also runs on beat as a safety net."""
+    return snapshot_publish()

@@ -1,0 +1,1 @@
+"""The browser UI for governance officers, developers and auditors."""

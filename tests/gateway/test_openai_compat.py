@@ -1,0 +1,117 @@
+"""The gateway speaks OpenAI's API: the official SDK works unchanged through it."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import CHAT, EMBED, World
+
+
+def sdk(world: World, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=world.gateway.base_url + "/v1", api_key=key, max_retries=0)
+
+
+def test_models_lists_only_what_the_use_case_may_call(world: World) -> None:
+    assert sorted(m.id for m in sdk(world, world.alice).models.list()) == [EMBED, CHAT]
+    assert [m.id for m in sdk(world, world.bob).models.list()] == [CHAT]
+
+
+def test_chat_completion_round_trips_through_the_sdk(world: World) -> None:
+    reply = sdk(world, world.alice).chat.completions.create(
+        model=CHAT, messages=[{"role": "user", "content": "Hello there"}], max_tokens=12
+    )
+    assert reply.object == "chat.completion"
+    assert reply.model == CHAT
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens <= 12
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_streaming_chat_relays_every_chunk_and_the_usage_chunk(world: World) -> None:
+    stream = sdk(world, world.alice).chat.completions.create(
+        model=CHAT,
+        messages=[{"role": "user", "content": "Count to five"}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    usage_chunks = [c for c in chunks if c.usage is not None]
+    assert text
+    assert finish == ["length"]
+    assert len(usage_chunks) == 1
+    assert usage_chunks[0].choices == []
+    assert usage_chunks[0].usage.completion_tokens == 8
+
+
+def test_completions_and_embeddings_are_forwarded(world: World) -> None:
+    client = sdk(world, world.alice)
+    completion = client.completions.create(model=CHAT, prompt="Once upon a time", max_tokens=5)
+    assert completion.choices[0].text
+    embedding = client.embeddings.create(model=EMBED, input=["alpha", "beta"])
+    assert len(embedding.data) == 2
+    assert len(embedding.data[0].embedding) > 0
+
+
+def test_every_response_carries_a_request_id_and_keeps_a_sane_given_one(world: World) -> None:
+    headers = {"Authorization": f"Bearer {world.alice}"}
+    minted = httpx.get(world.gateway.base_url + "/v1/models", headers=headers)
+    assert len(minted.headers["x-request-id"]) == 32
+    kept = httpx.get(
+        world.gateway.base_url + "/v1/models", headers={**headers, "X-Request-Id": "trace-42"}
+    )
+    assert kept.headers["x-request-id"] == "trace-42"
+    replaced = httpx.get(
+        world.gateway.base_url + "/v1/models", headers={**headers, "X-Request-Id": "bad id\x7f"}
+    )
+    assert replaced.headers["x-request-id"] != "bad id\x7f"
+
+
+def test_requests_spread_over_both_replicas(world: World) -> None:
+    client = sdk(world, world.alice)
+    for _ in range(6):
+        client.chat.completions.create(
+            model=CHAT, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
+    served = []
+    for replica in world.chat_replicas:
+        metrics = httpx.get(replica + "/metrics").text
+        line = next(
+            ln for ln in metrics.splitlines() if ln.startswith("vllm:request_success_total{")
+            and 'finished_reason="length"' in ln
+        )
+        served.append(float(line.rsplit(" ", 1)[1]))
+    assert sum(served) == 6
+    assert all(count >= 1 for count in served), served
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_model_name_is_rewritten_to_the_served_name(
+    valkey_client, start_simulator, start_gateway, stream: bool
+) -> None:
+    from tests.support.policy import PolicyBuilder
+
+    replica = start_simulator("served-internal-name", "--time-scale", "0")
+    policy = PolicyBuilder().model("public-name", [replica.base_url], served_name="served-internal-name")
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+    client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=key, max_retries=0)
+    if stream:
+        chunks = list(
+            client.chat.completions.create(
+                model="public-name", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
+            )
+        )
+        assert chunks
+    else:
+        reply = client.chat.completions.create(
+            model="public-name", messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
+        assert reply.choices[0].message.content

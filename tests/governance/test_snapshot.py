@@ -1,0 +1,124 @@
+"""The policy snapshot carries exactly the keys the gateway should honour."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from datetime import timedelta
+
+import orjson
+import pytest
+from django.utils import timezone
+
+from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, parse_snapshot
+from governance.choices import ApiKeyStatus, Environment, UseCaseKind, UseCaseStatus
+from governance.models import ApiKey, Deployment, Model, Tenant, UseCase
+from governance.services import api_key_issue, api_key_revoke
+from governance.snapshot import snapshot_build, snapshot_publish
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def acme_chatbot() -> UseCase:
+    tenant = Tenant.objects.create(slug="acme", name="Acme", environment=Environment.PROD)
+    model = Model.objects.create(public_id="llama", capabilities=["chat"], timeout_seconds=20)
+    Deployment.objects.create(model=model, served_name="llama-8b", replicas=["http://127.0.0.1:1"])
+    Model.objects.create(public_id="undeployed", capabilities=["chat"])
+    use_case = UseCase.objects.create(
+        tenant=tenant, slug="chatbot", name="Chatbot", kind=UseCaseKind.CHATBOT,
+        status=UseCaseStatus.APPROVED, namespace="prod",
+    )
+    use_case.allowed_models.set(Model.objects.all())
+    return use_case
+
+
+def test_an_active_key_of_an_approved_use_case_resolves_to_its_principal(acme_chatbot) -> None:
+    key, plaintext = api_key_issue(use_case=acme_chatbot, name="ci")
+    document = snapshot_build(version=7)
+    entry = document["keys"][hashlib.sha256(plaintext.encode()).hexdigest()]
+    assert entry["tenant"] == "acme" and entry["use_case"] == "chatbot"
+    assert entry["environment"] == "prod" and entry["namespace"] == "prod"
+    assert entry["models"] == ["llama", "undeployed"]
+    assert entry["prefix"] == plaintext[:12] == key.prefix
+    # The snapshot holds hashes only: the plaintext appears nowhere in it.
+    assert plaintext not in orjson.dumps(document).decode()
+    policy = parse_snapshot(orjson.dumps(document))
+    assert policy.version == 7
+    assert policy.models["llama"].served_name == "llama-8b"
+    assert "undeployed" not in policy.models  # no replica, nothing to offer
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda key, uc: ApiKey.objects.filter(pk=key.pk).update(status=ApiKeyStatus.REVOKED),
+        lambda key, uc: ApiKey.objects.filter(pk=key.pk).update(status=ApiKeyStatus.PENDING),
+        lambda key, uc: ApiKey.objects.filter(pk=key.pk).update(
+            expires_at=timezone.now() - timedelta(seconds=1)
+        ),
+        lambda key, uc: UseCase.objects.filter(pk=uc.pk).update(status=UseCaseStatus.SUSPENDED),
+        lambda key, uc: UseCase.objects.filter(pk=uc.pk).update(status=UseCaseStatus.SUBMITTED),
+    ],
+    ids=["revoked", "pending", "expired", "use-case-suspended", "use-case-not-approved"],
+)
+def test_keys_that_must_not_work_are_left_out(acme_chatbot, spoil) -> None:
+    key, _ = api_key_issue(use_case=acme_chatbot, name="ci")
+    spoil(key, acme_chatbot)
+    assert snapshot_build(version=1)["keys"] == {}
+
+
+def test_publishing_bumps_the_version_and_writes_the_document(acme_chatbot, live_valkey_settings, valkey_client) -> None:
+    first = snapshot_publish()
+    second = snapshot_publish()
+    assert second == first + 1
+    assert int(valkey_client.get(VERSION_KEY)) == second
+    assert parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).version == second
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_publishers_never_leave_an_older_snapshot_behind(
+    acme_chatbot, live_valkey_settings, valkey_client
+) -> None:
+    from django.db import connection
+
+    versions: list[int] = []
+
+    def publish() -> None:
+        try:
+            versions.append(snapshot_publish())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=publish) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(versions) == list(range(1, 9))
+    assert parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).version == 8 == int(valkey_client.get(VERSION_KEY))
+
+
+def test_issuing_and_revoking_republish_after_commit(
+    acme_chatbot, live_valkey_settings, valkey_client, django_capture_on_commit_callbacks
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        key, plaintext = api_key_issue(use_case=acme_chatbot, name="ci")
+    key_hash = hashlib.sha256(plaintext.encode()).hexdigest()
+    assert key_hash in parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).principals
+    with django_capture_on_commit_callbacks(execute=True):
+        api_key_revoke(key=key)
+    assert key_hash not in parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).principals
+
+
+def test_a_publish_while_valkey_is_down_is_deferred_not_lost(
+    acme_chatbot, settings, django_capture_on_commit_callbacks, caplog
+) -> None:
+    from tests.support.processes import free_port
+
+    settings.VALKEY_URL = f"valkey://127.0.0.1:{free_port()}/0"  # nothing listens
+    with django_capture_on_commit_callbacks(execute=True):
+        key, _ = api_key_issue(use_case=acme_chatbot, name="ci")
+    # The key is committed (the periodic republish will carry it), and the failure is logged.
+    assert ApiKey.objects.filter(pk=key.pk, status=ApiKeyStatus.ACTIVE).exists()
+    assert "policy_snapshot_publish_deferred" in caplog.text

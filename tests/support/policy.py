@@ -1,0 +1,89 @@
+"""Publish policy snapshots straight to Valkey, for gateway tests that need no database.
+
+The governance side's own publisher is tested against the database separately
+(tests/governance/test_snapshot.py) and end to end through the stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import orjson
+import valkey
+
+from gateway.policy import SCHEMA, SNAPSHOT_KEY, VERSION_KEY, KeyEntry, ModelEntry
+
+
+@dataclass
+class PolicyBuilder:
+    """A tenant world for one test: models, and keys (plaintext kept for the test's use)."""
+
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    keys: dict[str, KeyEntry] = field(default_factory=dict)
+    _next_id: int = 1
+
+    def model(
+        self,
+        public_id: str,
+        replicas: list[str],
+        *,
+        capabilities: tuple[str, ...] = ("chat", "completions"),
+        served_name: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> PolicyBuilder:
+        self.models[public_id] = {
+            "served_name": served_name or public_id,
+            "capabilities": list(capabilities),  # type: ignore[typeddict-item]
+            "replicas": replicas,
+            "timeout_s": timeout_s,
+            "max_tokens": None,
+        }
+        return self
+
+    def key(
+        self,
+        *,
+        tenant: str = "acme",
+        use_case: str = "chatbot",
+        models: list[str] | None = None,
+        environment: str = "prod",
+        namespace: str = "prod",
+        expires_at: float | None = None,
+    ) -> str:
+        plaintext = "sk-sy-" + secrets.token_urlsafe(32)
+        key_id = self._next_id
+        self._next_id += 1
+        self.keys[hashlib.sha256(plaintext.encode()).hexdigest()] = {
+            "key_id": key_id,
+            "prefix": plaintext[:12],
+            "tenant": tenant,
+            "tenant_id": abs(hash(tenant)) % 10_000,
+            "environment": environment,
+            "use_case": use_case,
+            "use_case_id": key_id,
+            "namespace": namespace,
+            "models": list(self.models) if models is None else models,
+            "expires_at": expires_at,
+        }
+        return plaintext
+
+    def revoke(self, plaintext: str) -> None:
+        del self.keys[hashlib.sha256(plaintext.encode()).hexdigest()]
+
+    def publish(self, client: valkey.Valkey) -> int:
+        version = int(client.incr(VERSION_KEY + ":test"))
+        document = {
+            "schema": SCHEMA,
+            "version": version,
+            "published_at": time.time(),
+            "models": self.models,
+            "keys": self.keys,
+        }
+        with client.pipeline(transaction=True) as pipe:
+            pipe.set(SNAPSHOT_KEY, orjson.dumps(document))
+            pipe.set(VERSION_KEY, version)
+            pipe.execute()
+        return version
