@@ -153,7 +153,9 @@ class ManagedProcess:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
+def wait_until(
+    predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05
+) -> bool:
     """Poll until the predicate holds; returns whether it did within the timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -115,7 +115,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 # Production serves collected files (collectstatic); the embedded demo serves them from the apps.
-STATIC_ROOT = Path(env_str("SWITCHYARD_STATIC_ROOT", str(BASE_DIR / "staticfiles"))) if PRODUCTION else None
+STATIC_ROOT = (
+    Path(env_str("SWITCHYARD_STATIC_ROOT", str(BASE_DIR / "staticfiles"))) if PRODUCTION else None
+)
 MEDIA_ROOT = Path(env_str("SWITCHYARD_MEDIA_ROOT", str(RUN_DIR / "media")))
 MEDIA_URL = "media/"
 STORAGES = {

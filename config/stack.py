@@ -160,11 +160,19 @@ class Stack:
                     self._child(
                         f"vllm-sim-{model.public_id}-{port}",
                         [
-                            PYTHON, "-m", "gateway.simulator",
-                            "--host", config.host, "--port", str(port),
-                            "--served-model-name", model.public_id,
-                            "--kind", model.kind,
-                            "--time-scale", str(config.sim_time_scale),
+                            PYTHON,
+                            "-m",
+                            "gateway.simulator",
+                            "--host",
+                            config.host,
+                            "--port",
+                            str(port),
+                            "--served-model-name",
+                            model.public_id,
+                            "--kind",
+                            model.kind,
+                            "--time-scale",
+                            str(config.sim_time_scale),
                         ],
                     ),
                     port,
@@ -183,27 +191,67 @@ class Stack:
         web = self._child(
             "web",
             [
-                PYTHON, "-m", "uvicorn", "config.asgi:application",
-                "--host", config.host, "--port", str(config.web_port), "--lifespan", "off",
+                PYTHON,
+                "-m",
+                "uvicorn",
+                "config.asgi:application",
+                "--host",
+                config.host,
+                "--port",
+                str(config.web_port),
+                "--lifespan",
+                "off",
             ],
         )
         gateway = self._child(
             "gateway",
             [
-                PYTHON, "-m", "uvicorn", "gateway.asgi:app",
-                "--host", config.host, "--port", str(config.gateway_port),
-                "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+                PYTHON,
+                "-m",
+                "uvicorn",
+                "gateway.asgi:app",
+                "--host",
+                config.host,
+                "--port",
+                str(config.gateway_port),
+                "--loop",
+                "uvloop",
+                "--http",
+                "httptools",
+                "--no-access-log",
             ],
         )
         worker = self._child(
             "celery-worker",
-            [PYTHON, "-m", "celery", "-A", "config.celery", "worker",
-             "--loglevel", "INFO", "--concurrency", "2", "--hostname", "worker@%h"],
+            [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                "config.celery",
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "--hostname",
+                "worker@%h",
+            ],
         )
         self._child(
             "celery-beat",
-            [PYTHON, "-m", "celery", "-A", "config.celery", "beat", "--loglevel", "INFO",
-             "--schedule", str(config.run_dir / "celerybeat-schedule")],
+            [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                "config.celery",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(config.run_dir / "celerybeat-schedule"),
+            ],
         )
 
         for simulator, port in simulators:
@@ -281,7 +329,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(
         prog="python -m config.stack",
-        description="Run the whole Switchyard stack on this machine (configure with SWITCHYARD_* env vars).",
+        description="Run the whole Switchyard stack on this machine "
+        "(configure it with SWITCHYARD_* environment variables).",
     ).parse_args(argv)
     try:
         config = StackConfig.from_env()

@@ -135,7 +135,9 @@ class Gateway:
             max_connections=settings.upstream_max_connections,
         )
         self._background: list[asyncio.Task[None]] = []
-        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send, bytes], Awaitable[None]]] = {
+        self._routes: dict[
+            tuple[str, str], Callable[[Scope, Receive, Send, bytes], Awaitable[None]]
+        ] = {
             ("GET", "/v1/models"): self.list_models,
             ("POST", "/v1/chat/completions"): self.forward,
             ("POST", "/v1/completions"): self.forward,
@@ -166,7 +168,7 @@ class Gateway:
         await self.upstream.start()
         try:
             await self.policy.refresh()
-        except Exception as exc:  # noqa: BLE001 — start anyway; the refresher keeps trying
+        except Exception as exc:
             logger.warning("policy_initial_load_failed error=%r", exc)
         self._background.append(asyncio.create_task(self.policy.run()))
 
@@ -197,7 +199,9 @@ class Gateway:
             return
         except Exception:
             logger.exception("unhandled_error request_id=%s", request_id.decode())
-            failure = GatewayError(500, "Internal gateway error.", type="api_error", code="internal_error")
+            failure = GatewayError(
+                500, "Internal gateway error.", type="api_error", code="internal_error"
+            )
             await send_response(send, 500, failure.body(), headers=[(b"x-request-id", request_id)])
 
     # --- handlers -----------------------------------------------------------------------
@@ -206,7 +210,9 @@ class Gateway:
         body = orjson.dumps({"status": "ok", "policy_version": policy.version})
         await send_response(send, 200, body, headers=[(b"x-request-id", request_id)])
 
-    async def list_models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+    async def list_models(
+        self, scope: Scope, receive: Receive, send: Send, request_id: bytes
+    ) -> None:
         policy = self.policy.current()
         principal = authenticate(scope, policy)
         data = [

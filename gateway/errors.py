@@ -16,7 +16,7 @@ class GatewayError(Exception):
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",  # noqa: A002 (OpenAI's field name)
+        type: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
         headers: list[tuple[bytes, bytes]] | None = None,

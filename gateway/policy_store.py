@@ -36,7 +36,8 @@ class PolicyStore:
         policy = self._policy
         if policy is None:
             raise service_unavailable(
-                "The gateway has not loaded its policy yet; retry shortly.", code="policy_not_loaded"
+                "The gateway has not loaded its policy yet; retry shortly.",
+                code="policy_not_loaded",
             )
         if time.monotonic() - self._synced_at > self._max_staleness_s:
             raise service_unavailable(

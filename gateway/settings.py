@@ -20,14 +20,16 @@ class GatewaySettings:
     @classmethod
     def from_env(cls) -> GatewaySettings:
         return cls(
-            valkey_url=for_valkey_py(
-                env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0")
+            valkey_url=for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0")),
+            policy_refresh_s=env_float(
+                "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS", 1.0, minimum=0.05
             ),
-            policy_refresh_s=env_float("SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS", 1.0, minimum=0.05),
             policy_max_staleness_s=env_float(
                 "SWITCHYARD_GATEWAY_POLICY_MAX_STALENESS_SECONDS", 60.0, minimum=1.0
             ),
-            max_body_bytes=env_int("SWITCHYARD_GATEWAY_MAX_BODY_BYTES", 25 * 1024 * 1024, minimum=1024),
+            max_body_bytes=env_int(
+                "SWITCHYARD_GATEWAY_MAX_BODY_BYTES", 25 * 1024 * 1024, minimum=1024
+            ),
             upstream_connect_timeout_s=env_float(
                 "SWITCHYARD_GATEWAY_UPSTREAM_CONNECT_TIMEOUT_SECONDS", 2.0, minimum=0.01
             ),

@@ -61,7 +61,9 @@ class Upstream:
             except _CONNECT_ERRORS as exc:
                 self.in_flight[replica] -= 1
                 last_error = exc
-                logger.warning("upstream_failover replica=%s error=%s", replica, exc.__class__.__name__)
+                logger.warning(
+                    "upstream_failover replica=%s error=%s", replica, exc.__class__.__name__
+                )
                 continue
             except BaseException:
                 self.in_flight[replica] -= 1

@@ -14,11 +14,15 @@ from governance.services import policy_changed
 
 
 class RepublishOnChange(admin.ModelAdmin):  # type: ignore[type-arg]
-    def save_model(self, request: HttpRequest, obj: Any, form: ModelForm[Any], change: bool) -> None:
+    def save_model(
+        self, request: HttpRequest, obj: Any, form: ModelForm[Any], change: bool
+    ) -> None:
         super().save_model(request, obj, form, change)
         policy_changed()
 
-    def save_related(self, request: HttpRequest, form: ModelForm[Any], formsets: Any, change: bool) -> None:
+    def save_related(
+        self, request: HttpRequest, form: ModelForm[Any], formsets: Any, change: bool
+    ) -> None:
         super().save_related(request, form, formsets, change)
         policy_changed()  # many-to-many (allowed models) are saved here, after save_model
 

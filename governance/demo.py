@@ -95,9 +95,7 @@ def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
         models.append(model)
     use_case.allowed_models.set(models)
 
-    ApiKey.objects.filter(use_case=use_case, name=DEMO_KEY_NAME).update(
-        status=ApiKeyStatus.REVOKED
-    )
+    ApiKey.objects.filter(use_case=use_case, name=DEMO_KEY_NAME).update(status=ApiKeyStatus.REVOKED)
     _, plaintext = api_key_issue(use_case=use_case, name=DEMO_KEY_NAME)
 
     user_model = get_user_model()
@@ -105,4 +103,6 @@ def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
     if not user_model.objects.filter(username="admin").exists():
         user_model.objects.create_superuser("admin", "admin@example.invalid", admin_password)
         created_password = admin_password
-    return DemoSeed(key_plaintext=plaintext, admin_username="admin", admin_password=created_password)
+    return DemoSeed(
+        key_plaintext=plaintext, admin_username="admin", admin_password=created_password
+    )

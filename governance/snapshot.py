@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 import orjson
 import valkey
@@ -43,9 +44,7 @@ def snapshot_build(*, version: int) -> SnapshotDocument:
     keys: dict[str, KeyEntry] = {}
     now = timezone.now()
     live_keys = (
-        ApiKey.objects.filter(
-            status=ApiKeyStatus.ACTIVE, use_case__status=UseCaseStatus.APPROVED
-        )
+        ApiKey.objects.filter(status=ApiKeyStatus.ACTIVE, use_case__status=UseCaseStatus.APPROVED)
         .exclude(expires_at__lte=now)
         .select_related("use_case__tenant")
         .prefetch_related("use_case__allowed_models")
@@ -77,12 +76,12 @@ def snapshot_publish(*, client: valkey.Valkey | None = None) -> int:
     """Publish a fresh snapshot; returns its version."""
     client = client or valkey.Valkey.from_url(settings.VALKEY_URL)
     with client.lock(PUBLISH_LOCK_KEY, timeout=30, blocking_timeout=30):
-        version = int(client.get(VERSION_KEY) or 0) + 1
+        version = int(cast(bytes | None, client.get(VERSION_KEY)) or 0) + 1
         document = snapshot_build(version=version)
         with client.pipeline(transaction=True) as pipe:
             pipe.set(SNAPSHOT_KEY, orjson.dumps(document))
             pipe.set(VERSION_KEY, version)
-            pipe.execute()
+            pipe.execute()  # type: ignore[no-untyped-call]
     logger.info(
         "policy_snapshot_published version=%s models=%s keys=%s",
         version,

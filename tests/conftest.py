@@ -61,9 +61,15 @@ def start_simulator() -> Iterator[SimulatorFactory]:
         process = ManagedProcess(
             f"simulator-{model}-{port}",
             [
-                PYTHON, "-m", "gateway.simulator",
-                "--host", "127.0.0.1", "--port", str(port),
-                "--served-model-name", model,
+                PYTHON,
+                "-m",
+                "gateway.simulator",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--served-model-name",
+                model,
                 *extra,
             ],
         )
@@ -102,9 +108,19 @@ def start_gateway(valkey_url: str) -> Iterator[GatewayFactory]:
         process = ManagedProcess(
             f"gateway-{port}",
             [
-                PYTHON, "-m", "uvicorn", "gateway.asgi:app",
-                "--host", "127.0.0.1", "--port", str(port),
-                "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+                PYTHON,
+                "-m",
+                "uvicorn",
+                "gateway.asgi:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--loop",
+                "uvloop",
+                "--http",
+                "httptools",
+                "--no-access-log",
             ],
             env={
                 "SWITCHYARD_VALKEY_URL": valkey or valkey_url,

@@ -6,94 +6,269 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Model',
+            name="Model",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(max_length=128, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$', 'Use letters, digits and . _ : / - (max 128), starting with a letter or digit.')])),
-                ('capabilities', models.JSONField(default=list, help_text='chat, completions, embeddings, …')),
-                ('timeout_seconds', models.FloatField(default=60.0, validators=[django.core.validators.MinValueValidator(0.1)])),
-                ('max_tokens', models.PositiveIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "public_id",
+                    models.CharField(
+                        max_length=128,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+                                "Use letters, digits and . _ : / - (max 128), starting with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "capabilities",
+                    models.JSONField(default=list, help_text="chat, completions, embeddings, …"),
+                ),
+                (
+                    "timeout_seconds",
+                    models.FloatField(
+                        default=60.0, validators=[django.core.validators.MinValueValidator(0.1)]
+                    ),
+                ),
+                ("max_tokens", models.PositiveIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['public_id'],
+                "ordering": ["public_id"],
             },
         ),
         migrations.CreateModel(
-            name='Tenant',
+            name="Tenant",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.CharField(max_length=63, unique=True, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9-]{0,62}$', 'Use lowercase letters, digits and hyphens (max 63).')])),
-                ('name', models.CharField(max_length=200)),
-                ('business_unit', models.CharField(blank=True, max_length=200)),
-                ('application_id', models.CharField(blank=True, help_text='CMDB application id', max_length=64)),
-                ('environment', models.CharField(choices=[('dev', 'Development'), ('test', 'Test'), ('uat', 'UAT'), ('prod', 'Production')], max_length=8)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "slug",
+                    models.CharField(
+                        max_length=63,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-z0-9][a-z0-9-]{0,62}$",
+                                "Use lowercase letters, digits and hyphens (max 63).",
+                            )
+                        ],
+                    ),
+                ),
+                ("name", models.CharField(max_length=200)),
+                ("business_unit", models.CharField(blank=True, max_length=200)),
+                (
+                    "application_id",
+                    models.CharField(blank=True, help_text="CMDB application id", max_length=64),
+                ),
+                (
+                    "environment",
+                    models.CharField(
+                        choices=[
+                            ("dev", "Development"),
+                            ("test", "Test"),
+                            ("uat", "UAT"),
+                            ("prod", "Production"),
+                        ],
+                        max_length=8,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['slug'],
+                "ordering": ["slug"],
             },
         ),
         migrations.CreateModel(
-            name='Deployment',
+            name="Deployment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('served_name', models.CharField(max_length=128, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$', 'Use letters, digits and . _ : / - (max 128), starting with a letter or digit.')])),
-                ('replicas', models.JSONField(default=list, help_text='Base URLs of the vLLM replicas')),
-                ('node_pool', models.CharField(blank=True, max_length=64)),
-                ('active', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deployments', to='governance.model')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "served_name",
+                    models.CharField(
+                        max_length=128,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+                                "Use letters, digits and . _ : / - (max 128), starting with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "replicas",
+                    models.JSONField(default=list, help_text="Base URLs of the vLLM replicas"),
+                ),
+                ("node_pool", models.CharField(blank=True, max_length=64)),
+                ("active", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="deployments",
+                        to="governance.model",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['model__public_id', 'id'],
+                "ordering": ["model__public_id", "id"],
             },
         ),
         migrations.CreateModel(
-            name='UseCase',
+            name="UseCase",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.CharField(max_length=63, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9-]{0,62}$', 'Use lowercase letters, digits and hyphens (max 63).')])),
-                ('name', models.CharField(max_length=200)),
-                ('kind', models.CharField(choices=[('chatbot', 'Chatbot'), ('agent', 'Agent'), ('rag', 'RAG'), ('extraction', 'Extraction'), ('batch', 'Batch'), ('embeddings', 'Embeddings'), ('transcription', 'Transcription')], max_length=16)),
-                ('purpose', models.TextField(blank=True)),
-                ('status', models.CharField(choices=[('draft', 'Draft'), ('submitted', 'Submitted'), ('approved', 'Approved'), ('suspended', 'Suspended'), ('retired', 'Retired')], default='draft', max_length=12)),
-                ('namespace', models.CharField(choices=[('prod-dr', 'prod-DR'), ('prod', 'prod'), ('demo', 'demo'), ('uat', 'UAT'), ('qa', 'QA'), ('dev', 'dev')], default='dev', max_length=8)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('allowed_models', models.ManyToManyField(blank=True, related_name='use_cases', to='governance.model')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='use_cases', to='governance.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "slug",
+                    models.CharField(
+                        max_length=63,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-z0-9][a-z0-9-]{0,62}$",
+                                "Use lowercase letters, digits and hyphens (max 63).",
+                            )
+                        ],
+                    ),
+                ),
+                ("name", models.CharField(max_length=200)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("chatbot", "Chatbot"),
+                            ("agent", "Agent"),
+                            ("rag", "RAG"),
+                            ("extraction", "Extraction"),
+                            ("batch", "Batch"),
+                            ("embeddings", "Embeddings"),
+                            ("transcription", "Transcription"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("purpose", models.TextField(blank=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("draft", "Draft"),
+                            ("submitted", "Submitted"),
+                            ("approved", "Approved"),
+                            ("suspended", "Suspended"),
+                            ("retired", "Retired"),
+                        ],
+                        default="draft",
+                        max_length=12,
+                    ),
+                ),
+                (
+                    "namespace",
+                    models.CharField(
+                        choices=[
+                            ("prod-dr", "prod-DR"),
+                            ("prod", "prod"),
+                            ("demo", "demo"),
+                            ("uat", "UAT"),
+                            ("qa", "QA"),
+                            ("dev", "dev"),
+                        ],
+                        default="dev",
+                        max_length=8,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "allowed_models",
+                    models.ManyToManyField(
+                        blank=True, related_name="use_cases", to="governance.model"
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="use_cases",
+                        to="governance.tenant",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['tenant__slug', 'slug'],
+                "ordering": ["tenant__slug", "slug"],
             },
         ),
         migrations.CreateModel(
-            name='ApiKey',
+            name="ApiKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('prefix', models.CharField(db_index=True, max_length=16)),
-                ('key_hash', models.CharField(editable=False, max_length=64, unique=True)),
-                ('status', models.CharField(choices=[('pending', 'Pending approval'), ('active', 'Active'), ('rejected', 'Rejected'), ('revoked', 'Revoked')], default='pending', max_length=10)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('use_case', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to='governance.usecase')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=200)),
+                ("prefix", models.CharField(db_index=True, max_length=16)),
+                ("key_hash", models.CharField(editable=False, max_length=64, unique=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending approval"),
+                            ("active", "Active"),
+                            ("rejected", "Rejected"),
+                            ("revoked", "Revoked"),
+                        ],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "use_case",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_keys",
+                        to="governance.usecase",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.AddConstraint(
-            model_name='usecase',
-            constraint=models.UniqueConstraint(fields=('tenant', 'slug'), name='use_case_slug_per_tenant'),
+            model_name="usecase",
+            constraint=models.UniqueConstraint(
+                fields=("tenant", "slug"), name="use_case_slug_per_tenant"
+            ),
         ),
     ]

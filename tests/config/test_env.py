@@ -2,7 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from config.env import ConfigurationError, env_bool, env_choice, env_float, env_int, env_list, env_str
+from config.env import (
+    ConfigurationError,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
 from config.valkey_urls import for_kombu, for_valkey_py
 
 
@@ -68,9 +76,17 @@ def test_production_mode_refuses_to_start_without_a_secret_key() -> None:
     from config.processes import REPO_ROOT
 
     result = subprocess.run(
-        [sys.executable, "-c", "import django; from django.conf import settings; settings.SECRET_KEY"],
+        [
+            sys.executable,
+            "-c",
+            "import django; from django.conf import settings; settings.SECRET_KEY",
+        ],
         cwd=REPO_ROOT,
-        env={"SWITCHYARD_MODE": "production", "DJANGO_SETTINGS_MODULE": "config.settings", "PATH": "/usr/bin"},
+        env={
+            "SWITCHYARD_MODE": "production",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "PATH": "/usr/bin",
+        },
         capture_output=True,
         text=True,
         check=False,

@@ -47,37 +47,57 @@ def contiguous_free_ports(count: int) -> int:
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    return {"web": free_port(), "gateway": free_port(), "valkey": free_port(), "fleet": contiguous_free_ports(3)}
+    return {
+        "web": free_port(),
+        "gateway": free_port(),
+        "valkey": free_port(),
+        "fleet": contiguous_free_ports(3),
+    }
 
 
 def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, ports) -> None:
     log = (tmp_path / "stack.out").open("w+")
     stack = subprocess.Popen(
-        [PYTHON, "-m", "config.stack"], cwd=REPO_ROOT, env=stack_env(tmp_path, ports),
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [PYTHON, "-m", "config.stack"],
+        cwd=REPO_ROOT,
+        env=stack_env(tmp_path, ports),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
+
         def output() -> str:
             return (tmp_path / "stack.out").read_text()
 
-        assert wait_until(lambda: "Press Ctrl-C" in output() or stack.poll() is not None, timeout=150)
+        assert wait_until(
+            lambda: "Press Ctrl-C" in output() or stack.poll() is not None, timeout=150
+        )
         assert stack.poll() is None, output()
         key = re.search(r"API key: (sk-sy-\S+)", output()).group(1)
         gateway = f"http://127.0.0.1:{ports['gateway']}"
-        assert f"{gateway}/v1" in output() and "from openai import OpenAI" in output()
+        assert f"{gateway}/v1" in output()
+        assert "from openai import OpenAI" in output()
 
         client = openai.OpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0)
         assert {m.id for m in client.models.list()} == {"llama-3.1-8b-instruct", "minilm-l6-embed"}
         reply = client.chat.completions.create(
-            model="llama-3.1-8b-instruct", messages=[{"role": "user", "content": "Hello!"}], max_tokens=5
+            model="llama-3.1-8b-instruct",
+            messages=[{"role": "user", "content": "Hello!"}],
+            max_tokens=5,
         )
         assert reply.choices[0].message.content
         streamed = client.chat.completions.create(
-            model="llama-3.1-8b-instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True
+            model="llama-3.1-8b-instruct",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=5,
+            stream=True,
         )
         assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=gateway + "/v1", api_key="sk-sy-wrong", max_retries=0).models.list()
+            openai.OpenAI(
+                base_url=gateway + "/v1", api_key="sk-sy-wrong", max_retries=0
+            ).models.list()
 
         web = f"http://127.0.0.1:{ports['web']}"
         assert "llama-3.1-8b-instruct" in httpx.get(web + "/").text
@@ -102,8 +122,13 @@ def test_a_port_in_use_is_reported_with_the_variable_to_change(tmp_path, ports) 
         blocker.listen()
         started = time.monotonic()
         result = subprocess.run(
-            [PYTHON, "-m", "config.stack"], cwd=REPO_ROOT, env=stack_env(tmp_path, ports),
-            capture_output=True, text=True, timeout=60, check=False,
+            [PYTHON, "-m", "config.stack"],
+            cwd=REPO_ROOT,
+            env=stack_env(tmp_path, ports),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
     assert result.returncode == 1
     assert f"port {ports['gateway']}" in result.stderr

@@ -12,7 +12,9 @@ from tests.gateway.conftest import CHAT, EMBED, World
 from tests.support.processes import wait_until
 
 
-def post(world: World, path: str, body: object | None = None, key: str | None = None, **kw) -> httpx.Response:
+def post(
+    world: World, path: str, body: object | None = None, key: str | None = None, **kw
+) -> httpx.Response:
     headers = kw.pop("headers", {})
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -36,9 +38,12 @@ def test_a_wrong_key_is_refused_with_401_and_never_echoed(world: World) -> None:
     wrong = "sk-sy-" + "x" * 43
     response = post(world, "/v1/chat/completions", CHAT_BODY, key=wrong)
     error = assert_openai_error(response, 401, "invalid_api_key")
-    assert wrong not in response.text and wrong[:12] not in error["message"]
+    assert wrong not in response.text
+    assert wrong[:12] not in error["message"]
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=world.gateway.base_url + "/v1", api_key=wrong, max_retries=0).models.list()
+        openai.OpenAI(
+            base_url=world.gateway.base_url + "/v1", api_key=wrong, max_retries=0
+        ).models.list()
 
 
 @pytest.mark.parametrize("authorization", [None, "", "Basic abc", "Bearer ", "Bearer"])
@@ -73,14 +78,18 @@ def test_a_model_is_only_called_for_what_it_can_do(world: World) -> None:
     ],
 )
 def test_invalid_bodies_are_400_with_the_offending_param(world: World, body, param) -> None:
-    error = assert_openai_error(post(world, "/v1/chat/completions", body, key=world.alice), 400, None)
+    error = assert_openai_error(
+        post(world, "/v1/chat/completions", body, key=world.alice), 400, None
+    )
     assert error["param"] == param
 
 
 def test_bodies_that_are_not_json_objects_are_400(world: World) -> None:
     headers = {"Authorization": f"Bearer {world.alice}", "Content-Type": "application/json"}
     for raw in (b"{not json", b"[1, 2]", b""):
-        response = httpx.post(world.gateway.base_url + "/v1/chat/completions", content=raw, headers=headers)
+        response = httpx.post(
+            world.gateway.base_url + "/v1/chat/completions", content=raw, headers=headers
+        )
         assert_openai_error(response, 400, None)
 
 
@@ -94,7 +103,9 @@ def test_a_body_over_the_limit_is_413(valkey_client, start_simulator, start_gate
     gateway = start_gateway(SWITCHYARD_GATEWAY_MAX_BODY_BYTES="2048")
     big = {**CHAT_BODY, "messages": [{"role": "user", "content": "x" * 4096}]}
     response = httpx.post(
-        gateway.base_url + "/v1/chat/completions", json=big, headers={"Authorization": f"Bearer {key}"}
+        gateway.base_url + "/v1/chat/completions",
+        json=big,
+        headers={"Authorization": f"Bearer {key}"},
     )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"

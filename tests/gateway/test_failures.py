@@ -33,7 +33,9 @@ def gauge(replica_url: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-def test_a_dead_replica_is_skipped_before_the_first_byte(valkey_client, start_simulator, start_gateway) -> None:
+def test_a_dead_replica_is_skipped_before_the_first_byte(
+    valkey_client, start_simulator, start_gateway
+) -> None:
     live = start_simulator(CHAT, "--time-scale", "0")
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     policy = PolicyBuilder().model(CHAT, [dead, live.base_url])
@@ -53,7 +55,9 @@ def test_no_reachable_replica_is_a_502(valkey_client, start_gateway) -> None:
     assert response.json()["error"]["code"] == "upstream_unavailable"
 
 
-def test_a_replica_slower_than_the_model_timeout_is_a_504(valkey_client, start_simulator, start_gateway) -> None:
+def test_a_replica_slower_than_the_model_timeout_is_a_504(
+    valkey_client, start_simulator, start_gateway
+) -> None:
     slow = start_simulator(CHAT, "--time-scale", "0", "--fault-slow-first-byte-ms", "3000")
     policy = PolicyBuilder().model(CHAT, [slow.base_url], timeout_s=0.5)
     key = policy.key()
@@ -65,7 +69,9 @@ def test_a_replica_slower_than_the_model_timeout_is_a_504(valkey_client, start_s
     assert time.monotonic() - started < 2.5
 
 
-def test_a_replica_dying_mid_stream_cuts_the_clients_stream(valkey_client, start_simulator, start_gateway) -> None:
+def test_a_replica_dying_mid_stream_cuts_the_clients_stream(
+    valkey_client, start_simulator, start_gateway
+) -> None:
     flaky = start_simulator(CHAT, "--time-scale", "0.05", "--fault-die-mid-stream-rate", "1.0")
     policy = PolicyBuilder().model(CHAT, [flaky.base_url])
     key = policy.key()
@@ -73,26 +79,39 @@ def test_a_replica_dying_mid_stream_cuts_the_clients_stream(valkey_client, start
     gateway = start_gateway()
     client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=key, max_retries=0)
     stream = client.chat.completions.create(
-        model=CHAT, messages=[{"role": "user", "content": "tell me a long story"}], max_tokens=200, stream=True
+        model=CHAT,
+        messages=[{"role": "user", "content": "tell me a long story"}],
+        max_tokens=200,
+        stream=True,
     )
     received = []
-    with pytest.raises((httpx.HTTPError, openai.APIError)):
+
+    def consume() -> None:
         for chunk in stream:
             received.append(chunk)
+
+    with pytest.raises((httpx.HTTPError, openai.APIError)):
+        consume()
     # The client got the tokens that were produced, then a visible cut — never a fake [DONE].
     assert received
     assert not any(c.choices and c.choices[0].finish_reason for c in received)
 
 
-def test_a_client_leaving_mid_stream_frees_the_replica(valkey_client, start_simulator, start_gateway) -> None:
-    sim = start_simulator(CHAT, "--time-scale", "1")  # ~8 ms a token: a 2,000-token answer takes seconds
+def test_a_client_leaving_mid_stream_frees_the_replica(
+    valkey_client, start_simulator, start_gateway
+) -> None:
+    sim = start_simulator(
+        CHAT, "--time-scale", "1"
+    )  # ~8 ms a token: a 2,000-token answer takes seconds
     policy = PolicyBuilder().model(CHAT, [sim.base_url])
     key = policy.key()
     policy.publish(valkey_client)
     gateway = start_gateway()
     body = {**BODY, "max_tokens": 2000, "stream": True}
     with httpx.stream(
-        "POST", gateway.base_url + "/v1/chat/completions", json=body,
+        "POST",
+        gateway.base_url + "/v1/chat/completions",
+        json=body,
         headers={"Authorization": f"Bearer {key}"},
     ) as response:
         lines = response.iter_lines()

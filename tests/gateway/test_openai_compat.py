@@ -41,7 +41,9 @@ def test_streaming_chat_relays_every_chunk_and_the_usage_chunk(world: World) -> 
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     usage_chunks = [c for c in chunks if c.usage is not None]
     assert text
     assert finish == ["length"]
@@ -83,8 +85,9 @@ def test_requests_spread_over_both_replicas(world: World) -> None:
     for replica in world.chat_replicas:
         metrics = httpx.get(replica + "/metrics").text
         line = next(
-            ln for ln in metrics.splitlines() if ln.startswith("vllm:request_success_total{")
-            and 'finished_reason="length"' in ln
+            ln
+            for ln in metrics.splitlines()
+            if ln.startswith("vllm:request_success_total{") and 'finished_reason="length"' in ln
         )
         served.append(float(line.rsplit(" ", 1)[1]))
     assert sum(served) == 6
@@ -98,7 +101,9 @@ def test_upstream_model_name_is_rewritten_to_the_served_name(
     from tests.support.policy import PolicyBuilder
 
     replica = start_simulator("served-internal-name", "--time-scale", "0")
-    policy = PolicyBuilder().model("public-name", [replica.base_url], served_name="served-internal-name")
+    policy = PolicyBuilder().model(
+        "public-name", [replica.base_url], served_name="served-internal-name"
+    )
     key = policy.key()
     policy.publish(valkey_client)
     gateway = start_gateway()
@@ -106,7 +111,10 @@ def test_upstream_model_name_is_rewritten_to_the_served_name(
     if stream:
         chunks = list(
             client.chat.completions.create(
-                model="public-name", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
+                model="public-name",
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=2,
+                stream=True,
             )
         )
         assert chunks

@@ -13,20 +13,22 @@ from governance.models import ApiKey, Deployment, UseCase
 pytestmark = pytest.mark.django_db
 
 FLEET = [
-    FleetModel("llama", ["chat", "completions"], ["http://127.0.0.1:8101", "http://127.0.0.1:8102"]),
+    FleetModel(
+        "llama", ["chat", "completions"], ["http://127.0.0.1:8101", "http://127.0.0.1:8102"]
+    ),
     FleetModel("embed", ["embeddings"], ["http://127.0.0.1:8103"]),
 ]
 
 
-def test_seeding_twice_refreshes_in_place_and_only_the_newest_demo_key_works(live_valkey_settings) -> None:
+def test_seeding_twice_refreshes_in_place_and_only_the_newest_demo_key_works(
+    live_valkey_settings,
+) -> None:
     first = demo_seed(fleet=FLEET, admin_password="pw-one-123")
     moved = [FleetModel("llama", ["chat"], ["http://127.0.0.1:9101"]), FLEET[1]]
     second = demo_seed(fleet=moved, admin_password="pw-two-456")
 
     assert first.key_plaintext != second.key_plaintext
-    statuses = {
-        key.key_hash: key.status for key in ApiKey.objects.all()
-    }
+    statuses = {key.key_hash: key.status for key in ApiKey.objects.all()}
     assert statuses == {
         hashlib.sha256(first.key_plaintext.encode()).hexdigest(): ApiKeyStatus.REVOKED,
         hashlib.sha256(second.key_plaintext.encode()).hexdigest(): ApiKeyStatus.ACTIVE,
@@ -34,11 +36,14 @@ def test_seeding_twice_refreshes_in_place_and_only_the_newest_demo_key_works(liv
     assert UseCase.objects.count() == 1
     assert Deployment.objects.get(model__public_id="llama").replicas == ["http://127.0.0.1:9101"]
     # The admin is created once; the second run does not reset (or reveal) its password.
-    assert first.admin_password == "pw-one-123" and second.admin_password is None
+    assert first.admin_password == "pw-one-123"
+    assert second.admin_password is None
     assert get_user_model().objects.get(username="admin").check_password("pw-one-123")
 
 
-@pytest.mark.parametrize("bad", ["llama", "llama=chat", "=chat=http://x", "llama==http://x", "llama=chat="])
+@pytest.mark.parametrize(
+    "bad", ["llama", "llama=chat", "=chat=http://x", "llama==http://x", "llama=chat="]
+)
 def test_a_malformed_fleet_argument_is_refused_clearly(bad: str) -> None:
     with pytest.raises(ValueError, match="--model"):
         parse_fleet_arg(bad)

@@ -26,8 +26,12 @@ def acme_chatbot() -> UseCase:
     Deployment.objects.create(model=model, served_name="llama-8b", replicas=["http://127.0.0.1:1"])
     Model.objects.create(public_id="undeployed", capabilities=["chat"])
     use_case = UseCase.objects.create(
-        tenant=tenant, slug="chatbot", name="Chatbot", kind=UseCaseKind.CHATBOT,
-        status=UseCaseStatus.APPROVED, namespace="prod",
+        tenant=tenant,
+        slug="chatbot",
+        name="Chatbot",
+        kind=UseCaseKind.CHATBOT,
+        status=UseCaseStatus.APPROVED,
+        namespace="prod",
     )
     use_case.allowed_models.set(Model.objects.all())
     return use_case
@@ -37,8 +41,10 @@ def test_an_active_key_of_an_approved_use_case_resolves_to_its_principal(acme_ch
     key, plaintext = api_key_issue(use_case=acme_chatbot, name="ci")
     document = snapshot_build(version=7)
     entry = document["keys"][hashlib.sha256(plaintext.encode()).hexdigest()]
-    assert entry["tenant"] == "acme" and entry["use_case"] == "chatbot"
-    assert entry["environment"] == "prod" and entry["namespace"] == "prod"
+    assert entry["tenant"] == "acme"
+    assert entry["use_case"] == "chatbot"
+    assert entry["environment"] == "prod"
+    assert entry["namespace"] == "prod"
     assert entry["models"] == ["llama", "undeployed"]
     assert entry["prefix"] == plaintext[:12] == key.prefix
     # The snapshot holds hashes only: the plaintext appears nowhere in it.
@@ -68,7 +74,9 @@ def test_keys_that_must_not_work_are_left_out(acme_chatbot, spoil) -> None:
     assert snapshot_build(version=1)["keys"] == {}
 
 
-def test_publishing_bumps_the_version_and_writes_the_document(acme_chatbot, live_valkey_settings, valkey_client) -> None:
+def test_publishing_bumps_the_version_and_writes_the_document(
+    acme_chatbot, live_valkey_settings, valkey_client
+) -> None:
     first = snapshot_publish()
     second = snapshot_publish()
     assert second == first + 1
@@ -96,7 +104,11 @@ def test_concurrent_publishers_never_leave_an_older_snapshot_behind(
     for thread in threads:
         thread.join()
     assert sorted(versions) == list(range(1, 9))
-    assert parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).version == 8 == int(valkey_client.get(VERSION_KEY))
+    assert (
+        parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).version
+        == 8
+        == int(valkey_client.get(VERSION_KEY))
+    )
 
 
 def test_issuing_and_revoking_republish_after_commit(

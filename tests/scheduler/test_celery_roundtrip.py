@@ -14,8 +14,22 @@ from config.valkey_urls import for_kombu
 def worker(valkey_url: str, tmp_path) -> Iterator[ManagedProcess]:
     process = ManagedProcess(
         "celery-worker",
-        [PYTHON, "-m", "celery", "-A", "config.celery", "worker", "--pool", "solo",
-         "--loglevel", "INFO", "--hostname", "test-worker@%h", "--without-mingle", "--without-gossip"],
+        [
+            PYTHON,
+            "-m",
+            "celery",
+            "-A",
+            "config.celery",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            "test-worker@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ],
         env={"SWITCHYARD_VALKEY_URL": valkey_url, "SWITCHYARD_RUN_DIR": str(tmp_path)},
     )
     process.start(ready=lambda: "ready." in process.log_text(), timeout=60)
@@ -25,7 +39,9 @@ def worker(valkey_url: str, tmp_path) -> Iterator[ManagedProcess]:
         process.stop()
 
 
-def test_a_task_round_trips_through_the_valkey_broker(worker: ManagedProcess, valkey_url: str) -> None:
+def test_a_task_round_trips_through_the_valkey_broker(
+    worker: ManagedProcess, valkey_url: str
+) -> None:
     from config.celery import app
     from scheduler.tasks import ping
 

@@ -10,4 +10,12 @@ from config.processes import (
     wait_until,
 )
 
-__all__ = ["PYTHON", "REPO_ROOT", "ManagedProcess", "free_port", "http_ready", "port_open", "wait_until"]
+__all__ = [
+    "PYTHON",
+    "REPO_ROOT",
+    "ManagedProcess",
+    "free_port",
+    "http_ready",
+    "port_open",
+    "wait_until",
+]
