@@ -22,8 +22,9 @@ venv: $(STAMP)
 up: $(STAMP)
 	$(PY) -m config.stack
 
-## The full test suite: SQLite first, then the database tests again on PostgreSQL if present.
-test: $(STAMP)
+## The full test suite: lint and types, then the tests on SQLite, then the database tests
+## again on PostgreSQL if one answers.
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 	@if $(PY) -c "import psycopg,sys; psycopg.connect('$(SWITCHYARD_TEST_POSTGRES_URL)', connect_timeout=3).close()" 2>/dev/null; then \
 		echo "--- database tests on PostgreSQL ($(SWITCHYARD_TEST_POSTGRES_URL))"; \
@@ -45,7 +46,9 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
+## Benchmarks (results in bench/RESULTS.md); the load generator is Debian's wrk.
 bench: $(STAMP)
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) -m bench.simulator.throughput
 
 clean:

