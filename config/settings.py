@@ -7,6 +7,7 @@ secret key, turns DEBUG and local login off, and expects PostgreSQL, a Valkey UR
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -50,6 +51,10 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "governance",
     "portal",
@@ -100,6 +105,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 20,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+    # Tests use a file too, not shared-cache memory, whose table locks ignore the busy
+    # timeout: concurrency tests then see what production's SQLite would do.
+    # The process id keeps concurrent test runs in one checkout from sharing a database.
+    DATABASES["default"]["TEST"] = {"NAME": str(RUN_DIR / f"test-switchyard-{os.getpid()}.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -163,13 +172,41 @@ CHANNEL_LAYERS = {
 }
 
 REST_FRAMEWORK = {
+    # Sessions for the portal; tokens (manage.py drf_create_token) and Keycloak service-account
+    # JWTs for automation.
+    # The first class's challenge decides a 401 (with WWW-Authenticate) over a bare 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.SearchFilter",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "governance.api.exceptions.exception_handler",
 }
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Switchyard governance API",
+    "DESCRIPTION": "Tenants, use cases, models, policies, API keys and the audit trail.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- API keys --------------------------------------------------------------------------------
+API_KEY_MAX_LIFETIME_DAYS = env_int("SWITCHYARD_API_KEY_MAX_LIFETIME_DAYS", 365, minimum=1)
+# How long a rotated key keeps working beside its successor, so clients can roll over.
+API_KEY_ROTATION_GRACE_SECONDS = env_int(
+    "SWITCHYARD_API_KEY_ROTATION_GRACE_SECONDS", 86400, minimum=0
+)
 
 # --- The gateway's public address, shown in snippets and the portal -----------------------
 GATEWAY_PUBLIC_URL = env_str("SWITCHYARD_GATEWAY_PUBLIC_URL", "http://127.0.0.1:8080")

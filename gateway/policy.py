@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 import orjson
 
@@ -26,6 +26,43 @@ class ModelEntry(TypedDict):
     replicas: list[str]
     timeout_s: float
     max_tokens: int | None
+    max_in_flight_per_replica: NotRequired[int]
+    lora_adapters: NotRequired[list[str]]
+
+
+class LimitsEntry(TypedDict):
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    tokens_per_day: int | None
+    max_concurrent: NotRequired[int | None]
+
+
+class GuardrailEntry(TypedDict):
+    guardrail: str
+    side: Literal["request", "response"]
+    action: Literal["block", "redact", "flag"]
+    config: dict[str, object]
+
+
+class UseCaseEntry(TypedDict):
+    tenant: str
+    slug: str
+    limits: LimitsEntry
+    guardrails: list[GuardrailEntry]
+
+
+class PriorityClassEntry(TypedDict):
+    rank: int
+    vllm_priority: int
+    queue_timeout_s: float
+    max_queue_length: int
+
+
+class RateLimitEntry(LimitsEntry):
+    name: str
+    scope: Literal["global", "model", "tenant", "tenant_model"]
+    model: str | None
+    tenant: str | None
 
 
 class KeyEntry(TypedDict):
@@ -39,6 +76,7 @@ class KeyEntry(TypedDict):
     namespace: str
     models: list[str]
     expires_at: float | None
+    priority_class: NotRequired[str | None]
 
 
 class SnapshotDocument(TypedDict):
@@ -47,6 +85,9 @@ class SnapshotDocument(TypedDict):
     published_at: float
     models: dict[str, ModelEntry]
     keys: dict[str, KeyEntry]
+    use_cases: NotRequired[dict[str, UseCaseEntry]]
+    priority_classes: NotRequired[dict[str, PriorityClassEntry]]
+    rate_limits: NotRequired[list[RateLimitEntry]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +104,7 @@ class Principal:
     namespace: str
     models: frozenset[str]
     expires_at: float | None
+    priority_class: str | None = None
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -119,6 +161,7 @@ def parse_snapshot(raw: bytes) -> Policy:
             namespace=entry["namespace"],
             models=frozenset(entry["models"]),
             expires_at=entry["expires_at"],
+            priority_class=entry.get("priority_class"),
         )
         for key_hash, entry in document["keys"].items()
     }

@@ -1,71 +1,245 @@
-"""Governance records in the Django admin. Saves republish the gateway's policy snapshot."""
+"""Governance records in the Django admin, for platform admins.
+
+Every save is audited and republishes the gateway's policy snapshot. Lifecycle moves (use
+case approval, key decisions) are admin actions that go through the same services as the
+portal and the API; their status fields are read-only here.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Model as DjangoModel
+from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
-from governance.models import ApiKey, Deployment, Model, Tenant, UseCase
-from governance.services import policy_changed
+from governance.audit import Actor, object_state
+from governance.errors import Conflict
+from governance.models import (
+    ApiKey,
+    AuditEvent,
+    Deployment,
+    GuardrailSelection,
+    Model,
+    PriorityClass,
+    PriorityRule,
+    RateLimitPolicy,
+    Tenant,
+    UseCase,
+)
+from governance.services import (
+    api_key_decide,
+    api_key_revoke,
+    record_delete,
+    record_saved,
+    use_case_transition,
+)
 
 
-class RepublishOnChange(admin.ModelAdmin):  # type: ignore[type-arg]
+class AuditedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def save_model(
         self, request: HttpRequest, obj: Any, form: ModelForm[Any], change: bool
     ) -> None:
+        before = object_state(type(obj)._default_manager.get(pk=obj.pk)) if change else None
+        request._switchyard_before = before  # type: ignore[attr-defined]
         super().save_model(request, obj, form, change)
-        policy_changed()
 
     def save_related(
         self, request: HttpRequest, form: ModelForm[Any], formsets: Any, change: bool
     ) -> None:
         super().save_related(request, form, formsets, change)
-        policy_changed()  # many-to-many (allowed models) are saved here, after save_model
+        # After the many-to-many fields are saved, so the "after" state is complete.
+        record_saved(
+            actor=Actor.from_request(request),
+            instance=form.instance,
+            before=getattr(request, "_switchyard_before", None),
+        )
 
     def delete_model(self, request: HttpRequest, obj: DjangoModel) -> None:
-        super().delete_model(request, obj)
-        policy_changed()
+        record_delete(actor=Actor.from_request(request), instance=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+def _run_service(
+    modeladmin: admin.ModelAdmin[Any], request: HttpRequest, queryset: QuerySet[Any], call: Any
+) -> None:
+    done = 0
+    for obj in queryset:
+        try:
+            call(obj)
+            done += 1
+        except (Conflict, ValidationError, PermissionDenied) as exc:
+            modeladmin.message_user(request, f"{obj}: {exc}", messages.ERROR)
+    if done:
+        modeladmin.message_user(request, f"{done} done.", messages.SUCCESS)
+
+
+class GuardrailInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = GuardrailSelection
+    extra = 0
 
 
 @admin.register(Tenant)
-class TenantAdmin(RepublishOnChange):
-    list_display = ("slug", "name", "business_unit", "application_id", "environment")
+class TenantAdmin(AuditedAdmin):
+    list_display = ("slug", "name", "business_unit", "application_id", "environment", "owner_email")
     list_filter = ("environment",)
-    search_fields = ("slug", "name", "application_id")
+    search_fields = ("slug", "name", "application_id", "business_unit")
+    filter_horizontal = ("members",)
 
 
 @admin.register(Model)
-class ModelAdmin(RepublishOnChange):
+class ModelAdmin(AuditedAdmin):
     list_display = ("public_id", "capabilities", "timeout_seconds", "max_tokens")
     search_fields = ("public_id",)
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(RepublishOnChange):
-    list_display = ("model", "served_name", "node_pool", "active")
+class DeploymentAdmin(AuditedAdmin):
+    list_display = ("model", "served_name", "node_pool", "max_in_flight_per_replica", "active")
     list_filter = ("active", "node_pool")
 
 
 @admin.register(UseCase)
-class UseCaseAdmin(RepublishOnChange):
-    list_display = ("slug", "tenant", "kind", "status", "namespace")
-    list_filter = ("status", "kind", "namespace")
-    search_fields = ("slug", "name", "tenant__slug")
+class UseCaseAdmin(AuditedAdmin):
+    list_display = ("slug", "tenant", "kind", "status", "namespace", "data_classification")
+    list_filter = ("status", "kind", "namespace", "data_classification")
+    search_fields = ("slug", "name", "tenant__slug", "ticket_ref")
     filter_horizontal = ("allowed_models",)
+    readonly_fields = ("status", "status_changed_at", "status_changed_by", "status_reason")
+    inlines = (GuardrailInline,)
+    actions = ("approve", "suspend", "reinstate", "retire")
+
+    def _transition(
+        self, request: HttpRequest, queryset: QuerySet[UseCase], transition: str
+    ) -> None:
+        actor = Actor.from_request(request)
+        _run_service(
+            self,
+            request,
+            queryset,
+            lambda uc: use_case_transition(
+                actor=actor,
+                use_case=uc,
+                transition=transition,
+                reason=f"{transition} from the admin by {actor.username}",
+            ),
+        )
+
+    @admin.action(description="Approve selected submitted use cases")
+    def approve(self, request: HttpRequest, queryset: QuerySet[UseCase]) -> None:
+        self._transition(request, queryset, "approve")
+
+    @admin.action(description="Suspend selected use cases (their keys stop at once)")
+    def suspend(self, request: HttpRequest, queryset: QuerySet[UseCase]) -> None:
+        self._transition(request, queryset, "suspend")
+
+    @admin.action(description="Reinstate selected suspended use cases")
+    def reinstate(self, request: HttpRequest, queryset: QuerySet[UseCase]) -> None:
+        self._transition(request, queryset, "reinstate")
+
+    @admin.action(description="Retire selected use cases")
+    def retire(self, request: HttpRequest, queryset: QuerySet[UseCase]) -> None:
+        self._transition(request, queryset, "retire")
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(AuditedAdmin):
+    list_display = ("name", "rank", "vllm_priority", "queue_timeout_seconds", "max_queue_length")
+
+
+@admin.register(PriorityRule)
+class PriorityRuleAdmin(AuditedAdmin):
+    list_display = ("environment", "namespace", "priority_class")
+    list_filter = ("environment", "namespace", "priority_class")
+
+
+@admin.register(RateLimitPolicy)
+class RateLimitPolicyAdmin(AuditedAdmin):
+    list_display = (
+        "name",
+        "scope",
+        "model",
+        "tenant",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "tokens_per_day",
+    )
+    list_filter = ("scope",)
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(RepublishOnChange):
-    list_display = ("prefix", "name", "use_case", "status", "expires_at", "last_used_at")
+class ApiKeyAdmin(AuditedAdmin):
+    list_display = (
+        "prefix",
+        "name",
+        "use_case",
+        "status",
+        "requested_by",
+        "expires_at",
+        "last_used_at",
+    )
     list_filter = ("status",)
-    search_fields = ("prefix", "name")
-    # Keys are minted by the portal/API service so the plaintext can be shown once; the admin
-    # only inspects and changes status.
-    readonly_fields = ("prefix", "key_hash", "last_used_at", "created_at")
+    search_fields = ("prefix", "name", "use_case__slug")
+    readonly_fields = (
+        "status",
+        "prefix",
+        "requested_by",
+        "decided_by",
+        "decided_at",
+        "decision_reason",
+        "revealed_at",
+        "last_used_at",
+        "rotated_from",
+        "created_at",
+    )
+    actions = ("approve", "revoke")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # keys are requested in the portal or the API, never typed in
+
+    @admin.action(description="Approve selected pending key requests")
+    def approve(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        actor = Actor.from_request(request)
+        _run_service(
+            self, request, queryset, lambda key: api_key_decide(actor=actor, key=key, approve=True)
+        )
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        actor = Actor.from_request(request)
+        _run_service(
+            self,
+            request,
+            queryset,
+            lambda key: api_key_revoke(actor=actor, key=key, reason="revoked from the admin"),
+        )
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "sequence",
+        "occurred_at",
+        "actor",
+        "action",
+        "object_type",
+        "object_repr",
+        "tenant_slug",
+    )
+    list_filter = ("action", "object_type")
+    search_fields = ("actor", "object_repr", "request_id", "tenant_slug")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

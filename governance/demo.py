@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from governance.audit import Actor
 from governance.choices import (
     ApiKeyStatus,
     Environment,
@@ -15,11 +16,22 @@ from governance.choices import (
     UseCaseStatus,
 )
 from governance.models import ApiKey, Deployment, Model, Tenant, UseCase
-from governance.services import api_key_issue
+from governance.roles import Role, roles_set
+from governance.services import (
+    api_key_issue,
+    api_key_revoke,
+    record_create,
+    record_delete,
+    record_update,
+    use_case_create,
+    use_case_transition,
+    use_case_update,
+)
 
 DEMO_TENANT = "demo"
 DEMO_USE_CASE = "demo-assistant"
 DEMO_KEY_NAME = "embedded demo key"
+ACTOR = Actor.system("demo-seed")
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,31 @@ def parse_fleet_arg(value: str) -> FleetModel:
     return FleetModel(public_id=name, capabilities=caps.split("+"), replicas=replicas)
 
 
+def _fleet(fleet: list[FleetModel]) -> list[Model]:
+    models = []
+    for entry in fleet:
+        fields = {
+            "capabilities": entry.capabilities,
+            "timeout_seconds": entry.timeout_seconds,
+            "max_tokens": entry.max_tokens,
+        }
+        existing = Model.objects.filter(public_id=entry.public_id).first()
+        if existing is None:
+            model = record_create(actor=ACTOR, instance=Model(public_id=entry.public_id, **fields))
+        else:
+            model = record_update(actor=ACTOR, instance=existing, changes=fields)
+        deployments = list(model.deployments.all())
+        wanted = {"served_name": entry.public_id, "replicas": entry.replicas}
+        if deployments:
+            record_update(actor=ACTOR, instance=deployments[0], changes=wanted)
+            for stale in deployments[1:]:
+                record_delete(actor=ACTOR, instance=stale)
+        else:
+            record_create(actor=ACTOR, instance=Deployment(model=model, **wanted))
+        models.append(model)
+    return models
+
+
 @transaction.atomic
 def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
     """Create or refresh the demo; mint a fresh key and revoke the previous demo keys.
@@ -57,51 +94,51 @@ def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
     Re-running is safe: rows are updated in place (the fleet's ports may have changed), and
     since plaintext keys are never stored, each run mints a new key to print.
     """
-    tenant, _ = Tenant.objects.update_or_create(
-        slug=DEMO_TENANT,
-        defaults={
-            "name": "Demo business unit",
-            "business_unit": "Platform demo",
-            "application_id": "APP-0000",
-            "environment": Environment.DEV,
-        },
+    models = _fleet(fleet)
+    tenant = Tenant.objects.filter(slug=DEMO_TENANT).first() or record_create(
+        actor=ACTOR,
+        instance=Tenant(
+            slug=DEMO_TENANT,
+            name="Demo business unit",
+            business_unit="Platform demo",
+            application_id="APP-0001",
+            environment=Environment.DEV,
+            owner_email="platform-team@example.invalid",
+        ),
     )
-    use_case, _ = UseCase.objects.update_or_create(
-        tenant=tenant,
-        slug=DEMO_USE_CASE,
-        defaults={
-            "name": "Demo assistant",
-            "kind": UseCaseKind.CHATBOT,
-            "purpose": "Try Switchyard end to end on the embedded stack.",
-            "status": UseCaseStatus.APPROVED,
-            "namespace": Namespace.DEV,
-        },
-    )
-    models = []
-    for entry in fleet:
-        model, _ = Model.objects.update_or_create(
-            public_id=entry.public_id,
-            defaults={
-                "capabilities": entry.capabilities,
-                "timeout_seconds": entry.timeout_seconds,
-                "max_tokens": entry.max_tokens,
+    use_case = UseCase.objects.filter(tenant=tenant, slug=DEMO_USE_CASE).first()
+    if use_case is None:
+        use_case = use_case_create(
+            actor=ACTOR,
+            tenant=tenant,
+            fields={
+                "slug": DEMO_USE_CASE,
+                "name": "Demo assistant",
+                "kind": UseCaseKind.CHATBOT,
+                "purpose": "Try Switchyard end to end on the embedded stack.",
+                "namespace": Namespace.DEV,
             },
         )
-        model.full_clean()
-        Deployment.objects.filter(model=model).delete()
-        deployment = Deployment(model=model, served_name=entry.public_id, replicas=entry.replicas)
-        deployment.full_clean()
-        deployment.save()
-        models.append(model)
-    use_case.allowed_models.set(models)
+    use_case_update(actor=ACTOR, use_case=use_case, changes={}, allowed_models=models)
+    if use_case.status == UseCaseStatus.DRAFT:
+        use_case_transition(actor=ACTOR, use_case=use_case, transition="submit")
+    if use_case.status == UseCaseStatus.SUBMITTED:
+        use_case_transition(actor=ACTOR, use_case=use_case, transition="approve")
 
-    ApiKey.objects.filter(use_case=use_case, name=DEMO_KEY_NAME).update(status=ApiKeyStatus.REVOKED)
-    _, plaintext = api_key_issue(use_case=use_case, name=DEMO_KEY_NAME)
+    for old in ApiKey.objects.filter(
+        use_case=use_case, name=DEMO_KEY_NAME, status=ApiKeyStatus.ACTIVE
+    ):
+        api_key_revoke(actor=ACTOR, key=old, reason="superseded by a new make up")
+    _, plaintext = api_key_issue(actor=ACTOR, use_case=use_case, name=DEMO_KEY_NAME)
 
     user_model = get_user_model()
     created_password: str | None = None
     if not user_model.objects.filter(username="admin").exists():
-        user_model.objects.create_superuser("admin", "admin@example.invalid", admin_password)
+        admin = user_model.objects.create_superuser(
+            "admin", "admin@example.invalid", admin_password
+        )
+        roles_set(admin, [Role.ADMIN])
+        tenant.members.add(admin)
         created_password = admin_password
     return DemoSeed(
         key_plaintext=plaintext, admin_username="admin", admin_password=created_password

@@ -1,7 +1,10 @@
-"""Governance records. Rules that span rows live in services.py, not here."""
+"""Governance records. Rules that span rows live in services.py; models guard one row."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -9,8 +12,13 @@ from django.db import models
 from governance.choices import (
     ApiKeyStatus,
     Capability,
+    DataClassification,
     Environment,
+    Guardrail,
+    GuardrailAction,
+    GuardrailSide,
     Namespace,
+    RateLimitScope,
     UseCaseKind,
     UseCaseStatus,
 )
@@ -22,15 +30,42 @@ model_id_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
     "Use letters, digits and . _ : / - (max 128), starting with a letter or digit.",
 )
+application_id_validator = RegexValidator(
+    r"^[A-Z][A-Z0-9]{1,9}-[0-9]{1,10}$", "Use the CMDB form, e.g. APP-1234."
+)
+
+
+def _validate_string_list(value: Any, field: str, *, allowed: set[str] | None = None) -> None:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise ValidationError({field: "Give a list of non-empty strings."})
+    if len(set(value)) != len(value):
+        raise ValidationError({field: "Remove the duplicates."})
+    if allowed is not None:
+        unknown = [item for item in value if item not in allowed]
+        if unknown:
+            raise ValidationError({field: f"Unknown value {unknown[0]!r}; use {sorted(allowed)}."})
 
 
 class Tenant(models.Model):
+    """A business unit's application in one environment (dev, test, UAT or prod)."""
+
     slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
-    business_unit = models.CharField(max_length=200, blank=True)
-    application_id = models.CharField(max_length=64, blank=True, help_text="CMDB application id")
+    business_unit = models.CharField(max_length=200)
+    application_id = models.CharField(
+        max_length=24, validators=[application_id_validator], help_text="CMDB application id"
+    )
     environment = models.CharField(max_length=8, choices=Environment.choices)
+    owner_email = models.EmailField()
+    contacts = models.JSONField(default=list, blank=True, help_text="Further contact e-mails")
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="tenants",
+        help_text="People who may see and work on this tenant's records",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["slug"]
@@ -38,15 +73,33 @@ class Tenant(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.environment})"
 
+    def clean(self) -> None:
+        _validate_string_list(self.contacts, "contacts")
+        from django.core.validators import validate_email
+
+        for email in self.contacts:
+            try:
+                validate_email(email)
+            except ValidationError:
+                raise ValidationError(
+                    {"contacts": f"{email!r} is not an e-mail address."}
+                ) from None
+
 
 class Model(models.Model):
     """A model as clients name it: the public id in ``model`` of an OpenAI request."""
 
     public_id = models.CharField(max_length=128, unique=True, validators=[model_id_validator])
+    description = models.CharField(max_length=300, blank=True)
     capabilities = models.JSONField(default=list, help_text="chat, completions, embeddings, …")
-    timeout_seconds = models.FloatField(default=60.0, validators=[MinValueValidator(0.1)])
+    timeout_seconds = models.FloatField(
+        default=60.0,
+        validators=[MinValueValidator(0.1)],
+        help_text="Seconds for a whole request: seconds for an 8B model, minutes if it thinks",
+    )
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["public_id"]
@@ -55,25 +108,29 @@ class Model(models.Model):
         return self.public_id
 
     def clean(self) -> None:
-        allowed = set(Capability.values)
-        if not isinstance(self.capabilities, list) or not self.capabilities:
+        _validate_string_list(self.capabilities, "capabilities", allowed=set(Capability.values))
+        if not self.capabilities:
             raise ValidationError({"capabilities": "List at least one capability."})
-        unknown = [c for c in self.capabilities if c not in allowed]
-        if unknown:
-            raise ValidationError(
-                {"capabilities": f"Unknown capability {unknown[0]!r}; use {sorted(allowed)}."}
-            )
 
 
 class Deployment(models.Model):
-    """Where a model runs: a set of vLLM replicas serving it under one served name."""
+    """Where a model runs: vLLM replicas serving it under one served name, on one node pool."""
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="deployments")
     served_name = models.CharField(max_length=128, validators=[model_id_validator])
     replicas = models.JSONField(default=list, help_text="Base URLs of the vLLM replicas")
-    node_pool = models.CharField(max_length=64, blank=True)
+    node_pool = models.CharField(max_length=64, blank=True, help_text="e.g. h100 or h200")
+    lora_adapters = models.JSONField(
+        default=list, blank=True, help_text="LoRA adapter names served on this base model"
+    )
+    max_in_flight_per_replica = models.PositiveIntegerField(
+        default=64,
+        validators=[MinValueValidator(1)],
+        help_text="Requests the gateway sends one replica at once",
+    )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["model__public_id", "id"]
@@ -82,25 +139,48 @@ class Deployment(models.Model):
         return f"{self.model} → {self.served_name} ×{len(self.replicas)}"
 
     def clean(self) -> None:
-        if not isinstance(self.replicas, list) or not all(
-            isinstance(url, str) and url.startswith(("http://", "https://"))
-            for url in self.replicas
-        ):
-            raise ValidationError({"replicas": "Give a list of http(s):// base URLs."})
+        _validate_string_list(self.replicas, "replicas")
+        if not self.replicas:
+            raise ValidationError({"replicas": "List at least one replica base URL."})
+        bad = [url for url in self.replicas if not url.startswith(("http://", "https://"))]
+        if bad:
+            raise ValidationError({"replicas": f"{bad[0]!r} is not an http(s):// base URL."})
+        _validate_string_list(self.lora_adapters, "lora_adapters")
 
 
 class UseCase(models.Model):
+    """One approved purpose of one tenant: what it may call, how, and under which controls."""
+
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="use_cases")
     slug = models.CharField(max_length=63, validators=[slug_validator])
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=UseCaseKind.choices)
-    purpose = models.TextField(blank=True)
-    status = models.CharField(
-        max_length=12, choices=UseCaseStatus.choices, default=UseCaseStatus.DRAFT
+    purpose = models.TextField()
+    data_classification = models.CharField(
+        max_length=12, choices=DataClassification.choices, default=DataClassification.INTERNAL
     )
+    status = models.CharField(
+        max_length=12, choices=UseCaseStatus.choices, default=UseCaseStatus.DRAFT, editable=False
+    )
+    status_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    status_changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        editable=False,
+    )
+    status_reason = models.TextField(blank=True, editable=False)
     namespace = models.CharField(max_length=8, choices=Namespace.choices, default=Namespace.DEV)
     allowed_models = models.ManyToManyField(Model, blank=True, related_name="use_cases")
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_day = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True)
+    ticket_ref = models.CharField(max_length=64, blank=True, help_text="e.g. a ServiceNow ticket")
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["tenant__slug", "slug"]
@@ -112,22 +192,203 @@ class UseCase(models.Model):
         return f"{self.tenant.slug}/{self.slug}"
 
 
+class GuardrailSelection(models.Model):
+    """One guardrail a use case applies, on one side of the call, with one action."""
+
+    use_case = models.ForeignKey(UseCase, on_delete=models.CASCADE, related_name="guardrails")
+    guardrail = models.CharField(max_length=24, choices=Guardrail.choices)
+    side = models.CharField(max_length=8, choices=GuardrailSide.choices)
+    action = models.CharField(max_length=8, choices=GuardrailAction.choices)
+    config = models.JSONField(default=dict, blank=True, help_text="Guardrail-specific settings")
+
+    class Meta:
+        ordering = ["use_case_id", "side", "guardrail"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["use_case", "guardrail", "side"], name="one_selection_per_guardrail_side"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.guardrail} on {self.side}: {self.action}"
+
+    def clean(self) -> None:
+        if not isinstance(self.config, dict):
+            raise ValidationError({"config": "Give a JSON object."})
+
+
+class PriorityClass(models.Model):
+    """A service class: its rank in the gateway's queue and what vLLM is told."""
+
+    name = models.CharField(max_length=32, unique=True, validators=[slug_validator])
+    rank = models.PositiveSmallIntegerField(
+        unique=True, help_text="0 is served first; larger numbers wait behind smaller ones"
+    )
+    vllm_priority = models.IntegerField(
+        help_text="Sent as vLLM's request priority (lower is scheduled earlier)"
+    )
+    queue_timeout_seconds = models.FloatField(default=30.0, validators=[MinValueValidator(0.0)])
+    max_queue_length = models.PositiveIntegerField(default=1000)
+
+    class Meta:
+        ordering = ["rank"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return f"{self.name} (rank {self.rank})"
+
+
+class PriorityRule(models.Model):
+    """One cell of the priority matrix: tenant environment × caller namespace → class."""
+
+    environment = models.CharField(max_length=8, choices=Environment.choices)
+    namespace = models.CharField(max_length=8, choices=Namespace.choices)
+    priority_class = models.ForeignKey(
+        PriorityClass, on_delete=models.PROTECT, related_name="rules"
+    )
+
+    class Meta:
+        ordering = ["environment", "namespace"]
+        constraints = [
+            models.UniqueConstraint(fields=["environment", "namespace"], name="one_class_per_cell")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.environment} × {self.namespace} → {self.priority_class.name}"
+
+
+class RateLimitPolicy(models.Model):
+    """A limit at the global, model, tenant or tenant × model level (use cases carry their own)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    scope = models.CharField(max_length=14, choices=RateLimitScope.choices)
+    model = models.ForeignKey(Model, null=True, blank=True, on_delete=models.CASCADE)
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE)
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_day = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["scope", "name"]
+        verbose_name_plural = "rate-limit policies"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        needs_model = self.scope in (RateLimitScope.MODEL, RateLimitScope.TENANT_MODEL)
+        needs_tenant = self.scope in (RateLimitScope.TENANT, RateLimitScope.TENANT_MODEL)
+        errors: dict[str, str] = {}
+        if needs_model and self.model_id is None:
+            errors["model"] = f"A {self.scope} limit names a model."
+        if not needs_model and self.model_id is not None:
+            errors["model"] = f"A {self.scope} limit does not name a model."
+        if needs_tenant and self.tenant_id is None:
+            errors["tenant"] = f"A {self.scope} limit names a tenant."
+        if not needs_tenant and self.tenant_id is not None:
+            errors["tenant"] = f"A {self.scope} limit does not name a tenant."
+        if not any((self.requests_per_minute, self.tokens_per_minute, self.tokens_per_day)):
+            errors["requests_per_minute"] = "Set at least one limit."
+        if errors:
+            raise ValidationError(errors)
+
+
 class ApiKey(models.Model):
-    """An API key, stored only as its SHA-256; the plaintext is shown once at creation."""
+    """An API key of a use case, stored only as its SHA-256.
+
+    Requested by a developer, decided by an officer. The secret is generated only when its
+    requester reveals it, once; so no plaintext ever rests anywhere, not even briefly.
+    """
 
     use_case = models.ForeignKey(UseCase, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=200)
-    prefix = models.CharField(max_length=16, db_index=True)
-    key_hash = models.CharField(max_length=64, unique=True, editable=False)
-    status = models.CharField(
-        max_length=10, choices=ApiKeyStatus.choices, default=ApiKeyStatus.PENDING
+    reason = models.TextField(blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="requested_keys",
     )
+    status = models.CharField(
+        max_length=10, choices=ApiKeyStatus.choices, default=ApiKeyStatus.PENDING, editable=False
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        editable=False,
+    )
+    decided_at = models.DateTimeField(null=True, blank=True, editable=False)
+    decision_reason = models.TextField(blank=True, editable=False)
+    prefix = models.CharField(max_length=16, blank=True, db_index=True, editable=False)
+    # NULL until revealed: unique, and many unrevealed keys must not collide on "".
+    key_hash = models.CharField(max_length=64, null=True, unique=True, editable=False)  # noqa: DJ001
+    revealed_at = models.DateTimeField(null=True, blank=True, editable=False)
     expires_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    rotated_from = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="rotated_to",
+        editable=False,
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return f"{self.prefix}… ({self.use_case})"
+        return f"{self.prefix or 'unrevealed'}… {self.name} ({self.use_case})"
+
+
+class AuditChainHead(models.Model):
+    """The single row that serialises appends to the audit chain (locked FOR UPDATE)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
+    last_sequence = models.PositiveBigIntegerField(default=0)
+    last_hash = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"audit head #{self.last_sequence}"
+
+
+class AuditEvent(models.Model):
+    """One entry of the append-only, hash-chained audit trail.
+
+    ``hash`` covers every field and the previous event's hash, so changing, removing or
+    reordering any event breaks every link after it; ``governance.audit`` verifies the chain.
+    """
+
+    sequence = models.PositiveBigIntegerField(unique=True, editable=False)
+    occurred_at = models.DateTimeField(editable=False, db_index=True)
+    actor = models.CharField(max_length=150, editable=False, help_text="username, or system:…")
+    action = models.CharField(max_length=64, editable=False, db_index=True)
+    object_type = models.CharField(max_length=64, editable=False, blank=True)
+    object_id = models.CharField(max_length=64, editable=False, blank=True)
+    object_repr = models.CharField(max_length=200, editable=False, blank=True)
+    tenant_slug = models.CharField(max_length=63, editable=False, blank=True, db_index=True)
+    before = models.JSONField(null=True, editable=False)
+    after = models.JSONField(null=True, editable=False)
+    request_id = models.CharField(max_length=128, editable=False, blank=True)
+    source_ip = models.GenericIPAddressField(null=True, editable=False)
+    prev_hash = models.CharField(max_length=64, editable=False)
+    hash = models.CharField(max_length=64, editable=False, unique=True)
+
+    class Meta:
+        ordering = ["sequence"]
+
+    def __str__(self) -> str:
+        return f"#{self.sequence} {self.action} {self.object_type}:{self.object_id} by {self.actor}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ValidationError("Audit events are append-only: they cannot be changed.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ValidationError("Audit events are append-only: they cannot be deleted.")

@@ -1,21 +1,39 @@
-"""Writes to the governance domain. Each service republishes the policy snapshot on commit."""
+"""Every write to the governance domain: authorised, validated, audited, republished.
+
+Views, the admin, the portal and policy-as-code all call these, so the rules hold whatever
+the door. Each service takes an ``Actor`` (who, from where); the ones a person can trigger
+check that person's role and tenant. Every change that the gateway reads republishes the
+policy snapshot once the transaction commits.
+"""
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, TypeVar, cast
 
 import valkey
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Model as DjangoModel
+from django.utils import timezone
 
-from governance.choices import ApiKeyStatus
+from governance.audit import Actor, audit_record, object_state
+from governance.choices import ApiKeyStatus, UseCaseStatus
+from governance.errors import Conflict
 from governance.keys import key_generate, key_hash, key_visible_prefix
-from governance.models import ApiKey, UseCase
+from governance.models import ApiKey, Tenant, UseCase
+from governance.roles import Role, can_govern, has_role
 from governance.snapshot import snapshot_publish
 
 logger = logging.getLogger(__name__)
 
+M = TypeVar("M", bound=DjangoModel)
 
+
+# --- the policy snapshot ------------------------------------------------------------------
 def _publish_after_commit() -> None:
     try:
         snapshot_publish()
@@ -30,27 +48,450 @@ def policy_changed() -> None:
     transaction.on_commit(_publish_after_commit)
 
 
+# --- authorisation ------------------------------------------------------------------------
+def _require_governor(actor: Actor) -> None:
+    if actor.user is not None and not can_govern(actor.user):
+        raise PermissionDenied("Only a governance officer or an admin may do this.")
+
+
+def _require_member(actor: Actor, tenant: Tenant) -> None:
+    """Developers act on their own tenants only; officers and admins on any."""
+    user = actor.user
+    if user is None or can_govern(user):
+        return
+    if has_role(user, Role.DEVELOPER) and tenant.members.filter(pk=user.pk).exists():
+        return
+    raise PermissionDenied(f"You are not a member of tenant '{tenant.slug}'.")
+
+
+def _tenant_of(obj: DjangoModel) -> str:
+    tenant = getattr(obj, "tenant", None) or getattr(getattr(obj, "use_case", None), "tenant", None)
+    if isinstance(obj, Tenant):
+        tenant = obj
+    return tenant.slug if isinstance(tenant, Tenant) else ""
+
+
+# --- generic records: tenants, models, deployments, guardrails, policies -----------------
+def _set_m2m(instance: DjangoModel, m2m: Mapping[str, Iterable[Any]] | None) -> None:
+    for name, values in (m2m or {}).items():
+        getattr(instance, name).set(values)
+
+
+def _action(instance: DjangoModel, verb: str) -> str:
+    return f"{instance._meta.model_name}.{verb}"
+
+
 @transaction.atomic
-def api_key_issue(
-    *, use_case: UseCase, name: str, expires_at: datetime | None = None
-) -> tuple[ApiKey, str]:
-    """Mint an active key; returns the row and the plaintext, which is never stored."""
-    plaintext = key_generate()
-    key = ApiKey.objects.create(
+def record_create(
+    *, actor: Actor, instance: M, m2m: Mapping[str, Iterable[Any]] | None = None
+) -> M:
+    """Validate, save and audit a new governance record (officers and admins only)."""
+    _require_governor(actor)
+    instance.full_clean()
+    instance.save()
+    _set_m2m(instance, m2m)
+    audit_record(
+        actor=actor,
+        action=_action(instance, "create"),
+        obj=instance,
+        after=object_state(instance),
+        tenant_slug=_tenant_of(instance),
+    )
+    policy_changed()
+    return instance
+
+
+@transaction.atomic
+def record_update(
+    *,
+    actor: Actor,
+    instance: M,
+    changes: Mapping[str, Any],
+    m2m: Mapping[str, Iterable[Any]] | None = None,
+) -> M:
+    _require_governor(actor)
+    before = object_state(type(instance)._default_manager.get(pk=instance.pk))
+    for field, value in changes.items():
+        setattr(instance, field, value)
+    instance.full_clean()
+    instance.save()
+    _set_m2m(instance, m2m)
+    after = object_state(instance)
+    if after != before:
+        audit_record(
+            actor=actor,
+            action=_action(instance, "update"),
+            obj=instance,
+            before=before,
+            after=after,
+            tenant_slug=_tenant_of(instance),
+        )
+        policy_changed()
+    return instance
+
+
+def record_saved(*, actor: Actor, instance: DjangoModel, before: dict[str, Any] | None) -> None:
+    """Audit and republish a row something else already saved (the Django admin's forms)."""
+    after = object_state(instance)
+    if after == before:
+        return
+    audit_record(
+        actor=actor,
+        action=_action(instance, "update" if before is not None else "create"),
+        obj=instance,
+        before=before,
+        after=after,
+        tenant_slug=_tenant_of(instance),
+    )
+    policy_changed()
+
+
+@transaction.atomic
+def record_delete(*, actor: Actor, instance: DjangoModel) -> None:
+    _require_governor(actor)
+    before = object_state(instance)
+    tenant_slug = _tenant_of(instance)
+    audit_record(
+        actor=actor,
+        action=_action(instance, "delete"),
+        obj=instance,
+        before=before,
+        tenant_slug=tenant_slug,
+    )
+    instance.delete()
+    policy_changed()
+
+
+# --- use cases ----------------------------------------------------------------------------
+# Fields a developer may set on a draft; everything that grants capacity or access
+# (status, models, limits, namespace, guardrails) is the officer's to decide.
+DEVELOPER_FIELDS = frozenset(
+    {"name", "slug", "kind", "purpose", "data_classification", "ticket_ref", "namespace"}
+)
+
+
+def _check_developer_fields(actor: Actor, fields: Iterable[str]) -> None:
+    if actor.user is None or can_govern(actor.user):
+        return
+    forbidden = sorted(set(fields) - DEVELOPER_FIELDS)
+    if forbidden:
+        raise PermissionDenied(f"Only an officer may set {', '.join(forbidden)}.")
+
+
+@transaction.atomic
+def use_case_create(
+    *,
+    actor: Actor,
+    tenant: Tenant,
+    fields: Mapping[str, Any],
+    allowed_models: Iterable[Any] | None = None,
+) -> UseCase:
+    """A new use case, in draft. Developers create them for their own tenants."""
+    _require_member(actor, tenant)
+    _check_developer_fields(actor, [*fields, *(["allowed_models"] if allowed_models else [])])
+    use_case = UseCase(tenant=tenant, **fields)
+    use_case.full_clean()
+    use_case.save()
+    if allowed_models is not None:
+        use_case.allowed_models.set(allowed_models)
+    audit_record(
+        actor=actor,
+        action="usecase.create",
+        obj=use_case,
+        after=object_state(use_case),
+        tenant_slug=tenant.slug,
+    )
+    return use_case
+
+
+@transaction.atomic
+def use_case_update(
+    *,
+    actor: Actor,
+    use_case: UseCase,
+    changes: Mapping[str, Any],
+    allowed_models: Iterable[Any] | None = None,
+) -> UseCase:
+    _require_member(actor, use_case.tenant)
+    if actor.user is not None and not can_govern(actor.user):
+        if use_case.status != UseCaseStatus.DRAFT:
+            raise PermissionDenied("Only an officer may change a use case once it is submitted.")
+        _check_developer_fields(
+            actor, [*changes, *(["allowed_models"] if allowed_models is not None else [])]
+        )
+    if "tenant" in changes or "status" in changes:
+        raise ValidationError(
+            "A use case's tenant and status change only through their own actions."
+        )
+    before = object_state(UseCase.objects.get(pk=use_case.pk))
+    for field, value in changes.items():
+        setattr(use_case, field, value)
+    use_case.full_clean()
+    use_case.save()
+    if allowed_models is not None:
+        use_case.allowed_models.set(allowed_models)
+    after = object_state(use_case)
+    if after != before:
+        audit_record(
+            actor=actor,
+            action="usecase.update",
+            obj=use_case,
+            before=before,
+            after=after,
+            tenant_slug=use_case.tenant.slug,
+        )
+        policy_changed()
+    return use_case
+
+
+# transition: (states it may start from, state it ends in, who may do it, reason required)
+USE_CASE_TRANSITIONS: dict[str, tuple[frozenset[str], str, str, bool]] = {
+    "submit": (frozenset({UseCaseStatus.DRAFT}), UseCaseStatus.SUBMITTED, "member", False),
+    "approve": (frozenset({UseCaseStatus.SUBMITTED}), UseCaseStatus.APPROVED, "officer", False),
+    "reject": (frozenset({UseCaseStatus.SUBMITTED}), UseCaseStatus.DRAFT, "officer", True),
+    "suspend": (frozenset({UseCaseStatus.APPROVED}), UseCaseStatus.SUSPENDED, "officer", True),
+    "reinstate": (frozenset({UseCaseStatus.SUSPENDED}), UseCaseStatus.APPROVED, "officer", False),
+    "retire": (
+        frozenset(
+            {
+                UseCaseStatus.DRAFT,
+                UseCaseStatus.SUBMITTED,
+                UseCaseStatus.APPROVED,
+                UseCaseStatus.SUSPENDED,
+            }
+        ),
+        UseCaseStatus.RETIRED,
+        "officer",
+        False,
+    ),
+}
+
+
+@transaction.atomic
+def use_case_transition(
+    *, actor: Actor, use_case: UseCase, transition: str, reason: str = ""
+) -> UseCase:
+    """Move a use case through its lifecycle; suspension cuts its keys off at the gateway."""
+    if transition not in USE_CASE_TRANSITIONS:
+        raise ValidationError(
+            f"Unknown transition {transition!r}; use {sorted(USE_CASE_TRANSITIONS)}."
+        )
+    sources, target, who, needs_reason = USE_CASE_TRANSITIONS[transition]
+    if who == "officer":
+        _require_governor(actor)
+    else:
+        _require_member(actor, use_case.tenant)
+    if needs_reason and not reason.strip():
+        raise ValidationError({"reason": f"Say why you {transition} this use case."})
+    # Claim the transition with a conditional UPDATE so two officers clicking at once
+    # cannot both win (or act on a state that has already moved).
+    previous = use_case.status
+    moved = UseCase.objects.filter(pk=use_case.pk, status__in=sources).update(
+        status=target,
+        status_changed_at=timezone.now(),
+        status_changed_by=actor.user if actor.user is not None else None,
+        status_reason=reason,
+    )
+    if not moved:
+        use_case.refresh_from_db(fields=["status"])
+        raise Conflict(f"Cannot {transition} a use case that is {use_case.status}.")
+    use_case.refresh_from_db()
+    audit_record(
+        actor=actor,
+        action=f"usecase.{transition}",
+        obj=use_case,
+        before={"status": previous},
+        after={"status": target, "reason": reason},
+        tenant_slug=use_case.tenant.slug,
+    )
+    policy_changed()
+    return use_case
+
+
+# --- API keys -----------------------------------------------------------------------------
+def _key_lifetime_ok(expires_at: datetime | None) -> None:
+    now = timezone.now()
+    if expires_at is None:
+        return
+    if expires_at <= now:
+        raise ValidationError({"expires_at": "Choose a time in the future."})
+    longest = timedelta(days=settings.API_KEY_MAX_LIFETIME_DAYS)
+    if expires_at - now > longest:
+        raise ValidationError(
+            {"expires_at": f"Keys live at most {settings.API_KEY_MAX_LIFETIME_DAYS} days."}
+        )
+
+
+def _audit_key(actor: Actor, key: ApiKey, action: str, **extra: Any) -> None:
+    audit_record(
+        actor=actor,
+        action=f"apikey.{action}",
+        obj=key,
+        after={"status": key.status, "prefix": key.prefix, **extra},
+        tenant_slug=key.use_case.tenant.slug,
+    )
+
+
+@transaction.atomic
+def api_key_request(
+    *,
+    actor: Actor,
+    use_case: UseCase,
+    name: str,
+    reason: str,
+    expires_at: datetime | None = None,
+) -> ApiKey:
+    """A developer asks for a key for one of their tenant's approved use cases."""
+    _require_member(actor, use_case.tenant)
+    if use_case.status != UseCaseStatus.APPROVED:
+        raise Conflict(f"Keys are issued for approved use cases; this one is {use_case.status}.")
+    if not reason.strip():
+        raise ValidationError({"reason": "Say what the key is for."})
+    _key_lifetime_ok(expires_at)
+    key = ApiKey(
         use_case=use_case,
         name=name,
-        prefix=key_visible_prefix(plaintext),
-        key_hash=key_hash(plaintext),
-        status=ApiKeyStatus.ACTIVE,
+        reason=reason,
         expires_at=expires_at,
+        requested_by=cast(Any, actor.user),
+        status=ApiKeyStatus.PENDING,
     )
+    key.full_clean()
+    key.save()
+    _audit_key(actor, key, "request", reason=reason)
+    return key
+
+
+@transaction.atomic
+def api_key_decide(*, actor: Actor, key: ApiKey, approve: bool, reason: str = "") -> ApiKey:
+    """An officer approves or rejects a pending key request."""
+    _require_governor(actor)
+    if not approve and not reason.strip():
+        raise ValidationError({"reason": "Say why the request is rejected."})
+    target = ApiKeyStatus.APPROVED if approve else ApiKeyStatus.REJECTED
+    decided = ApiKey.objects.filter(pk=key.pk, status=ApiKeyStatus.PENDING).update(
+        status=target, decided_by=actor.user, decided_at=timezone.now(), decision_reason=reason
+    )
+    if not decided:
+        key.refresh_from_db()
+        raise Conflict(f"This key request was already decided ({key.status}).")
+    key.refresh_from_db()
+    _audit_key(actor, key, "approve" if approve else "reject", reason=reason)
+    return key
+
+
+def _activate(key_id: int, *, from_status: str) -> str | None:
+    """Generate the secret and activate the key, once; returns the plaintext or None."""
+    plaintext = key_generate()
+    activated = ApiKey.objects.filter(
+        pk=key_id, status=from_status, revealed_at__isnull=True
+    ).update(
+        status=ApiKeyStatus.ACTIVE,
+        key_hash=key_hash(plaintext),
+        prefix=key_visible_prefix(plaintext),
+        revealed_at=timezone.now(),
+    )
+    return plaintext if activated else None
+
+
+@transaction.atomic
+def api_key_reveal(*, actor: Actor, key: ApiKey) -> tuple[ApiKey, str]:
+    """Show an approved key's secret to its requester — exactly once, ever."""
+    if actor.user is None or key.requested_by_id != actor.user.pk:
+        raise PermissionDenied("Only the person who requested this key can reveal it.")
+    plaintext = _activate(key.pk, from_status=ApiKeyStatus.APPROVED)
+    if plaintext is None:
+        key.refresh_from_db()
+        if key.revealed_at is not None:
+            raise Conflict(
+                "This key was already revealed; it cannot be shown again. Rotate it instead."
+            )
+        raise Conflict(f"Only an approved key can be revealed; this one is {key.status}.")
+    key.refresh_from_db()
+    _audit_key(actor, key, "reveal")
     policy_changed()
     return key, plaintext
 
 
 @transaction.atomic
-def api_key_revoke(*, key: ApiKey) -> ApiKey:
-    key.status = ApiKeyStatus.REVOKED
-    key.save(update_fields=["status"])
+def api_key_rotate(
+    *, actor: Actor, key: ApiKey, grace: timedelta | None = None
+) -> tuple[ApiKey, str]:
+    """Replace an active key: the new one works now, the old one until the grace ends."""
+    _require_member(actor, key.use_case.tenant)
+    grace = timedelta(seconds=settings.API_KEY_ROTATION_GRACE_SECONDS) if grace is None else grace
+    if grace < timedelta(0) or grace > timedelta(days=7):
+        raise ValidationError({"grace": "Choose a grace period between 0 and 7 days."})
+    if key.status != ApiKeyStatus.ACTIVE:
+        raise Conflict(f"Only an active key can be rotated; this one is {key.status}.")
+    if ApiKey.objects.filter(rotated_from=key).exists():
+        raise Conflict("This key was already rotated; rotate its successor instead.")
+    successor = ApiKey.objects.create(
+        use_case=key.use_case,
+        name=key.name,
+        reason=f"rotation of {key.prefix}",
+        requested_by=cast(Any, actor.user) or key.requested_by,
+        status=ApiKeyStatus.APPROVED,
+        decided_by=key.decided_by,
+        decided_at=key.decided_at,
+        decision_reason="approved as the rotation of an approved key",
+        expires_at=key.expires_at,
+        rotated_from=key,
+    )
+    plaintext = _activate(successor.pk, from_status=ApiKeyStatus.APPROVED)
+    assert plaintext is not None  # the row was created above, in this transaction
+    successor.refresh_from_db()
+    grace_end = timezone.now() + grace
+    if key.expires_at is None or key.expires_at > grace_end:
+        key.expires_at = grace_end
+        key.save(update_fields=["expires_at"])
+    _audit_key(
+        actor,
+        successor,
+        "rotate",
+        rotated_from=key.prefix,
+        old_key_expires_at=grace_end.isoformat(),
+    )
+    policy_changed()
+    return successor, plaintext
+
+
+@transaction.atomic
+def api_key_revoke(*, actor: Actor, key: ApiKey, reason: str = "") -> ApiKey:
+    _require_member(actor, key.use_case.tenant)
+    revocable = (ApiKeyStatus.PENDING, ApiKeyStatus.APPROVED, ApiKeyStatus.ACTIVE)
+    revoked = ApiKey.objects.filter(pk=key.pk, status__in=revocable).update(
+        status=ApiKeyStatus.REVOKED
+    )
+    if not revoked:
+        key.refresh_from_db()
+        raise Conflict(f"This key is already {key.status}.")
+    key.refresh_from_db()
+    _audit_key(actor, key, "revoke", reason=reason)
     policy_changed()
     return key
+
+
+@transaction.atomic
+def api_key_issue(
+    *, actor: Actor, use_case: UseCase, name: str, expires_at: datetime | None = None
+) -> tuple[ApiKey, str]:
+    """Mint an active key directly, for the platform itself (demo seed, policy-as-code)."""
+    if actor.user is not None:
+        raise PermissionDenied("People request keys; only the platform mints them directly.")
+    _key_lifetime_ok(expires_at)
+    key = ApiKey.objects.create(
+        use_case=use_case,
+        name=name,
+        reason="minted by the platform",
+        status=ApiKeyStatus.APPROVED,
+        decided_at=timezone.now(),
+        decision_reason=f"minted by {actor.username}",
+        expires_at=expires_at,
+    )
+    plaintext = _activate(key.pk, from_status=ApiKeyStatus.APPROVED)
+    assert plaintext is not None
+    key.refresh_from_db()
+    _audit_key(actor, key, "issue")
+    policy_changed()
+    return key, plaintext

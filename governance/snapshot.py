@@ -12,9 +12,28 @@ from django.conf import settings
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from gateway.policy import SCHEMA, SNAPSHOT_KEY, VERSION_KEY, KeyEntry, ModelEntry, SnapshotDocument
+from gateway.policy import (
+    SCHEMA,
+    SNAPSHOT_KEY,
+    VERSION_KEY,
+    GuardrailEntry,
+    KeyEntry,
+    ModelEntry,
+    PriorityClassEntry,
+    RateLimitEntry,
+    SnapshotDocument,
+    UseCaseEntry,
+)
 from governance.choices import ApiKeyStatus, UseCaseStatus
-from governance.models import ApiKey, Deployment, Model
+from governance.models import (
+    ApiKey,
+    Deployment,
+    Model,
+    PriorityClass,
+    PriorityRule,
+    RateLimitPolicy,
+    UseCase,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +44,7 @@ PUBLISH_LOCK_KEY = "switchyard:policy:publish-lock"
 # MULTI, and the gateway reads the document only after it sees the version move.
 
 
-def snapshot_build(*, version: int) -> SnapshotDocument:
+def _models() -> dict[str, ModelEntry]:
     models: dict[str, ModelEntry] = {}
     for model in Model.objects.prefetch_related(
         Prefetch("deployments", queryset=Deployment.objects.filter(active=True))
@@ -39,18 +58,89 @@ def snapshot_build(*, version: int) -> SnapshotDocument:
             "replicas": [url for d in deployments for url in d.replicas],
             "timeout_s": model.timeout_seconds,
             "max_tokens": model.max_tokens,
+            "max_in_flight_per_replica": min(d.max_in_flight_per_replica for d in deployments),
+            "lora_adapters": sorted({a for d in deployments for a in d.lora_adapters}),
         }
+    return models
 
+
+def _use_cases() -> dict[str, UseCaseEntry]:
+    entries: dict[str, UseCaseEntry] = {}
+    approved = UseCase.objects.filter(status=UseCaseStatus.APPROVED).select_related("tenant")
+    for use_case in approved.prefetch_related("guardrails"):
+        guardrails: list[GuardrailEntry] = [
+            cast(
+                GuardrailEntry,
+                {"guardrail": g.guardrail, "side": g.side, "action": g.action, "config": g.config},
+            )
+            for g in use_case.guardrails.all()
+        ]
+        entries[str(use_case.pk)] = {
+            "tenant": use_case.tenant.slug,
+            "slug": use_case.slug,
+            "limits": {
+                "requests_per_minute": use_case.requests_per_minute,
+                "tokens_per_minute": use_case.tokens_per_minute,
+                "tokens_per_day": use_case.tokens_per_day,
+                "max_concurrent": use_case.max_concurrent,
+            },
+            "guardrails": guardrails,
+        }
+    return entries
+
+
+def _priority() -> tuple[dict[str, PriorityClassEntry], dict[tuple[str, str], str]]:
+    classes: dict[str, PriorityClassEntry] = {
+        pc.name: {
+            "rank": pc.rank,
+            "vllm_priority": pc.vllm_priority,
+            "queue_timeout_s": pc.queue_timeout_seconds,
+            "max_queue_length": pc.max_queue_length,
+        }
+        for pc in PriorityClass.objects.all()
+    }
+    matrix = {
+        (rule.environment, rule.namespace): rule.priority_class.name
+        for rule in PriorityRule.objects.select_related("priority_class")
+    }
+    return classes, matrix
+
+
+def _rate_limits() -> list[RateLimitEntry]:
+    return [
+        cast(
+            RateLimitEntry,
+            {
+                "name": policy.name,
+                "scope": policy.scope,
+                "model": policy.model.public_id if policy.model else None,
+                "tenant": policy.tenant.slug if policy.tenant else None,
+                "requests_per_minute": policy.requests_per_minute,
+                "tokens_per_minute": policy.tokens_per_minute,
+                "tokens_per_day": policy.tokens_per_day,
+            },
+        )
+        for policy in RateLimitPolicy.objects.select_related("model", "tenant")
+    ]
+
+
+def snapshot_build(*, version: int) -> SnapshotDocument:
+    priority_classes, matrix = _priority()
     keys: dict[str, KeyEntry] = {}
     now = timezone.now()
     live_keys = (
-        ApiKey.objects.filter(status=ApiKeyStatus.ACTIVE, use_case__status=UseCaseStatus.APPROVED)
+        ApiKey.objects.filter(
+            status=ApiKeyStatus.ACTIVE,
+            key_hash__isnull=False,
+            use_case__status=UseCaseStatus.APPROVED,
+        )
         .exclude(expires_at__lte=now)
         .select_related("use_case__tenant")
         .prefetch_related("use_case__allowed_models")
     )
     for key in live_keys:
         use_case = key.use_case
+        assert key.key_hash is not None
         keys[key.key_hash] = {
             "key_id": key.pk,
             "prefix": key.prefix,
@@ -62,13 +152,17 @@ def snapshot_build(*, version: int) -> SnapshotDocument:
             "namespace": use_case.namespace,
             "models": sorted(m.public_id for m in use_case.allowed_models.all()),
             "expires_at": key.expires_at.timestamp() if key.expires_at else None,
+            "priority_class": matrix.get((use_case.tenant.environment, use_case.namespace)),
         }
     return {
         "schema": SCHEMA,
         "version": version,
         "published_at": time.time(),
-        "models": models,
+        "models": _models(),
         "keys": keys,
+        "use_cases": _use_cases(),
+        "priority_classes": priority_classes,
+        "rate_limits": _rate_limits(),
     }
 
 

@@ -137,3 +137,36 @@ def start_gateway(valkey_url: str) -> Iterator[GatewayFactory]:
     finally:
         for process in started:
             process.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_audit_chain_before_flush(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Let transactional tests' database flush clear the append-only audit trail.
+
+    The SQLite trigger refuses to delete audit events while the chain head exists (see
+    governance/migrations/0002); flushing is the one legitimate whole-trail reset, so the head
+    is removed just before it. Requesting the database fixture here makes this teardown run
+    before the flush.
+    """
+    marker = request.node.get_closest_marker("django_db")
+    transactional = marker is not None and bool(
+        marker.kwargs.get("transaction") or (marker.args and marker.args[0])
+    )
+    if not transactional and "live_server" not in request.fixturenames:
+        yield
+        return
+    request.getfixturevalue("transactional_db")
+    yield
+    from governance.models import AuditChainHead
+
+    AuditChainHead.objects.all().delete()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hashing() -> Iterator[None]:
+    """Personas get passwords in almost every test; PBKDF2's deliberate slowness is not
+    what these tests are about. Processes started by tests keep the real hasher."""
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield

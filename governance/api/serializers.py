@@ -1,14 +1,70 @@
+"""Shapes of the governance API. Validation of values beyond field types happens in the
+models' ``clean()`` via the services, so every door gives the same message."""
+
 from __future__ import annotations
 
+from typing import Any
+
+from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
-from governance.models import Deployment, Model
+from governance.models import (
+    ApiKey,
+    AuditEvent,
+    Deployment,
+    GuardrailSelection,
+    Model,
+    PriorityClass,
+    PriorityRule,
+    RateLimitPolicy,
+    Tenant,
+    UseCase,
+)
+
+User = get_user_model()
+
+
+class TenantSerializer(serializers.ModelSerializer[Tenant]):
+    members = serializers.SlugRelatedField(
+        many=True, slug_field="username", queryset=User.objects.all(), required=False
+    )
+
+    class Meta:
+        model = Tenant
+        fields = (
+            "id",
+            "slug",
+            "name",
+            "business_unit",
+            "application_id",
+            "environment",
+            "owner_email",
+            "contacts",
+            "members",
+            "created_at",
+            "updated_at",
+        )
+        read_only_fields = ("created_at", "updated_at")
 
 
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
+    model = serializers.SlugRelatedField(slug_field="public_id", queryset=Model.objects.all())
+
     class Meta:
         model = Deployment
-        fields = ("id", "served_name", "replicas", "node_pool", "active")
+        fields = (
+            "id",
+            "model",
+            "served_name",
+            "replicas",
+            "node_pool",
+            "lora_adapters",
+            "max_in_flight_per_replica",
+            "active",
+            "created_at",
+            "updated_at",
+        )
+        read_only_fields = ("created_at", "updated_at")
 
 
 class ModelSerializer(serializers.ModelSerializer[Model]):
@@ -16,4 +72,212 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
 
     class Meta:
         model = Model
-        fields = ("id", "public_id", "capabilities", "timeout_seconds", "max_tokens", "deployments")
+        fields = (
+            "id",
+            "public_id",
+            "description",
+            "capabilities",
+            "timeout_seconds",
+            "max_tokens",
+            "deployments",
+            "created_at",
+            "updated_at",
+        )
+        read_only_fields = ("created_at", "updated_at")
+
+
+class GuardrailSelectionSerializer(serializers.ModelSerializer[GuardrailSelection]):
+    class Meta:
+        model = GuardrailSelection
+        fields = ("id", "use_case", "guardrail", "side", "action", "config")
+
+
+class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
+    tenant = serializers.SlugRelatedField(slug_field="slug", queryset=Tenant.objects.all())
+    allowed_models = serializers.SlugRelatedField(
+        many=True, slug_field="public_id", queryset=Model.objects.all(), required=False
+    )
+    guardrails = GuardrailSelectionSerializer(many=True, read_only=True)
+    status_changed_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
+
+    class Meta:
+        model = UseCase
+        fields = (
+            "id",
+            "tenant",
+            "slug",
+            "name",
+            "kind",
+            "purpose",
+            "data_classification",
+            "status",
+            "status_changed_at",
+            "status_changed_by",
+            "status_reason",
+            "namespace",
+            "allowed_models",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "tokens_per_day",
+            "max_concurrent",
+            "ticket_ref",
+            "guardrails",
+            "created_at",
+            "updated_at",
+        )
+        read_only_fields = (
+            "status",
+            "status_changed_at",
+            "status_reason",
+            "created_at",
+            "updated_at",
+        )
+
+    def validate_tenant(self, tenant: Tenant) -> Tenant:
+        if self.instance is not None and tenant != self.instance.tenant:
+            raise serializers.ValidationError("A use case cannot move to another tenant.")
+        return tenant
+
+
+class UseCaseTransitionSerializer(serializers.Serializer[Any]):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class PriorityClassSerializer(serializers.ModelSerializer[PriorityClass]):
+    class Meta:
+        model = PriorityClass
+        fields = (
+            "id",
+            "name",
+            "rank",
+            "vllm_priority",
+            "queue_timeout_seconds",
+            "max_queue_length",
+        )
+
+
+class PriorityRuleSerializer(serializers.ModelSerializer[PriorityRule]):
+    priority_class = serializers.SlugRelatedField(
+        slug_field="name", queryset=PriorityClass.objects.all()
+    )
+
+    class Meta:
+        model = PriorityRule
+        fields = ("id", "environment", "namespace", "priority_class")
+
+
+class RateLimitPolicySerializer(serializers.ModelSerializer[RateLimitPolicy]):
+    model = serializers.SlugRelatedField(
+        slug_field="public_id", queryset=Model.objects.all(), required=False, allow_null=True
+    )
+    tenant = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Tenant.objects.all(), required=False, allow_null=True
+    )
+
+    class Meta:
+        model = RateLimitPolicy
+        fields = (
+            "id",
+            "name",
+            "scope",
+            "model",
+            "tenant",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "tokens_per_day",
+        )
+
+
+class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
+    """A key as anyone may see it: never the secret, never its hash."""
+
+    use_case = serializers.PrimaryKeyRelatedField(queryset=UseCase.objects.all())
+    requested_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
+    decided_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = (
+            "id",
+            "use_case",
+            "name",
+            "reason",
+            "status",
+            "prefix",
+            "requested_by",
+            "decided_by",
+            "decided_at",
+            "decision_reason",
+            "revealed_at",
+            "expires_at",
+            "last_used_at",
+            "rotated_from",
+            "created_at",
+        )
+        read_only_fields = (
+            "status",
+            "prefix",
+            "decided_at",
+            "decision_reason",
+            "revealed_at",
+            "last_used_at",
+            "rotated_from",
+            "created_at",
+        )
+        extra_kwargs = {"reason": {"required": True, "allow_blank": False}}
+
+
+class ApiKeyDecisionSerializer(serializers.Serializer[Any]):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class ApiKeyRotateSerializer(serializers.Serializer[Any]):
+    grace_seconds = serializers.IntegerField(required=False, min_value=0, max_value=7 * 86400)
+
+
+class RevealedKeySerializer(serializers.Serializer[Any]):
+    """The one response that carries a secret: the reveal, or a rotation's new key."""
+
+    key = ApiKeySerializer()
+    secret = serializers.CharField(help_text="The API key. Shown this once; store it now.")
+
+
+class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
+    class Meta:
+        model = AuditEvent
+        fields = (
+            "sequence",
+            "occurred_at",
+            "actor",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "tenant_slug",
+            "before",
+            "after",
+            "request_id",
+            "source_ip",
+            "prev_hash",
+            "hash",
+        )
+        read_only_fields = fields
+
+
+class ChainReportSerializer(serializers.Serializer[Any]):
+    ok = serializers.BooleanField()
+    events_checked = serializers.IntegerField()
+    first_broken_sequence = serializers.IntegerField(allow_null=True)
+    problem = serializers.CharField(allow_blank=True)
+
+
+class MeSerializer(serializers.Serializer[Any]):
+    username = serializers.CharField()
+    roles = serializers.ListField(child=serializers.CharField())
+    tenants = serializers.ListField(child=serializers.CharField())

@@ -1,8 +1,26 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from governance.api.views import ModelViewSet
+from governance.api import views
 
 router = DefaultRouter()
-router.register("models", ModelViewSet, basename="model")
+router.register("tenants", views.TenantViewSet, basename="tenant")
+router.register("models", views.ModelViewSet, basename="model")
+router.register("deployments", views.DeploymentViewSet, basename="deployment")
+router.register("use-cases", views.UseCaseViewSet, basename="usecase")
+router.register(
+    "guardrail-selections", views.GuardrailSelectionViewSet, basename="guardrailselection"
+)
+router.register("priority-classes", views.PriorityClassViewSet, basename="priorityclass")
+router.register("priority-rules", views.PriorityRuleViewSet, basename="priorityrule")
+router.register("rate-limit-policies", views.RateLimitPolicyViewSet, basename="ratelimitpolicy")
+router.register("api-keys", views.ApiKeyViewSet, basename="apikey")
+router.register("audit-events", views.AuditEventViewSet, basename="auditevent")
 
-urlpatterns = router.urls
+urlpatterns = [
+    path("me/", views.MeView.as_view(), name="me"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    *router.urls,
+]

@@ -1,15 +1,381 @@
+"""The governance API. Viewsets are thin: scope the queryset, parse, call a service, serialize.
+
+Authorisation lives in the services (who may change what) and in the selectors (who may see
+what): an object outside a person's scope is a 404, an action they may not take a 403.
+"""
+
 from __future__ import annotations
 
-from rest_framework import viewsets
+from datetime import timedelta
+from typing import Any, ClassVar, cast
 
-from governance.api.serializers import ModelSerializer
-from governance.models import Model
+from django.db.models import Model as DjangoModel
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, permissions, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
+from rest_framework.views import APIView
+
+from governance.api import serializers as s
+from governance.audit import Actor, audit_verify
+from governance.models import (
+    ApiKey,
+    AuditEvent,
+    Deployment,
+    GuardrailSelection,
+    Model,
+    PriorityClass,
+    PriorityRule,
+    RateLimitPolicy,
+    Tenant,
+    UseCase,
+)
+from governance.roles import can_read_everything, roles_of, visible_tenants
+from governance.selectors import (
+    api_keys_visible,
+    audit_events_visible,
+    guardrails_visible,
+    rate_limits_visible,
+    use_cases_visible,
+)
+from governance.services import (
+    api_key_decide,
+    api_key_request,
+    api_key_reveal,
+    api_key_revoke,
+    api_key_rotate,
+    record_create,
+    record_delete,
+    record_update,
+    use_case_create,
+    use_case_transition,
+    use_case_update,
+)
 
 
-class ModelViewSet(viewsets.ReadOnlyModelViewSet[Model]):
+class HasSwitchyardRole(permissions.BasePermission):
+    """Signed in is not enough: the API is for people (and service accounts) with a role."""
+
+    message = "Your account has no Switchyard role; ask an administrator for one."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return bool(request.user and request.user.is_authenticated and roles_of(request.user))
+
+
+def actor_of(request: Request) -> Actor:
+    return Actor.from_request(cast(HttpRequest, request))
+
+
+class GovernedViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
+    """CRUD for records that only officers change; every write through the record services."""
+
+    permission_classes = (HasSwitchyardRole,)
+    m2m_fields: ClassVar[tuple[str, ...]] = ()
+
+    def _split(self, serializer: BaseSerializer[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        data = dict(serializer.validated_data)
+        m2m = {name: data.pop(name) for name in self.m2m_fields if name in data}
+        return data, m2m
+
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
+        data, m2m = self._split(serializer)
+        model = cast(type[DjangoModel], self.get_queryset().model)
+        serializer.instance = record_create(
+            actor=actor_of(self.request), instance=model(**data), m2m=m2m
+        )
+
+    def perform_update(self, serializer: BaseSerializer[Any]) -> None:
+        data, m2m = self._split(serializer)
+        serializer.instance = record_update(
+            actor=actor_of(self.request),
+            instance=cast(DjangoModel, serializer.instance),
+            changes=data,
+            m2m=m2m or None,
+        )
+
+    def perform_destroy(self, instance: DjangoModel) -> None:
+        record_delete(actor=actor_of(self.request), instance=instance)
+
+
+class TenantViewSet(GovernedViewSet):
+    serializer_class = s.TenantSerializer
+    m2m_fields = ("members",)
+    lookup_field = "slug"
+    filterset_fields = ("environment", "business_unit")
+    search_fields = ("slug", "name", "application_id", "business_unit")
+    ordering_fields = ("slug", "created_at")
+
+    def get_queryset(self) -> QuerySet[Tenant]:
+        return visible_tenants(self.request.user).prefetch_related("members")
+
+
+class ModelViewSet(GovernedViewSet):
     """The model catalogue: every model the fleet offers and where it runs."""
 
+    serializer_class = s.ModelSerializer
     queryset = Model.objects.prefetch_related("deployments")
-    serializer_class = ModelSerializer
     lookup_field = "public_id"
     lookup_value_regex = r"[^/]+"
+    search_fields = ("public_id", "description")
+
+
+class DeploymentViewSet(GovernedViewSet):
+    serializer_class = s.DeploymentSerializer
+    queryset = Deployment.objects.select_related("model")
+    filterset_fields = ("model__public_id", "node_pool", "active")
+
+
+class GuardrailSelectionViewSet(GovernedViewSet):
+    serializer_class = s.GuardrailSelectionSerializer
+    filterset_fields = ("use_case", "guardrail", "side", "action")
+
+    def get_queryset(self) -> QuerySet[GuardrailSelection]:
+        return guardrails_visible(self.request.user)
+
+
+class PriorityClassViewSet(GovernedViewSet):
+    serializer_class = s.PriorityClassSerializer
+    queryset = PriorityClass.objects.all()
+    lookup_field = "name"
+
+
+class PriorityRuleViewSet(GovernedViewSet):
+    """The priority matrix, one cell a row: tenant environment × caller namespace → class."""
+
+    serializer_class = s.PriorityRuleSerializer
+    queryset = PriorityRule.objects.select_related("priority_class")
+    filterset_fields = ("environment", "namespace", "priority_class__name")
+
+
+class RateLimitPolicyViewSet(GovernedViewSet):
+    serializer_class = s.RateLimitPolicySerializer
+    filterset_fields = ("scope", "model__public_id", "tenant__slug")
+
+    def get_queryset(self) -> QuerySet[RateLimitPolicy]:
+        return rate_limits_visible(self.request.user).select_related("model", "tenant")
+
+
+class UseCaseViewSet(
+    mixins.CreateModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.ListModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    """Use cases: developers draft and submit; officers approve, suspend, retire.
+
+    There is no DELETE: a use case that is no longer wanted is retired, and stays on record.
+    """
+
+    serializer_class = s.UseCaseSerializer
+    permission_classes = (HasSwitchyardRole,)
+    filterset_fields = ("tenant__slug", "status", "kind", "namespace", "data_classification")
+    search_fields = ("slug", "name", "purpose", "ticket_ref")
+    ordering_fields = ("created_at", "slug", "status")
+
+    def get_queryset(self) -> QuerySet[UseCase]:
+        return use_cases_visible(self.request.user).prefetch_related("allowed_models", "guardrails")
+
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
+        data = dict(serializer.validated_data)
+        tenant = data.pop("tenant")
+        allowed_models = data.pop("allowed_models", None)
+        serializer.instance = use_case_create(
+            actor=actor_of(self.request), tenant=tenant, fields=data, allowed_models=allowed_models
+        )
+
+    def perform_update(self, serializer: BaseSerializer[Any]) -> None:
+        data = dict(serializer.validated_data)
+        data.pop("tenant", None)  # validated unchanged by the serializer
+        allowed_models = data.pop("allowed_models", None)
+        serializer.instance = use_case_update(
+            actor=actor_of(self.request),
+            use_case=cast(UseCase, serializer.instance),
+            changes=data,
+            allowed_models=allowed_models,
+        )
+
+    def _transition(self, request: Request, name: str) -> Response:
+        body = s.UseCaseTransitionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        use_case = use_case_transition(
+            actor=actor_of(request),
+            use_case=self.get_object(),
+            transition=name,
+            reason=body.validated_data["reason"],
+        )
+        return Response(s.UseCaseSerializer(use_case).data)
+
+    @extend_schema(request=s.UseCaseTransitionSerializer, responses=s.UseCaseSerializer)
+    @action(detail=True, methods=["post"])
+    def submit(self, request: Request, pk: str | None = None) -> Response:
+        return self._transition(request, "submit")
+
+    @extend_schema(request=s.UseCaseTransitionSerializer, responses=s.UseCaseSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        return self._transition(request, "approve")
+
+    @extend_schema(request=s.UseCaseTransitionSerializer, responses=s.UseCaseSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: str | None = None) -> Response:
+        return self._transition(request, "reject")
+
+    @extend_schema(request=s.UseCaseTransitionSerializer, responses=s.UseCaseSerializer)
+    @action(detail=True, methods=["post"])
+    def suspend(self, request: Request, pk: str | None = None) -> Response:
+        return self._transition(request, "suspend")
+
+    @extend_schema(request=s.UseCaseTransitionSerializer, responses=s.UseCaseSerializer)
+    @action(detail=True, methods=["post"])
+    def reinstate(self, request: Request, pk: str | None = None) -> Response:
+        return self._transition(request, "reinstate")
+
+    @extend_schema(request=s.UseCaseTransitionSerializer, responses=s.UseCaseSerializer)
+    @action(detail=True, methods=["post"])
+    def retire(self, request: Request, pk: str | None = None) -> Response:
+        return self._transition(request, "retire")
+
+
+def _secret_response(key: ApiKey, secret: str) -> Response:
+    response = Response(s.RevealedKeySerializer({"key": key, "secret": secret}).data)
+    # The secret must not linger in any cache between here and the person who asked.
+    response["Cache-Control"] = "no-store"
+    response["Pragma"] = "no-cache"
+    return response
+
+
+class ApiKeyViewSet(
+    mixins.CreateModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.ListModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    """API keys: request (POST), approve/reject, reveal once, rotate, revoke.
+
+    Listing never shows a secret or its hash; only ``reveal`` and ``rotate`` return a secret,
+    once, to the person entitled to it.
+    """
+
+    serializer_class = s.ApiKeySerializer
+    permission_classes = (HasSwitchyardRole,)
+    filterset_fields = ("use_case", "status", "use_case__tenant__slug")
+    search_fields = ("name", "prefix")
+    ordering_fields = ("created_at", "expires_at", "last_used_at")
+
+    def get_queryset(self) -> QuerySet[ApiKey]:
+        return api_keys_visible(self.request.user)
+
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
+        data = serializer.validated_data
+        use_case = data["use_case"]
+        if not use_cases_visible(self.request.user).filter(pk=use_case.pk).exists():
+            raise NotFound("No such use case.")
+        serializer.instance = api_key_request(
+            actor=actor_of(self.request),
+            use_case=use_case,
+            name=data["name"],
+            reason=data["reason"],
+            expires_at=data.get("expires_at"),
+        )
+
+    def _decide(self, request: Request, approve: bool) -> Response:
+        body = s.ApiKeyDecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        key = api_key_decide(
+            actor=actor_of(request),
+            key=self.get_object(),
+            approve=approve,
+            reason=body.validated_data["reason"],
+        )
+        return Response(s.ApiKeySerializer(key).data)
+
+    @extend_schema(request=s.ApiKeyDecisionSerializer, responses=s.ApiKeySerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        return self._decide(request, approve=True)
+
+    @extend_schema(request=s.ApiKeyDecisionSerializer, responses=s.ApiKeySerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: str | None = None) -> Response:
+        return self._decide(request, approve=False)
+
+    @extend_schema(request=None, responses=s.RevealedKeySerializer)
+    @action(detail=True, methods=["post"])
+    def reveal(self, request: Request, pk: str | None = None) -> Response:
+        key, secret = api_key_reveal(actor=actor_of(request), key=self.get_object())
+        return _secret_response(key, secret)
+
+    @extend_schema(request=s.ApiKeyRotateSerializer, responses=s.RevealedKeySerializer)
+    @action(detail=True, methods=["post"])
+    def rotate(self, request: Request, pk: str | None = None) -> Response:
+        body = s.ApiKeyRotateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        grace = body.validated_data.get("grace_seconds")
+        key, secret = api_key_rotate(
+            actor=actor_of(request),
+            key=self.get_object(),
+            grace=timedelta(seconds=grace) if grace is not None else None,
+        )
+        return _secret_response(key, secret)
+
+    @extend_schema(request=s.ApiKeyDecisionSerializer, responses=s.ApiKeySerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str | None = None) -> Response:
+        body = s.ApiKeyDecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        key = api_key_revoke(
+            actor=actor_of(request), key=self.get_object(), reason=body.validated_data["reason"]
+        )
+        return Response(s.ApiKeySerializer(key).data)
+
+
+class CanVerifyAudit(permissions.BasePermission):
+    message = "Only officers, auditors and admins verify the audit trail."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return can_read_everything(request.user)
+
+
+class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
+    """The audit trail, read-only. Developers see their own tenants' events only."""
+
+    serializer_class = s.AuditEventSerializer
+    permission_classes = (HasSwitchyardRole,)
+    lookup_field = "sequence"
+    filterset_fields = ("action", "actor", "tenant_slug", "object_type", "object_id", "request_id")
+    search_fields = ("actor", "object_repr", "action")
+    ordering_fields = ("sequence", "occurred_at")
+
+    def get_queryset(self) -> QuerySet[AuditEvent]:
+        return audit_events_visible(self.request.user)
+
+    @extend_schema(responses=s.ChainReportSerializer)
+    @action(detail=False, methods=["get"], permission_classes=(HasSwitchyardRole, CanVerifyAudit))
+    def verify(self, request: Request) -> Response:
+        """Walk the whole hash chain; report the first broken link, if any."""
+        report = audit_verify()
+        return Response(s.ChainReportSerializer(report).data, status=200 if report.ok else 409)
+
+
+class MeView(APIView):
+    """Who am I to Switchyard: my roles and the tenants I belong to."""
+
+    permission_classes = (permissions.IsAuthenticated,)
+
+    @extend_schema(responses=s.MeSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(
+            s.MeSerializer(
+                {
+                    "username": request.user.get_username(),
+                    "roles": sorted(roles_of(request.user)),
+                    "tenants": list(visible_tenants(request.user).values_list("slug", flat=True)),
+                }
+            ).data
+        )

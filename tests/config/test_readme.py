@@ -7,6 +7,9 @@ import re
 from config.processes import REPO_ROOT
 
 SOURCES = ["config", "gateway", "governance", "portal", "scheduler", "Makefile"]
+# Reads of a variable: our typed helpers, os.environ.get and os.getenv (a name that only
+# appears inside a code snippet shown to users is not configuration).
+READS = re.compile(r"(?:env_[a-z]+|environ\.get|getenv)\(\s*\"(SWITCHYARD_[A-Z0-9_]+)\"")
 
 
 def variables_read_by_the_code() -> set[str]:
@@ -15,7 +18,7 @@ def variables_read_by_the_code() -> set[str]:
         path = REPO_ROOT / source
         files = [path] if path.is_file() else list(path.rglob("*.py"))
         for file in files:
-            found |= set(re.findall(r"\"(SWITCHYARD_[A-Z0-9_]+)\"", file.read_text()))
+            found |= set(READS.findall(file.read_text()))
             found |= set(re.findall(r"^(SWITCHYARD_[A-Z0-9_]+) \?=", file.read_text(), re.M))
     return found
 

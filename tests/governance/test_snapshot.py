@@ -11,34 +11,27 @@ import pytest
 from django.utils import timezone
 
 from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, parse_snapshot
-from governance.choices import ApiKeyStatus, Environment, UseCaseKind, UseCaseStatus
-from governance.models import ApiKey, Deployment, Model, Tenant, UseCase
-from governance.services import api_key_issue, api_key_revoke
+from governance.audit import Actor
+from governance.choices import ApiKeyStatus, Environment, UseCaseStatus
+from governance.models import ApiKey, Deployment, Model, UseCase
+from governance.services import api_key_revoke
 from governance.snapshot import snapshot_build, snapshot_publish
+from tests.factories import make_key, make_tenant, make_use_case
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def acme_chatbot() -> UseCase:
-    tenant = Tenant.objects.create(slug="acme", name="Acme", environment=Environment.PROD)
+    tenant = make_tenant("acme", Environment.PROD)
     model = Model.objects.create(public_id="llama", capabilities=["chat"], timeout_seconds=20)
     Deployment.objects.create(model=model, served_name="llama-8b", replicas=["http://127.0.0.1:1"])
-    Model.objects.create(public_id="undeployed", capabilities=["chat"])
-    use_case = UseCase.objects.create(
-        tenant=tenant,
-        slug="chatbot",
-        name="Chatbot",
-        kind=UseCaseKind.CHATBOT,
-        status=UseCaseStatus.APPROVED,
-        namespace="prod",
-    )
-    use_case.allowed_models.set(Model.objects.all())
-    return use_case
+    undeployed = Model.objects.create(public_id="undeployed", capabilities=["chat"])
+    return make_use_case(tenant, "chatbot", models=(model, undeployed))
 
 
 def test_an_active_key_of_an_approved_use_case_resolves_to_its_principal(acme_chatbot) -> None:
-    key, plaintext = api_key_issue(use_case=acme_chatbot, name="ci")
+    key, plaintext = make_key(acme_chatbot)
     document = snapshot_build(version=7)
     entry = document["keys"][hashlib.sha256(plaintext.encode()).hexdigest()]
     assert entry["tenant"] == "acme"
@@ -49,8 +42,16 @@ def test_an_active_key_of_an_approved_use_case_resolves_to_its_principal(acme_ch
     assert entry["prefix"] == plaintext[:12] == key.prefix
     # The snapshot holds hashes only: the plaintext appears nowhere in it.
     assert plaintext not in orjson.dumps(document).decode()
+    # The default priority matrix ranks prod tenants calling from the prod namespace first.
+    assert entry["priority_class"] == "critical"
+    assert document["priority_classes"]["critical"]["rank"] == 0
+    assert document["use_cases"][str(acme_chatbot.pk)]["slug"] == "chatbot"
     policy = parse_snapshot(orjson.dumps(document))
     assert policy.version == 7
+    assert (
+        policy.principals[hashlib.sha256(plaintext.encode()).hexdigest()].priority_class
+        == "critical"
+    )
     assert policy.models["llama"].served_name == "llama-8b"
     assert "undeployed" not in policy.models  # no replica, nothing to offer
 
@@ -69,7 +70,7 @@ def test_an_active_key_of_an_approved_use_case_resolves_to_its_principal(acme_ch
     ids=["revoked", "pending", "expired", "use-case-suspended", "use-case-not-approved"],
 )
 def test_keys_that_must_not_work_are_left_out(acme_chatbot, spoil) -> None:
-    key, _ = api_key_issue(use_case=acme_chatbot, name="ci")
+    key, _ = make_key(acme_chatbot)
     spoil(key, acme_chatbot)
     assert snapshot_build(version=1)["keys"] == {}
 
@@ -115,11 +116,11 @@ def test_issuing_and_revoking_republish_after_commit(
     acme_chatbot, live_valkey_settings, valkey_client, django_capture_on_commit_callbacks
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
-        key, plaintext = api_key_issue(use_case=acme_chatbot, name="ci")
+        key, plaintext = make_key(acme_chatbot)
     key_hash = hashlib.sha256(plaintext.encode()).hexdigest()
     assert key_hash in parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).principals
     with django_capture_on_commit_callbacks(execute=True):
-        api_key_revoke(key=key)
+        api_key_revoke(actor=Actor.system("tests"), key=key)
     assert key_hash not in parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).principals
 
 
@@ -130,7 +131,7 @@ def test_a_publish_while_valkey_is_down_is_deferred_not_lost(
 
     settings.VALKEY_URL = f"valkey://127.0.0.1:{free_port()}/0"  # nothing listens
     with django_capture_on_commit_callbacks(execute=True):
-        key, _ = api_key_issue(use_case=acme_chatbot, name="ci")
+        key, _ = make_key(acme_chatbot)
     # The key is committed (the periodic republish will carry it), and the failure is logged.
     assert ApiKey.objects.filter(pk=key.pk, status=ApiKeyStatus.ACTIVE).exists()
     assert "policy_snapshot_publish_deferred" in caplog.text

@@ -40,12 +40,3 @@ def test_local_login_works_in_the_embedded_demo(client: Client) -> None:
 def test_local_login_is_absent_when_disabled(client: Client, settings) -> None:
     settings.LOCAL_LOGIN_ENABLED = False
     assert client.get(reverse("portal:login")).status_code == 404
-
-
-def test_the_api_lists_the_model_catalogue_to_signed_in_users(client: Client) -> None:
-    Model.objects.create(public_id="embed", capabilities=["embeddings"])
-    assert client.get("/api/models/").status_code == 403
-    get_user_model().objects.create_user("dev", password="pw-x-123456")
-    client.login(username="dev", password="pw-x-123456")
-    body = client.get("/api/models/").json()
-    assert [m["public_id"] for m in body["results"]] == ["embed"]

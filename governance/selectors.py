@@ -1,0 +1,41 @@
+"""Reads of the governance domain, scoped to what the asking person may see.
+
+Developers see their own tenants' records; officers, auditors and admins see everything.
+Views build their querysets here, so an object outside the scope is a 404, not a 403.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from governance.models import ApiKey, AuditEvent, GuardrailSelection, RateLimitPolicy, UseCase
+from governance.roles import AnyUser, can_read_everything, visible_tenants
+
+
+def use_cases_visible(user: AnyUser) -> QuerySet[UseCase]:
+    return UseCase.objects.filter(tenant__in=visible_tenants(user)).select_related("tenant")
+
+
+def guardrails_visible(user: AnyUser) -> QuerySet[GuardrailSelection]:
+    return GuardrailSelection.objects.filter(use_case__in=use_cases_visible(user))
+
+
+def api_keys_visible(user: AnyUser) -> QuerySet[ApiKey]:
+    return ApiKey.objects.filter(use_case__in=use_cases_visible(user)).select_related(
+        "use_case__tenant", "requested_by", "decided_by"
+    )
+
+
+def rate_limits_visible(user: AnyUser) -> QuerySet[RateLimitPolicy]:
+    if can_read_everything(user):
+        return RateLimitPolicy.objects.all()
+    return RateLimitPolicy.objects.filter(
+        Q(tenant__isnull=True) | Q(tenant__in=visible_tenants(user))
+    )
+
+
+def audit_events_visible(user: AnyUser) -> QuerySet[AuditEvent]:
+    if can_read_everything(user):
+        return AuditEvent.objects.all()
+    slugs = visible_tenants(user).values_list("slug", flat=True)
+    return AuditEvent.objects.filter(tenant_slug__in=list(slugs)).exclude(tenant_slug="")
