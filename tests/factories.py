@@ -25,7 +25,7 @@ def make_user(username: str, *roles: Role, tenants: tuple[Tenant, ...] = ()) -> 
     roles_set(user, roles)
     for tenant in tenants:
         tenant.members.add(user)
-    return user  # type: ignore[no-any-return]
+    return user
 
 
 def make_tenant(slug: str = "acme", environment: str = Environment.PROD, **fields: Any) -> Tenant:

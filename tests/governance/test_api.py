@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any, cast
 
 import pytest
 from django.core.management import call_command
@@ -122,7 +123,7 @@ def test_lists_filter_search_and_paginate(people) -> None:
 
 def test_automation_authenticates_with_a_token(people) -> None:
     user = make_user("ci-bot", Role.OFFICER)
-    token = Token.objects.create(user=user)
+    token = Token.objects.create(user=cast(Any, user))
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
     assert client.get("/api/me/").json() == {

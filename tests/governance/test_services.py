@@ -200,6 +200,7 @@ def test_rotation_gives_a_new_key_and_the_old_one_a_grace_period(world) -> None:
     assert new.status == old.status == ApiKeyStatus.ACTIVE
     assert new_plaintext != old_plaintext
     assert new.rotated_from == old
+    assert old.expires_at is not None
     assert timedelta(minutes=59) < old.expires_at - timezone.now() <= timedelta(hours=1)
     with pytest.raises(Conflict, match="already rotated"):
         api_key_rotate(actor=world["alice"], key=old)
