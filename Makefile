@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # PostgreSQL for the second pass of the database tests; skipped (with a note) if unreachable.
 SWITCHYARD_TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: up test test-live lint format bench venv clean
+.PHONY: up test test-live lint format bench venv clean chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ up: $(STAMP)
 
 ## The full test suite: lint and types, then the tests on SQLite, then the database tests
 ## again on PostgreSQL if one answers.
-test: lint
+test: lint chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 	@if $(PY) -c "import psycopg,sys; psycopg.connect('$(SWITCHYARD_TEST_POSTGRES_URL)', connect_timeout=3).close()" 2>/dev/null; then \
 		echo "--- database tests on PostgreSQL ($(SWITCHYARD_TEST_POSTGRES_URL))"; \
@@ -32,6 +32,11 @@ test: lint
 	else \
 		echo "--- PostgreSQL not reachable at $(SWITCHYARD_TEST_POSTGRES_URL): database tests ran on SQLite only"; \
 	fi
+
+## Debian's Chromium for the browser tests (tests/browser); Playwright's own browser download
+## is never used.
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
 ## The simulator's contract tests against a real vLLM on the CPU (installs it; takes minutes).
 test-live: $(STAMP)

@@ -176,6 +176,7 @@ REST_FRAMEWORK = {
     # JWTs for automation.
     # The first class's challenge decides a 401 (with WWW-Authenticate) over a bare 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "governance.api.authentication.ServiceAccountJWTAuthentication",
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
@@ -200,6 +201,69 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
 }
+
+# --- Single sign-on (OIDC / Keycloak) ---------------------------------------------------------
+# SSO is on when a client id is set. Endpoints follow Keycloak's layout under the realm URL
+# (the issuer); each can be overridden for another OpenID Connect provider. See docs/sso.md.
+SSO_ISSUER = env_str("SWITCHYARD_OIDC_ISSUER", "").rstrip("/")
+OIDC_RP_CLIENT_ID = env_str("SWITCHYARD_OIDC_CLIENT_ID", "")
+SSO_ENABLED = bool(OIDC_RP_CLIENT_ID)
+if SSO_ENABLED and not SSO_ISSUER:
+    raise ConfigurationError(
+        "SWITCHYARD_OIDC_CLIENT_ID is set, so SWITCHYARD_OIDC_ISSUER must be too "
+        "(the realm URL, e.g. https://keycloak.example.com/realms/switchyard)"
+    )
+OIDC_RP_CLIENT_SECRET = env_required("SWITCHYARD_OIDC_CLIENT_SECRET") if SSO_ENABLED else ""
+
+
+def _realm_endpoint(variable: str, path: str) -> str:
+    default = f"{SSO_ISSUER}/protocol/openid-connect/{path}" if SSO_ISSUER else ""
+    return env_str(variable, default)
+
+
+OIDC_OP_AUTHORIZATION_ENDPOINT = _realm_endpoint("SWITCHYARD_OIDC_AUTHORIZATION_ENDPOINT", "auth")
+OIDC_OP_TOKEN_ENDPOINT = _realm_endpoint("SWITCHYARD_OIDC_TOKEN_ENDPOINT", "token")
+OIDC_OP_USER_ENDPOINT = _realm_endpoint("SWITCHYARD_OIDC_USERINFO_ENDPOINT", "userinfo")
+OIDC_OP_JWKS_ENDPOINT = _realm_endpoint("SWITCHYARD_OIDC_JWKS_ENDPOINT", "certs")
+SSO_END_SESSION_ENDPOINT = _realm_endpoint("SWITCHYARD_OIDC_END_SESSION_ENDPOINT", "logout")
+OIDC_RP_SCOPES = env_str("SWITCHYARD_OIDC_SCOPES", "openid email profile")
+OIDC_RP_SIGN_ALGO = "RS256"
+OIDC_USE_PKCE = True
+OIDC_VERIFY_SSL = env_bool("SWITCHYARD_OIDC_VERIFY_SSL", True)
+OIDC_TIMEOUT = env_int("SWITCHYARD_OIDC_TIMEOUT_SECONDS", 10, minimum=1)
+# The ID token is kept for logout: Keycloak ends its own session given id_token_hint.
+OIDC_STORE_ID_TOKEN = True
+OIDC_OP_LOGOUT_URL_METHOD = "portal.sso.provider_logout_url"
+OIDC_AUTHENTICATE_CLASS = "portal.sso.SSOAuthenticationRequestView"
+OIDC_CALLBACK_CLASS = "portal.sso.SSOCallbackView"
+# Where the roles are in the claims (a dotted path: realm_access.roles, groups,
+# resource_access.<client>.roles) and how their values map to Switchyard's roles.
+SSO_ROLE_CLAIM = env_str("SWITCHYARD_OIDC_ROLE_CLAIM", "realm_access.roles")
+_role_names = ("officer", "developer", "auditor", "admin")
+SSO_ROLE_MAP: dict[str, str] = {}
+for _pair in env_list("SWITCHYARD_OIDC_ROLE_MAP", [f"{name}={name}" for name in _role_names]):
+    _claimed, _, _role = (part.strip() for part in _pair.partition("="))
+    if not _claimed or _role not in _role_names:
+        raise ConfigurationError(
+            f"SWITCHYARD_OIDC_ROLE_MAP entry {_pair!r} must be CLAIM_VALUE=ROLE with ROLE one of "
+            + ", ".join(_role_names)
+        )
+    SSO_ROLE_MAP[_claimed] = _role
+SSO_GROUPS_CLAIM = env_str("SWITCHYARD_OIDC_GROUPS_CLAIM", "groups")
+SSO_TENANT_GROUP_PREFIX = env_str("SWITCHYARD_OIDC_TENANT_GROUP_PREFIX", "/tenants/")
+# Service-account JWTs (client-credentials grant) on /api/: on whenever an issuer is set.
+SSO_API_ENABLED = bool(SSO_ISSUER)
+SSO_API_AUDIENCE = env_str("SWITCHYARD_OIDC_API_AUDIENCE", "switchyard-api")
+SSO_API_CLIENTS = env_list("SWITCHYARD_OIDC_API_CLIENTS", [])
+SSO_API_LEEWAY_SECONDS = env_int("SWITCHYARD_OIDC_API_LEEWAY_SECONDS", 30, minimum=0)
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+if SSO_ENABLED:
+    AUTHENTICATION_BACKENDS.insert(0, "portal.auth.SwitchyardOIDCBackend")
+    if not LOCAL_LOGIN_ENABLED:
+        # No password sign-in anywhere, the admin's form included; the SSO backend (a
+        # ModelBackend) still answers permission checks.
+        AUTHENTICATION_BACKENDS.remove("django.contrib.auth.backends.ModelBackend")
+        LOGIN_URL = "/oidc/authenticate/"
 
 # --- API keys --------------------------------------------------------------------------------
 API_KEY_MAX_LIFETIME_DAYS = env_int("SWITCHYARD_API_KEY_MAX_LIFETIME_DAYS", 365, minimum=1)

@@ -44,8 +44,15 @@ def _publish_after_commit() -> None:
 
 
 def policy_changed() -> None:
-    """Republish the gateway's snapshot once the current transaction commits."""
-    transaction.on_commit(_publish_after_commit)
+    """Republish the gateway's snapshot once the current transaction commits.
+
+    However many writes a transaction makes (an admin form, a policy-as-code apply of a
+    hundred records), it republishes once: the snapshot is rebuilt whole each time anyway.
+    """
+    connection = transaction.get_connection()
+    already = any(callback is _publish_after_commit for _, callback, *_ in connection.run_on_commit)
+    if not already or not connection.in_atomic_block:
+        transaction.on_commit(_publish_after_commit)
 
 
 # --- authorisation ------------------------------------------------------------------------

@@ -1,10 +1,28 @@
-"""Reads for the portal pages."""
+"""Reads for the portal pages: what a person may see, and which actions to offer them.
+
+Every query starts from ``visible_tenants``, so a developer's pages can only ever hold their
+own tenants' rows; a row outside that scope is simply not found (a 404, so its existence does
+not leak). The action flags only decide which buttons to draw: the services re-check every
+action, whatever the page offered.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
-from governance.models import Model
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from governance.choices import ApiKeyStatus, UseCaseStatus
+from governance.models import ApiKey, Model, UseCase
+from governance.roles import (
+    AnyUser,
+    Role,
+    can_govern,
+    has_role,
+    visible_tenants,
+)
 
 
 @dataclass(frozen=True)
@@ -23,3 +41,173 @@ def model_catalogue() -> list[CatalogueEntry]:
         )
         for model in Model.objects.prefetch_related("deployments")
     ]
+
+
+# --- scoped querysets -----------------------------------------------------------------------
+def use_cases_visible(user: AnyUser) -> QuerySet[UseCase]:
+    return (
+        UseCase.objects.filter(tenant__in=visible_tenants(user))
+        .select_related("tenant", "status_changed_by")
+        .prefetch_related("allowed_models")
+    )
+
+
+def keys_visible(user: AnyUser) -> QuerySet[ApiKey]:
+    return ApiKey.objects.filter(use_case__tenant__in=visible_tenants(user)).select_related(
+        "use_case__tenant", "requested_by", "decided_by", "rotated_from"
+    )
+
+
+def can_act(user: AnyUser) -> bool:
+    """Whether the person may change anything at all (auditors only read)."""
+    return has_role(user, Role.DEVELOPER, Role.OFFICER, Role.ADMIN)
+
+
+def _is_member(user: AnyUser, use_case: UseCase) -> bool:
+    if not user.is_authenticated or not has_role(user, Role.DEVELOPER):
+        return False
+    return use_case.tenant.members.filter(pk=user.pk).exists()
+
+
+# --- the officer's queue --------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReviewQueue:
+    pending_keys: list[ApiKey]
+    submitted_use_cases: list[UseCase]
+    suspended_use_cases: list[UseCase]
+
+    @property
+    def size(self) -> int:
+        return len(self.pending_keys) + len(self.submitted_use_cases)
+
+
+def review_queue(user: AnyUser) -> ReviewQueue:
+    use_cases = use_cases_visible(user)
+    return ReviewQueue(
+        pending_keys=list(
+            keys_visible(user).filter(status=ApiKeyStatus.PENDING).order_by("created_at")
+        ),
+        submitted_use_cases=list(
+            use_cases.filter(status=UseCaseStatus.SUBMITTED).order_by("updated_at")
+        ),
+        suspended_use_cases=list(
+            use_cases.filter(status=UseCaseStatus.SUSPENDED).order_by("-status_changed_at")
+        ),
+    )
+
+
+def review_queue_size() -> int:
+    return (
+        ApiKey.objects.filter(status=ApiKeyStatus.PENDING).count()
+        + UseCase.objects.filter(status=UseCaseStatus.SUBMITTED).count()
+    )
+
+
+# --- what to offer on a page ----------------------------------------------------------------
+@dataclass(frozen=True)
+class UseCaseActions:
+    request_key: bool
+    decide: bool  # approve / reject a submitted use case
+    suspend: bool
+    reinstate: bool
+
+    @property
+    def any(self) -> bool:
+        return self.request_key or self.decide or self.suspend or self.reinstate
+
+
+def use_case_actions(user: AnyUser, use_case: UseCase) -> UseCaseActions:
+    governs = can_govern(user)
+    return UseCaseActions(
+        request_key=use_case.status == UseCaseStatus.APPROVED and _is_member(user, use_case),
+        decide=governs and use_case.status == UseCaseStatus.SUBMITTED,
+        suspend=governs and use_case.status == UseCaseStatus.APPROVED,
+        reinstate=governs and use_case.status == UseCaseStatus.SUSPENDED,
+    )
+
+
+@dataclass(frozen=True)
+class KeyActions:
+    reveal: bool
+    decide: bool
+    rotate: bool
+    revoke: bool
+
+    @property
+    def any(self) -> bool:
+        return self.reveal or self.decide or self.rotate or self.revoke
+
+
+def key_successor(key: ApiKey) -> ApiKey | None:
+    """The key that replaced this one by rotation, if any."""
+    return ApiKey.objects.filter(rotated_from=key).first()
+
+
+def key_actions(user: AnyUser, key: ApiKey) -> KeyActions:
+    member = _is_member(user, key.use_case)
+    live = key.status in (ApiKeyStatus.PENDING, ApiKeyStatus.APPROVED, ApiKeyStatus.ACTIVE)
+    return KeyActions(
+        reveal=(
+            key.status == ApiKeyStatus.APPROVED
+            and key.revealed_at is None
+            and user.is_authenticated
+            and key.requested_by_id == user.pk
+        ),
+        decide=can_govern(user) and key.status == ApiKeyStatus.PENDING,
+        rotate=(
+            member
+            and key.status == ApiKeyStatus.ACTIVE
+            and key_successor(key) is None
+            and not key_expired(key)
+        ),
+        revoke=live and (member or can_govern(user)),
+    )
+
+
+def key_expired(key: ApiKey, now: datetime | None = None) -> bool:
+    return key.expires_at is not None and key.expires_at <= (now or timezone.now())
+
+
+def key_hint(key: ApiKey) -> str:
+    """How a key is shown anywhere but its one reveal: its visible prefix and an ellipsis."""
+    return f"{key.prefix or 'sk-sy-'}…"
+
+
+@dataclass(frozen=True)
+class Quickstart:
+    """Copy-paste snippets for a key; they hold its visible prefix only, never the secret."""
+
+    base_url: str
+    model: str
+    key_hint: str
+    curl: str
+    python: str
+
+
+def quickstart(key: ApiKey, gateway_url: str) -> Quickstart:
+    base_url = gateway_url.rstrip("/") + "/v1"
+    first = next(iter(key.use_case.allowed_models.all()), None)
+    model = first.public_id if first is not None else "MODEL"
+    hint = key_hint(key)
+    curl = (
+        f'export OPENAI_API_KEY="{hint}"   # paste your whole key here\n'
+        f"curl {base_url}/chat/completions \\\n"
+        '  -H "Authorization: Bearer $OPENAI_API_KEY" \\\n'
+        '  -H "Content-Type: application/json" \\\n'
+        f'  -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}]}}\''
+    )
+    python = (
+        "import os\n"
+        "from openai import OpenAI\n\n"
+        f'# export OPENAI_API_KEY="{hint}"  (your whole key)\n'
+        "client = OpenAI(\n"
+        f'    base_url="{base_url}",\n'
+        '    api_key=os.environ["OPENAI_API_KEY"],\n'
+        ")\n"
+        "reply = client.chat.completions.create(\n"
+        f'    model="{model}",\n'
+        '    messages=[{"role": "user", "content": "Hello"}],\n'
+        ")\n"
+        "print(reply.choices[0].message.content)"
+    )
+    return Quickstart(base_url=base_url, model=model, key_hint=hint, curl=curl, python=python)

@@ -9,4 +9,18 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("accounts/login/", views.LocalLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("dashboard/", views.dashboard, name="dashboard"),
+    path("review/", views.review, name="review"),
+    path("use-cases/<int:pk>/", views.use_case_detail, name="use_case_detail"),
+    path(
+        "use-cases/<int:pk>/transition/",
+        views.use_case_transition_view,
+        name="use_case_transition",
+    ),
+    path("use-cases/<int:pk>/keys/new/", views.key_request, name="key_request"),
+    path("keys/<int:pk>/", views.key_detail, name="key_detail"),
+    path("keys/<int:pk>/reveal/", views.key_reveal, name="key_reveal"),
+    path("keys/<int:pk>/rotate/", views.key_rotate, name="key_rotate"),
+    path("keys/<int:pk>/revoke/", views.key_revoke, name="key_revoke"),
+    path("keys/<int:pk>/decide/", views.key_decide, name="key_decide"),
 ]

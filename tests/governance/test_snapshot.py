@@ -112,16 +112,26 @@ def test_concurrent_publishers_never_leave_an_older_snapshot_behind(
     )
 
 
+@pytest.mark.django_db(transaction=True)
 def test_issuing_and_revoking_republish_after_commit(
-    acme_chatbot, live_valkey_settings, valkey_client, django_capture_on_commit_callbacks
+    acme_chatbot, live_valkey_settings, valkey_client
 ) -> None:
-    with django_capture_on_commit_callbacks(execute=True):
-        key, plaintext = make_key(acme_chatbot)
+    # Real commits: each service call is its own transaction, as behind a request.
+    key, plaintext = make_key(acme_chatbot)
     key_hash = hashlib.sha256(plaintext.encode()).hexdigest()
     assert key_hash in parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).principals
-    with django_capture_on_commit_callbacks(execute=True):
-        api_key_revoke(actor=Actor.system("tests"), key=key)
+    api_key_revoke(actor=Actor.system("tests"), key=key)
     assert key_hash not in parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).principals
+
+
+def test_many_writes_in_one_transaction_republish_once(
+    acme_chatbot, live_valkey_settings, valkey_client, django_capture_on_commit_callbacks
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        for name in ("a", "b", "c"):
+            make_key(acme_chatbot, name)
+    assert len(callbacks) == 1
+    assert len(parse_snapshot(valkey_client.get(SNAPSHOT_KEY)).principals) == 3
 
 
 def test_a_publish_while_valkey_is_down_is_deferred_not_lost(

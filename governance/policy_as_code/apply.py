@@ -1,0 +1,347 @@
+"""Carry a plan out through the governance services: audited, all or nothing, published once.
+
+Every write goes through ``governance.services`` — the same validation, authorisation and
+audit trail as the portal and the API — inside one transaction: the first refusal rolls the
+whole apply back, so a half-applied policy never reaches the gateway.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import Model as DjangoModel
+from django.db.models import ProtectedError
+
+from governance.audit import Actor
+from governance.errors import GovernanceError
+from governance.models import (
+    AuditChainHead,
+    Deployment,
+    GuardrailSelection,
+    Model,
+    PriorityClass,
+    PriorityRule,
+    RateLimitPolicy,
+    Tenant,
+    UseCase,
+)
+from governance.policy_as_code.errors import PolicyApplyFailed, PolicyInvalid, Problem
+from governance.policy_as_code.plan import (
+    Action,
+    Change,
+    Key,
+    Plan,
+    Record,
+    Section,
+    plan_build,
+    record_path,
+)
+from governance.policy_as_code.schema import PolicyDocument
+from governance.policy_as_code.selectors import policy_current
+from governance.services import (
+    USE_CASE_TRANSITIONS,
+    api_key_issue,
+    record_create,
+    record_delete,
+    record_update,
+    use_case_create,
+    use_case_transition,
+    use_case_update,
+)
+
+logger = logging.getLogger(__name__)
+
+_UPSERT = (Action.CREATE, Action.UPDATE)
+_LIMITS_PREFIX = "limits."
+
+
+@dataclass(frozen=True)
+class MintedKey:
+    use_case: str
+    name: str
+    prefix: str
+    plaintext: str = field(repr=False)  # shown to the operator once; never logged or stored
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    plan: Plan
+    minted: tuple[MintedKey, ...] = ()
+
+
+def _validation_message(exc: ValidationError) -> str:
+    if hasattr(exc, "error_dict"):
+        return "; ".join(
+            f"{name}: {' '.join(messages)}" if name != "__all__" else " ".join(messages)
+            for name, messages in exc.message_dict.items()
+        )
+    return " ".join(exc.messages)
+
+
+@contextmanager
+def _blame(path: str) -> Iterator[None]:
+    """Turn a service's refusal into a problem at the record's place in the file."""
+    try:
+        yield
+    except PolicyInvalid:
+        raise
+    except ValidationError as exc:
+        raise PolicyApplyFailed([Problem(path, _validation_message(exc))]) from exc
+    except (
+        PermissionDenied,
+        GovernanceError,
+        ProtectedError,
+        IntegrityError,
+        ObjectDoesNotExist,
+    ) as exc:
+        raise PolicyApplyFailed([Problem(path, str(exc))]) from exc
+
+
+def _use_case_fields(record: Record) -> dict[str, Any]:
+    """Record names to model fields; models and status have their own services."""
+    return {
+        name.removeprefix(_LIMITS_PREFIX): value
+        for name, value in record.items()
+        if name not in ("models", "status")
+    }
+
+
+class _Applier:
+    def __init__(self, actor: Actor, plan: Plan) -> None:
+        self.actor = actor
+        self.plan = plan
+        self._models: dict[str, Model] = {}
+        self._tenants: dict[str, Tenant] = {}
+        self._classes: dict[str, PriorityClass] = {}
+        self.minted: list[MintedKey] = []
+
+    # -- lookups of records the plan names (some created earlier in this same apply)
+    def model(self, public_id: str) -> Model:
+        if public_id not in self._models:
+            self._models[public_id] = Model.objects.get(public_id=public_id)
+        return self._models[public_id]
+
+    def tenant(self, slug: str) -> Tenant:
+        if slug not in self._tenants:
+            self._tenants[slug] = Tenant.objects.get(slug=slug)
+        return self._tenants[slug]
+
+    def priority_class(self, name: str) -> PriorityClass:
+        if name not in self._classes:
+            self._classes[name] = PriorityClass.objects.get(name=name)
+        return self._classes[name]
+
+    def use_case(self, key: Key) -> UseCase:
+        return UseCase.objects.select_related("tenant").get(tenant__slug=key[0], slug=key[1])
+
+    def row(self, section: Section, key: Key) -> DjangoModel:
+        match section:
+            case Section.MODELS:
+                return self.model(key[0])
+            case Section.DEPLOYMENTS:
+                return Deployment.objects.get(model__public_id=key[0], served_name=key[1])
+            case Section.TENANTS:
+                return self.tenant(key[0])
+            case Section.GUARDRAILS:
+                return GuardrailSelection.objects.get(
+                    use_case__tenant__slug=key[0],
+                    use_case__slug=key[1],
+                    side=key[2],
+                    guardrail=key[3],
+                )
+            case Section.PRIORITY_CLASSES:
+                return self.priority_class(key[0])
+            case Section.PRIORITY_MATRIX:
+                return PriorityRule.objects.get(environment=key[0], namespace=key[1])
+            case Section.RATE_LIMITS:
+                return RateLimitPolicy.objects.get(name=key[0])
+        raise AssertionError(f"no single row for {section}")
+
+    # -- the steps, in dependency order
+    def run(self) -> tuple[MintedKey, ...]:
+        delete = (Action.DELETE,)
+        steps: list[tuple[Section, tuple[Action, ...], Callable[[Change], None]]] = [
+            (Section.MODELS, _UPSERT, self.upsert),
+            (Section.DEPLOYMENTS, _UPSERT, self.upsert),
+            (Section.TENANTS, _UPSERT, self.upsert),
+            (Section.USE_CASES, _UPSERT, self.use_case_upsert),
+            (Section.GUARDRAILS, _UPSERT, self.upsert),
+            # Statuses move once the use case's guardrails are in place, so the trail never
+            # shows a use case approved before its controls were.
+            (Section.USE_CASES, _UPSERT, self.use_case_move),
+            (Section.PRIORITY_CLASSES, _UPSERT, self.upsert),
+            (Section.PRIORITY_MATRIX, _UPSERT, self.upsert),
+            (Section.RATE_LIMITS, _UPSERT, self.upsert),
+            # Deletions run from dependents to what they depend on.
+            (Section.RATE_LIMITS, delete, self.delete),
+            (Section.PRIORITY_MATRIX, delete, self.delete),
+            (Section.GUARDRAILS, delete, self.delete),
+            (Section.USE_CASES, (Action.RETIRE,), self.use_case_move),
+            (Section.DEPLOYMENTS, delete, self.delete),
+            (Section.MODELS, delete, self.delete),
+            (Section.TENANTS, delete, self.delete),
+            (Section.PRIORITY_CLASSES, delete, self.delete),
+            (Section.KEYS, (Action.MINT,), self.mint),
+        ]
+        for section, actions, step in steps:
+            if section is Section.PRIORITY_CLASSES and actions == _UPSERT:
+                self.vacate_ranks()
+            for change in self.plan.of(section, *actions):
+                with _blame(change.path):
+                    step(change)
+        return tuple(self.minted)
+
+    def fields(self, section: Section, record: Record) -> dict[str, Any]:
+        """Record names and values to model fields and values."""
+        fields = dict(record)
+        if section is Section.PRIORITY_MATRIX:
+            return {"priority_class": self.priority_class(fields.pop("class"))}
+        if section is Section.RATE_LIMITS:
+            for name, lookup in (("model", self.model), ("tenant", self.tenant)):
+                if name in fields:
+                    fields[name] = lookup(fields[name]) if fields[name] else None
+        return fields
+
+    def upsert(self, change: Change) -> None:
+        if change.action is Action.UPDATE:
+            record_update(
+                actor=self.actor,
+                instance=self.row(change.section, change.key),
+                changes=self.fields(change.section, change.changed()),
+            )
+            return
+        assert change.after is not None
+        record_create(actor=self.actor, instance=self.new_row(change.section, change))
+
+    def new_row(self, section: Section, change: Change) -> DjangoModel:
+        assert change.after is not None
+        fields, key = self.fields(section, change.after), change.key
+        match section:
+            case Section.MODELS:
+                return Model(public_id=key[0], **fields)
+            case Section.DEPLOYMENTS:
+                return Deployment(model=self.model(key[0]), served_name=key[1], **fields)
+            case Section.TENANTS:
+                return Tenant(slug=key[0], **fields)
+            case Section.GUARDRAILS:
+                return GuardrailSelection(
+                    use_case=self.use_case(key), side=key[2], guardrail=key[3], **fields
+                )
+            case Section.PRIORITY_CLASSES:
+                return PriorityClass(name=key[0], **fields)
+            case Section.PRIORITY_MATRIX:
+                return PriorityRule(environment=key[0], namespace=key[1], **fields)
+            case Section.RATE_LIMITS:
+                return RateLimitPolicy(name=key[0], **fields)
+        raise AssertionError(f"{section} records are not created as rows")
+
+    def use_case_upsert(self, change: Change) -> None:
+        if change.action is Action.CREATE:
+            assert change.after is not None
+            use_case_create(
+                actor=self.actor,
+                tenant=self.tenant(change.key[0]),
+                fields={"slug": change.key[1], **_use_case_fields(change.after)},
+                allowed_models=[self.model(m) for m in change.after["models"]],
+            )
+            return
+        changed = change.changed()
+        fields = _use_case_fields(changed)
+        if not fields and "models" not in changed:
+            return  # only the status moves, in use_case_move
+        models = changed.get("models")
+        use_case_update(
+            actor=self.actor,
+            use_case=self.use_case(change.key),
+            changes=fields,
+            allowed_models=None if models is None else [self.model(m) for m in models],
+        )
+
+    def use_case_move(self, change: Change) -> None:
+        if not change.transitions:
+            return
+        use_case = self.use_case(change.key)
+        for transition in change.transitions:
+            _sources, target, _who, needs_reason = USE_CASE_TRANSITIONS[transition]
+            reason = change.reason
+            if needs_reason and not reason:
+                reason = f"declared {target} in the policy file"
+            use_case = use_case_transition(
+                actor=self.actor, use_case=use_case, transition=transition, reason=reason
+            )
+
+    def vacate_ranks(self) -> None:
+        """Free the ranks classes move to, so a swap of two ranks does not trip uniqueness.
+
+        A class moving away, or being pruned, first steps aside to a spare rank; a class the
+        file does not list and that stays keeps its rank, and the service reports the clash.
+        """
+        upserts = self.plan.of(Section.PRIORITY_CLASSES, *_UPSERT)
+        wanted = {c.after["rank"]: c.key[0] for c in upserts if c.after is not None}
+        if not wanted:
+            return
+        stepping_aside = {c.key[0] for c in upserts} | {
+            c.key[0] for c in self.plan.of(Section.PRIORITY_CLASSES, Action.DELETE)
+        }
+        ranks = PriorityClass.objects.values_list("rank", flat=True)
+        spare = max([*ranks, *wanted]) + 1
+        for holder in PriorityClass.objects.filter(rank__in=list(wanted)).order_by("rank"):
+            if wanted[holder.rank] == holder.name or holder.name not in stepping_aside:
+                continue
+            with _blame(record_path(Section.PRIORITY_CLASSES, (holder.name,))):
+                record_update(actor=self.actor, instance=holder, changes={"rank": spare})
+            self._classes[holder.name] = holder
+            spare += 1
+
+    def delete(self, change: Change) -> None:
+        record_delete(actor=self.actor, instance=self.row(change.section, change.key))
+
+    def mint(self, change: Change) -> None:
+        use_case_id, name = change.key
+        tenant, slug = use_case_id.split("/", 1)
+        key, plaintext = api_key_issue(
+            actor=self.actor, use_case=self.use_case((tenant, slug)), name=name
+        )
+        self.minted.append(
+            MintedKey(use_case=use_case_id, name=name, prefix=key.prefix, plaintext=plaintext)
+        )
+
+
+def _serialise_applies() -> None:
+    # Two applies planning at once would each plan against what the other is changing. The
+    # audit chain's head row is locked by every audited write anyway; taking it first makes
+    # concurrent applies (on PostgreSQL) run one after the other, each planning on the last.
+    AuditChainHead.objects.select_for_update().filter(pk=1).first()
+
+
+@transaction.atomic
+def policy_apply(
+    *,
+    document: PolicyDocument,
+    actor: Actor,
+    prune: bool = False,
+    mint_keys: bool = False,
+) -> ApplyResult:
+    """Make the database match the document; a second run of the same document does nothing.
+
+    Raises ``PolicyInvalid`` when the plan cannot be made, and ``PolicyApplyFailed`` when a
+    service refuses a change; either way nothing is written.
+    """
+    _serialise_applies()
+    plan = plan_build(document, policy_current(), prune=prune, mint_keys=mint_keys)
+    if not plan.has_changes:
+        return ApplyResult(plan)
+    minted = _Applier(actor, plan).run()
+    logger.info(
+        "policy_applied actor=%s changes=%s minted_keys=%s",
+        actor.username,
+        len(plan.changes),
+        len(minted),
+    )
+    return ApplyResult(plan, minted)

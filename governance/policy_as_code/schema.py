@@ -1,0 +1,619 @@
+"""The policy file's format: typed records parsed from YAML, every problem reported with its path.
+
+Parsing never stops at the first problem: a platform engineer fixing a file in CI wants the
+whole list at once. Checks that need only the file live here (types, enums, URLs, duplicate
+ids, references between sections the file defines); references into sections the file leaves
+out are resolved against the database by ``plan``, with the same function.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+import yaml
+
+from governance.choices import (
+    Capability,
+    DataClassification,
+    Environment,
+    Guardrail,
+    GuardrailAction,
+    GuardrailSide,
+    Namespace,
+    RateLimitScope,
+    UseCaseKind,
+    UseCaseStatus,
+)
+from governance.policy_as_code.errors import PolicyInvalid, Problem
+from governance.policy_as_code.fields import (
+    Reader,
+    check_application_id,
+    check_email,
+    check_model_id,
+    check_replica_url,
+    check_slug,
+    is_json,
+)
+
+FORMAT_VERSION: Final = 1
+SECTIONS: Final = (
+    "models",
+    "tenants",
+    "use_cases",
+    "priority_classes",
+    "priority_matrix",
+    "rate_limits",
+    "keys",
+)
+LIMIT_FIELDS: Final = ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
+USE_CASE_LIMIT_FIELDS: Final = (*LIMIT_FIELDS, "max_concurrent")
+_SMALLINT_MAX: Final = 32767  # PositiveSmallIntegerField
+
+T = TypeVar("T")
+
+
+# --- the records -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeploymentSpec:
+    served_name: str
+    replicas: tuple[str, ...]
+    node_pool: str = ""
+    lora_adapters: tuple[str, ...] = ()
+    max_in_flight_per_replica: int = 64
+    active: bool = True
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str
+    capabilities: tuple[str, ...]
+    description: str = ""
+    timeout_seconds: float = 60.0
+    max_tokens: int | None = None
+    deployments: tuple[DeploymentSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    id: str
+    name: str
+    business_unit: str
+    application_id: str
+    environment: str
+    owner_email: str
+    contacts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LimitsSpec:
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    max_concurrent: int | None = None
+
+
+@dataclass(frozen=True)
+class GuardrailSpec:
+    guardrail: str
+    side: str
+    action: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UseCaseSpec:
+    tenant: str
+    slug: str
+    name: str
+    kind: str
+    purpose: str
+    status: str
+    data_classification: str = DataClassification.INTERNAL.value
+    namespace: str = Namespace.DEV.value
+    ticket_ref: str = ""
+    # The reason given to the lifecycle transition that reaches ``status``; it is recorded when
+    # apply moves the status and not compared afterwards (the database keeps the last one).
+    status_reason: str = ""
+    models: tuple[str, ...] = ()
+    limits: LimitsSpec = LimitsSpec()
+    guardrails: tuple[GuardrailSpec, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.tenant}/{self.slug}"
+
+
+@dataclass(frozen=True)
+class PriorityClassSpec:
+    name: str
+    rank: int
+    vllm_priority: int
+    queue_timeout_seconds: float = 30.0
+    max_queue_length: int = 1000
+
+
+@dataclass(frozen=True)
+class RateLimitSpec:
+    name: str
+    scope: str
+    model: str | None = None
+    tenant: str | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    use_case: str  # tenant/slug
+    name: str
+
+
+@dataclass(frozen=True)
+class PolicyDocument:
+    """A whole policy. A section that is None is not managed: the file leaves it out."""
+
+    models: tuple[ModelSpec, ...] | None = None
+    tenants: tuple[TenantSpec, ...] | None = None
+    use_cases: tuple[UseCaseSpec, ...] | None = None
+    priority_classes: tuple[PriorityClassSpec, ...] | None = None
+    # environment → namespace → priority class name
+    priority_matrix: dict[str, dict[str, str]] | None = None
+    rate_limits: tuple[RateLimitSpec, ...] | None = None
+    keys: tuple[KeySpec, ...] | None = None
+
+
+# --- sections ------------------------------------------------------------------------------
+def _records(
+    raw: Any, section: str, problems: list[Problem], id_key: str
+) -> Iterator[tuple[str, Mapping[Any, Any]]]:
+    """Yield (path, mapping) for each entry of a list section, keyed by its id where it has one."""
+    if not isinstance(raw, list):
+        problems.append(Problem(section, "must be a list"))
+        return
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict):
+            problems.append(Problem(f"{section}[{index}]", "must be a mapping"))
+            continue
+        ident = item.get(id_key)
+        label = ident if isinstance(ident, str) and ident else index
+        yield f"{section}[{label}]", item
+
+
+def _once(seen: dict[str, str], ident: str, path: str, problems: list[Problem]) -> None:
+    if ident in seen:
+        problems.append(Problem(path, f"is defined twice (also {seen[ident]})"))
+    else:
+        seen[ident] = path
+
+
+def _deployments(raw: list[Any], path: str, problems: list[Problem]) -> tuple[DeploymentSpec, ...]:
+    known = (
+        "served_name",
+        "replicas",
+        "node_pool",
+        "lora_adapters",
+        "max_in_flight_per_replica",
+        "active",
+    )
+    deployments: list[DeploymentSpec] = []
+    seen: dict[str, str] = {}
+    for item_path, item in _records(raw, f"{path}.deployments", problems, "served_name"):
+        r = Reader(item, item_path, problems, known)
+        served_name = r.text("served_name", max_length=128, check=check_model_id)
+        _once(seen, served_name, item_path, problems)
+        deployments.append(
+            DeploymentSpec(
+                served_name=served_name,
+                replicas=r.texts("replicas", required=True, check=check_replica_url),
+                node_pool=r.text("node_pool", required=False, max_length=64),
+                lora_adapters=r.texts("lora_adapters"),
+                max_in_flight_per_replica=r.integer(
+                    "max_in_flight_per_replica", default=64, minimum=1
+                ),
+                active=r.boolean("active", default=True),
+            )
+        )
+    return tuple(deployments)
+
+
+def _models(raw: Any, problems: list[Problem]) -> tuple[ModelSpec, ...]:
+    known = ("id", "description", "capabilities", "timeout_seconds", "max_tokens", "deployments")
+    models: list[ModelSpec] = []
+    seen: dict[str, str] = {}
+    for path, item in _records(raw, "models", problems, "id"):
+        r = Reader(item, path, problems, known)
+        ident = r.text("id", max_length=128, check=check_model_id)
+        _once(seen, ident, path, problems)
+        models.append(
+            ModelSpec(
+                id=ident,
+                description=r.text("description", required=False, max_length=300),
+                capabilities=r.texts("capabilities", required=True, allowed=Capability.values),
+                timeout_seconds=r.number(
+                    "timeout_seconds", default=60.0, minimum=0.1, unit="seconds"
+                ),
+                max_tokens=r.optional_positive("max_tokens"),
+                deployments=_deployments(r.listing("deployments"), path, problems),
+            )
+        )
+    return tuple(models)
+
+
+def _tenants(raw: Any, problems: list[Problem]) -> tuple[TenantSpec, ...]:
+    known = (
+        "id",
+        "name",
+        "business_unit",
+        "application_id",
+        "environment",
+        "owner_email",
+        "contacts",
+    )
+    tenants: list[TenantSpec] = []
+    seen: dict[str, str] = {}
+    for path, item in _records(raw, "tenants", problems, "id"):
+        r = Reader(item, path, problems, known)
+        ident = r.text("id", max_length=63, check=check_slug)
+        _once(seen, ident, path, problems)
+        tenants.append(
+            TenantSpec(
+                id=ident,
+                name=r.text("name"),
+                business_unit=r.text("business_unit"),
+                application_id=r.text("application_id", max_length=24, check=check_application_id),
+                environment=r.choice("environment", Environment.values),
+                owner_email=r.text("owner_email", max_length=254, check=check_email),
+                contacts=r.texts("contacts", check=check_email),
+            )
+        )
+    return tuple(tenants)
+
+
+def split_use_case_id(value: str) -> tuple[str, str] | None:
+    tenant, sep, slug = value.partition("/")
+    if not sep or check_slug(tenant) is not None or check_slug(slug) is not None:
+        return None
+    return tenant, slug
+
+
+def _guardrails(raw: list[Any], path: str, problems: list[Problem]) -> tuple[GuardrailSpec, ...]:
+    guardrails: list[GuardrailSpec] = []
+    seen: dict[str, str] = {}
+    if not isinstance(raw, list):
+        return ()
+    for index, item in enumerate(raw):
+        item_path = f"{path}.guardrails[{index}]"
+        if not isinstance(item, dict):
+            problems.append(Problem(item_path, "must be a mapping"))
+            continue
+        if isinstance(item.get("side"), str) and isinstance(item.get("guardrail"), str):
+            item_path = f"{path}.guardrails[{item['side']}:{item['guardrail']}]"
+        r = Reader(item, item_path, problems, ("guardrail", "side", "action", "config"))
+        guardrail = r.choice("guardrail", Guardrail.values)
+        side = r.choice("side", GuardrailSide.values)
+        _once(seen, f"{side}:{guardrail}", item_path, problems)
+        config = r.mapping("config") or {}
+        if not is_json(config):
+            r.problem("config", "must hold only JSON values (strings, numbers, lists, mappings)")
+        guardrails.append(
+            GuardrailSpec(
+                guardrail=guardrail,
+                side=side,
+                action=r.choice("action", GuardrailAction.values),
+                config=dict(config),
+            )
+        )
+    return tuple(guardrails)
+
+
+def _limits(raw: Mapping[Any, Any] | None, path: str, problems: list[Problem]) -> LimitsSpec:
+    if raw is None:
+        return LimitsSpec()
+    r = Reader(raw, f"{path}.limits", problems, USE_CASE_LIMIT_FIELDS)
+    return LimitsSpec(**{name: r.optional_positive(name) for name in USE_CASE_LIMIT_FIELDS})
+
+
+def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
+    known = (
+        "id",
+        "name",
+        "kind",
+        "purpose",
+        "status",
+        "status_reason",
+        "data_classification",
+        "namespace",
+        "ticket_ref",
+        "models",
+        "limits",
+        "guardrails",
+    )
+    use_cases: list[UseCaseSpec] = []
+    seen: dict[str, str] = {}
+    for path, item in _records(raw, "use_cases", problems, "id"):
+        r = Reader(item, path, problems, known)
+        ident = r.text("id", max_length=127)
+        parts = split_use_case_id(ident) if ident else None
+        if ident and parts is None:
+            r.problem("id", "must be tenant/slug, both in lowercase letters, digits and hyphens")
+        _once(seen, ident, path, problems)
+        tenant, slug = parts or ("", "")
+        use_cases.append(
+            UseCaseSpec(
+                tenant=tenant,
+                slug=slug,
+                name=r.text("name"),
+                kind=r.choice("kind", UseCaseKind.values),
+                purpose=r.text("purpose", max_length=10_000),
+                status=r.choice("status", UseCaseStatus.values),
+                status_reason=r.text("status_reason", required=False, max_length=2000),
+                data_classification=r.choice(
+                    "data_classification",
+                    DataClassification.values,
+                    default=DataClassification.INTERNAL.value,
+                ),
+                namespace=r.choice("namespace", Namespace.values, default=Namespace.DEV.value),
+                ticket_ref=r.text("ticket_ref", required=False, max_length=64),
+                models=r.texts("models", check=check_model_id),
+                limits=_limits(r.mapping("limits"), path, problems),
+                guardrails=_guardrails(r.listing("guardrails"), path, problems),
+            )
+        )
+    return tuple(use_cases)
+
+
+def _priority_classes(raw: Any, problems: list[Problem]) -> tuple[PriorityClassSpec, ...]:
+    known = ("name", "rank", "vllm_priority", "queue_timeout_seconds", "max_queue_length")
+    classes: list[PriorityClassSpec] = []
+    seen: dict[str, str] = {}
+    ranks: dict[int, str] = {}
+    for path, item in _records(raw, "priority_classes", problems, "name"):
+        r = Reader(item, path, problems, known)
+        name = r.text("name", max_length=32, check=check_slug)
+        _once(seen, name, path, problems)
+        rank = r.integer("rank", default=None, minimum=0, maximum=_SMALLINT_MAX)
+        if rank in ranks and isinstance(item.get("rank"), int):
+            r.problem("rank", f"rank {rank} is also given to {ranks[rank]}")
+        ranks.setdefault(rank, path)
+        classes.append(
+            PriorityClassSpec(
+                name=name,
+                rank=rank,
+                vllm_priority=r.integer(
+                    "vllm_priority", default=None, minimum=-(2**31), maximum=2**31 - 1
+                ),
+                queue_timeout_seconds=r.number(
+                    "queue_timeout_seconds", default=30.0, minimum=0.0, unit="seconds"
+                ),
+                max_queue_length=r.integer("max_queue_length", default=1000, minimum=0),
+            )
+        )
+    return tuple(classes)
+
+
+def _priority_matrix(raw: Any, problems: list[Problem]) -> dict[str, dict[str, str]]:
+    if not isinstance(raw, dict):
+        problems.append(
+            Problem("priority_matrix", "must map environment → namespace → priority class")
+        )
+        return {}
+    matrix: dict[str, dict[str, str]] = {}
+    for environment, row in raw.items():
+        path = f"priority_matrix.{environment}"
+        if environment not in Environment.values:
+            problems.append(
+                Problem(path, f"unknown environment; use {', '.join(Environment.values)}")
+            )
+            continue
+        if not isinstance(row, dict):
+            problems.append(Problem(path, "must map namespace → priority class"))
+            continue
+        cells: dict[str, str] = {}
+        for namespace, class_name in row.items():
+            if namespace not in Namespace.values:
+                problems.append(
+                    Problem(
+                        f"{path}.{namespace}",
+                        f"unknown namespace; use {', '.join(Namespace.values)}",
+                    )
+                )
+            elif not isinstance(class_name, str) or not class_name:
+                problems.append(Problem(f"{path}.{namespace}", "must name a priority class"))
+            else:
+                cells[str(namespace)] = class_name
+        matrix[str(environment)] = cells
+    return matrix
+
+
+def _rate_limits(raw: Any, problems: list[Problem]) -> tuple[RateLimitSpec, ...]:
+    known = ("name", "scope", "model", "tenant", *LIMIT_FIELDS)
+    policies: list[RateLimitSpec] = []
+    seen: dict[str, str] = {}
+    for path, item in _records(raw, "rate_limits", problems, "name"):
+        r = Reader(item, path, problems, known)
+        name = r.text("name", max_length=100)
+        _once(seen, name, path, problems)
+        scope = r.choice("scope", RateLimitScope.values)
+        needs_model = scope in (RateLimitScope.MODEL, RateLimitScope.TENANT_MODEL)
+        needs_tenant = scope in (RateLimitScope.TENANT, RateLimitScope.TENANT_MODEL)
+        model = r.text("model", required=needs_model, max_length=128) or None
+        tenant = r.text("tenant", required=needs_tenant, max_length=63) or None
+        if scope and model is not None and not needs_model:
+            r.problem("model", f"a {scope} limit does not name a model")
+        if scope and tenant is not None and not needs_tenant:
+            r.problem("tenant", f"a {scope} limit does not name a tenant")
+        limits = {name: r.optional_positive(name) for name in LIMIT_FIELDS}
+        if all(item.get(name) is None for name in LIMIT_FIELDS):
+            r.problem("", f"set at least one of {', '.join(LIMIT_FIELDS)}")
+        policies.append(RateLimitSpec(name=name, scope=scope, model=model, tenant=tenant, **limits))
+    return tuple(policies)
+
+
+def _keys(raw: Any, problems: list[Problem]) -> tuple[KeySpec, ...]:
+    keys: list[KeySpec] = []
+    seen: dict[str, str] = {}
+    if not isinstance(raw, list):
+        problems.append(Problem("keys", "must be a list"))
+        return ()
+    for index, item in enumerate(raw):
+        path = f"keys[{index}]"
+        if not isinstance(item, dict):
+            problems.append(Problem(path, "must be a mapping"))
+            continue
+        forbidden = {"key", "plaintext", "secret", "hash", "key_hash", "value"} & set(item)
+        if forbidden:
+            problems.append(
+                Problem(path, "keys are never written in the file; give use_case and name only")
+            )
+            continue
+        r = Reader(item, path, problems, ("use_case", "name"))
+        use_case = r.text("use_case", max_length=127)
+        if use_case and split_use_case_id(use_case) is None:
+            r.problem("use_case", "must be tenant/slug")
+        name = r.text("name", max_length=200)
+        _once(seen, f"{use_case}:{name}", path, problems)
+        keys.append(KeySpec(use_case=use_case, name=name))
+    return tuple(keys)
+
+
+# --- references between sections ----------------------------------------------------------
+@dataclass(frozen=True)
+class Known:
+    """Ids a reference may point at, per kind; None where the file cannot tell (section absent).
+
+    ``where`` says, for the message, where a name was looked for.
+    """
+
+    models: frozenset[str] | None
+    tenants: frozenset[str] | None
+    use_cases: frozenset[str] | None
+    priority_classes: frozenset[str] | None
+    where: str = "in the file"
+
+    @classmethod
+    def of(cls, document: PolicyDocument) -> Known:
+        return cls(
+            models=_ids(document.models, lambda m: m.id),
+            tenants=_ids(document.tenants, lambda t: t.id),
+            use_cases=_ids(document.use_cases, lambda u: u.id),
+            priority_classes=_ids(document.priority_classes, lambda c: c.name),
+        )
+
+
+def _ids(records: tuple[T, ...] | None, ident: Callable[[T], str]) -> frozenset[str] | None:
+    return None if records is None else frozenset(ident(r) for r in records)
+
+
+def reference_problems(document: PolicyDocument, known: Known) -> list[Problem]:
+    """Every reference that names something ``known`` does not hold."""
+    problems: list[Problem] = []
+
+    def check(path: str, kind: str, value: str | None, ids: frozenset[str] | None) -> None:
+        if value and ids is not None and value not in ids:
+            problems.append(Problem(path, f"unknown {kind} {value!r} (not defined {known.where})"))
+
+    for use_case in document.use_cases or ():
+        path = f"use_cases[{use_case.id}]"
+        check(f"{path}.id", "tenant", use_case.tenant, known.tenants)
+        for index, model in enumerate(use_case.models):
+            check(f"{path}.models[{index}]", "model", model, known.models)
+    for environment, row in (document.priority_matrix or {}).items():
+        for namespace, class_name in row.items():
+            check(
+                f"priority_matrix.{environment}.{namespace}",
+                "priority class",
+                class_name,
+                known.priority_classes,
+            )
+    for policy in document.rate_limits or ():
+        check(f"rate_limits[{policy.name}].model", "model", policy.model, known.models)
+        check(f"rate_limits[{policy.name}].tenant", "tenant", policy.tenant, known.tenants)
+    for index, key in enumerate(document.keys or ()):
+        check(f"keys[{index}].use_case", "use case", key.use_case, known.use_cases)
+    return problems
+
+
+# --- the file ------------------------------------------------------------------------------
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, refusing duplicate keys instead of keeping the last one.
+
+    A duplicated key (two ``prod:`` rows in the matrix, two ``limits:``) silently losing half
+    of what someone wrote is exactly the mistake a review will not catch.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *defaults`` may be overridden by the keys beside it
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # an unhashable key: the base constructor reports it
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"found the key {key!r} twice",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> Problem:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}"
+        return Problem(where, f"not valid YAML: {exc.problem}")
+    return Problem("", f"not valid YAML: {exc}")
+
+
+def policy_parse(data: Any) -> PolicyDocument:
+    """Check loaded YAML and build the document; raise ``PolicyInvalid`` with every problem."""
+    problems: list[Problem] = []
+    if not isinstance(data, dict):
+        raise PolicyInvalid([Problem("", "the file must be a mapping with a version: 1 line")])
+    if data.get("version") != FORMAT_VERSION:
+        problems.append(Problem("version", f"must be {FORMAT_VERSION}"))
+    for key in data:
+        if key != "version" and key not in SECTIONS:
+            hint = difflib.get_close_matches(str(key), SECTIONS, n=1)
+            suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
+            problems.append(Problem(str(key), f"unknown section{suggestion}"))
+
+    def section(name: str, parse: Callable[[Any, list[Problem]], T]) -> T | None:
+        if name not in data:
+            return None
+        # ``models: []`` and a bare ``models:`` both mean "none", and the section is managed.
+        return parse(data[name] if data[name] is not None else [], problems)
+
+    document = PolicyDocument(
+        models=section("models", _models),
+        tenants=section("tenants", _tenants),
+        use_cases=section("use_cases", _use_cases),
+        priority_classes=section("priority_classes", _priority_classes),
+        priority_matrix=section(
+            "priority_matrix", lambda raw, p: _priority_matrix(raw if raw != [] else {}, p)
+        ),
+        rate_limits=section("rate_limits", _rate_limits),
+        keys=section("keys", _keys),
+    )
+    problems.extend(reference_problems(document, Known.of(document)))
+    if problems:
+        raise PolicyInvalid(problems)
+    return document
+
+
+def policy_load(text: str) -> PolicyDocument:
+    """Parse the text of a policy file."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise PolicyInvalid([_yaml_problem(exc)]) from None
+    return policy_parse(data)
