@@ -24,6 +24,7 @@ import valkey.asyncio as avalkey
 from gateway import errors
 from gateway.errors import GatewayError
 from gateway.http import ClientGone, Receive, Scope, Send, header, read_body, send_response
+from gateway.multipart import FormError, encode_form, is_multipart, parse_form
 from gateway.policy import Model, Policy, Principal
 from gateway.policy_store import PolicyStore
 from gateway.settings import GatewaySettings
@@ -38,6 +39,7 @@ _CAPABILITY = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/audio/transcriptions": "transcription",
 }
 
 
@@ -142,6 +144,7 @@ class Gateway:
             ("POST", "/v1/chat/completions"): self.forward,
             ("POST", "/v1/completions"): self.forward,
             ("POST", "/v1/embeddings"): self.forward,
+            ("POST", "/v1/audio/transcriptions"): self.forward,
             ("GET", "/healthz"): self.health,
         }
         self._paths = {path for _, path in self._routes}
@@ -227,14 +230,18 @@ class Gateway:
         policy = self.policy.current()
         principal = authenticate(scope, policy)
         path: str = scope["path"]
-        body = await read_body(receive, self.settings.max_body_bytes)
-        document = parse_json_object(body)
-        validate_request(path, document)
-        model = resolve_model(policy, principal, document.get("model"), _CAPABILITY[path])
-        if model.served_name != model.public_id:
-            document["model"] = model.served_name
-            body = orjson.dumps(document)
-        headers = {"content-type": "application/json", "x-request-id": request_id.decode()}
+        if path == "/v1/audio/transcriptions":
+            model, body, content_type = await self._read_upload(scope, receive, policy, principal)
+        else:
+            body = await read_body(receive, self.settings.max_body_bytes)
+            document = parse_json_object(body)
+            validate_request(path, document)
+            model = resolve_model(policy, principal, document.get("model"), _CAPABILITY[path])
+            content_type = b"application/json"
+            if model.served_name != model.public_id:
+                document["model"] = model.served_name
+                body = orjson.dumps(document)
+        headers = {"content-type": content_type.decode(), "x-request-id": request_id.decode()}
 
         relay = asyncio.ensure_future(self._relay(model, path, body, headers, send, request_id))
         gone = asyncio.ensure_future(_wait_for_disconnect(receive))
@@ -253,6 +260,28 @@ class Gateway:
                 logger.info("client_disconnected request_id=%s", request_id.decode())
                 return
             raise
+
+    async def _read_upload(
+        self, scope: Scope, receive: Receive, policy: Policy, principal: Principal
+    ) -> tuple[Model, bytes, bytes]:
+        """A transcription upload: a bounded multipart body with ``model`` and ``file``."""
+        content_type = header(scope, b"content-type")
+        if content_type is None or not is_multipart(content_type):
+            raise errors.bad_request(
+                "Send the audio as multipart/form-data with 'file' and 'model' fields."
+            )
+        body = await read_body(receive, self.settings.max_upload_bytes)
+        try:
+            form = parse_form(content_type, body)
+        except FormError as exc:
+            raise errors.bad_request(f"The multipart body is malformed: {exc}") from None
+        if "file" not in form.files:
+            raise errors.bad_request("'file' is required.", param="file")
+        model = resolve_model(policy, principal, form.fields.get("model"), "transcription")
+        if model.served_name != model.public_id:
+            form.fields["model"] = model.served_name
+            content_type, body = encode_form(form)
+        return model, body, content_type
 
     async def _relay(
         self,

@@ -14,6 +14,7 @@ class GatewaySettings:
     policy_refresh_s: float
     policy_max_staleness_s: float
     max_body_bytes: int
+    max_upload_bytes: int
     upstream_connect_timeout_s: float
     upstream_max_connections: int
 
@@ -28,7 +29,11 @@ class GatewaySettings:
                 "SWITCHYARD_GATEWAY_POLICY_MAX_STALENESS_SECONDS", 60.0, minimum=1.0
             ),
             max_body_bytes=env_int(
-                "SWITCHYARD_GATEWAY_MAX_BODY_BYTES", 25 * 1024 * 1024, minimum=1024
+                "SWITCHYARD_GATEWAY_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024
+            ),
+            # OpenAI's own limit for audio uploads.
+            max_upload_bytes=env_int(
+                "SWITCHYARD_GATEWAY_MAX_UPLOAD_BYTES", 25 * 1024 * 1024, minimum=1024
             ),
             upstream_connect_timeout_s=env_float(
                 "SWITCHYARD_GATEWAY_UPSTREAM_CONNECT_TIMEOUT_SECONDS", 2.0, minimum=0.01

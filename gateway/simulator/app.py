@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from gateway.multipart import Form, FormError, is_multipart, parse_form
 from gateway.simulator import admin
 from gateway.simulator.asgi import (
     BodyTooLarge,
@@ -28,7 +29,6 @@ from gateway.simulator.embeddings import serve_embeddings
 from gateway.simulator.engine import Clock
 from gateway.simulator.errors import ApiError, RouteError, validation_error
 from gateway.simulator.generation import serve_generation
-from gateway.simulator.multipart import Form, FormError, is_multipart, parse_form
 from gateway.simulator.protocol import PRIORITY_HEADER, parse_generation
 from gateway.simulator.state import MAX_BODY_BYTES, Simulator
 from gateway.simulator.transcriptions import serve_transcription

@@ -5,6 +5,7 @@ The same parser Starlette (and so vLLM) uses, so a body vLLM refuses is refused 
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 from python_multipart.exceptions import FormParserError
@@ -104,3 +105,43 @@ def parse_form(content_type: bytes, body: bytes, max_parts: int = 100) -> Form:
             except UnicodeDecodeError as exc:
                 raise FormError(f"Field {key!r} is not valid UTF-8") from exc
     return form
+
+
+def encode_form(form: Form) -> tuple[bytes, bytes]:
+    """Encode a form as multipart/form-data; returns (content type, body).
+
+    The gateway relays clients' bodies untouched; it re-encodes only when it must change a
+    field (the public model id to the deployment's served name).
+    """
+    boundary = b"switchyard-" + secrets.token_hex(16).encode()
+    chunks: list[bytes] = []
+    for name, value in form.fields.items():
+        chunks += [
+            b"--" + boundary + b"\r\n",
+            b'Content-Disposition: form-data; name="' + _quote(name) + b'"\r\n\r\n',
+            value.encode(),
+            b"\r\n",
+        ]
+    for name, upload in form.files.items():
+        chunks += [
+            b"--" + boundary + b"\r\n",
+            b'Content-Disposition: form-data; name="'
+            + _quote(name)
+            + b'"; filename="'
+            + _quote(upload.filename)
+            + b'"\r\n',
+            b"Content-Type: "
+            + (upload.content_type or "application/octet-stream").encode()
+            + b"\r\n\r\n",
+            upload.data,
+            b"\r\n",
+        ]
+    chunks.append(b"--" + boundary + b"--\r\n")
+    return b"multipart/form-data; boundary=" + boundary, b"".join(chunks)
+
+
+def _quote(value: str) -> bytes:
+    # Quotes and line breaks cannot appear inside a quoted header parameter.
+    return (
+        value.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "").replace("\n", "").encode()
+    )
