@@ -203,6 +203,9 @@ class Stack:
                 "off",
             ],
         )
+        # After the seed (the policy names the replicas) and before the gateway, so that the
+        # fleet hashes the gateway schedules by are already being written when it starts.
+        self._child("fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"])
         gateway = self._child(
             "gateway",
             [

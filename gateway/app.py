@@ -15,20 +15,40 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
+import valkey
 import valkey.asyncio as avalkey
 
 from gateway import errors
+from gateway.accounting import Accounting
+from gateway.admission import Admission, RateLimiter, estimate_tokens, limits_for
 from gateway.errors import GatewayError
 from gateway.http import ClientGone, Receive, Scope, Send, header, read_body, send_response
+from gateway.metrics import Decision, GatewayMetrics
 from gateway.multipart import FormError, encode_form, is_multipart, parse_form
 from gateway.policy import Model, Policy, Principal
 from gateway.policy_store import PolicyStore
+from gateway.scheduling import (
+    Grant,
+    MaxConcurrent,
+    QueueFull,
+    QueueTimeout,
+    Scheduler,
+    SchedulingRefused,
+    Ticket,
+    prefix_hash,
+    saturated_entry,
+    ticket_for,
+    wall_ms,
+    write_fleet,
+)
 from gateway.settings import GatewaySettings
-from gateway.upstream import Upstream
+from gateway.upstream import ReplicaUnreachable, Upstream
+from gateway.usage import UsageMeter
 
 logger = logging.getLogger("gateway")
 
@@ -136,6 +156,15 @@ class Gateway:
             connect_timeout_s=settings.upstream_connect_timeout_s,
             max_connections=settings.upstream_max_connections,
         )
+        self.metrics = GatewayMetrics()
+        self.limiter = RateLimiter(self.valkey)
+        self.scheduler = Scheduler(
+            self.valkey,
+            lease_ms=int(settings.lease_s * 1000),
+            stale_ms=int(settings.fleet_stale_s * 1000),
+            waiting_threshold=settings.backpressure_waiting,
+        )
+        self.accounting = Accounting(self.valkey, metrics=self.metrics)
         self._background: list[asyncio.Task[None]] = []
         self._routes: dict[
             tuple[str, str], Callable[[Scope, Receive, Send, bytes], Awaitable[None]]
@@ -146,6 +175,7 @@ class Gateway:
             ("POST", "/v1/embeddings"): self.forward,
             ("POST", "/v1/audio/transcriptions"): self.forward,
             ("GET", "/healthz"): self.health,
+            ("GET", "/metrics"): self.prometheus,
         }
         self._paths = {path for _, path in self._routes}
 
@@ -169,6 +199,8 @@ class Gateway:
 
     async def startup(self) -> None:
         await self.upstream.start()
+        await self.scheduler.start()
+        await self.accounting.start()
         try:
             await self.policy.refresh()
         except Exception as exc:
@@ -176,9 +208,14 @@ class Gateway:
         self._background.append(asyncio.create_task(self.policy.run()))
 
     async def shutdown(self) -> None:
+        self.policy.stop()
         for task in self._background:
             task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._background:
+            # Bounded: a cancellation swallowed inside a client library must not hang shutdown.
+            await asyncio.wait(self._background, timeout=self.settings.policy_refresh_s + 2)
+        await self.accounting.close()
+        await self.scheduler.close()
         await self.upstream.close()
         await self.valkey.aclose()
 
@@ -213,6 +250,13 @@ class Gateway:
         body = orjson.dumps({"status": "ok", "policy_version": policy.version})
         await send_response(send, 200, body, headers=[(b"x-request-id", request_id)])
 
+    async def prometheus(
+        self, scope: Scope, receive: Receive, send: Send, request_id: bytes
+    ) -> None:
+        accept = header(scope, b"accept")
+        body, content_type = self.metrics.render(accept.decode("latin-1") if accept else None)
+        await send_response(send, 200, body, content_type=content_type.encode())
+
     async def list_models(
         self, scope: Scope, receive: Receive, send: Send, request_id: bytes
     ) -> None:
@@ -227,9 +271,45 @@ class Gateway:
         await send_response(send, 200, body, headers=[(b"x-request-id", request_id)])
 
     async def forward(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
+        """Authenticate, validate, admit (rate limits), queue for capacity, relay, account."""
+        started = time.monotonic()
         policy = self.policy.current()
         principal = authenticate(scope, policy)
+        call = await self._read_call(scope, receive, policy, principal, request_id.decode())
+        try:
+            try:
+                await self._admit(call, policy)
+            except (valkey.ValkeyError, OSError) as exc:
+                raise _admission_unavailable(exc) from None
+            relay = asyncio.ensure_future(self._serve(call, send))
+            gone = asyncio.ensure_future(_wait_for_disconnect(receive))
+            try:
+                await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not relay.done():
+                    # The client went away: cancelling the relay leaves the queue or closes
+                    # the upstream connection (vLLM then aborts the request and frees its slot).
+                    relay.cancel()
+                gone.cancel()
+            try:
+                await relay
+            except asyncio.CancelledError:
+                if gone.done() and not gone.cancelled():
+                    call.status = 499
+                    logger.info("client_disconnected request_id=%s", call.request_id)
+                    return
+                raise
+        except GatewayError as exc:
+            call.status = exc.status
+            raise
+        finally:
+            await self._account(call, policy, started)
+
+    async def _read_call(
+        self, scope: Scope, receive: Receive, policy: Policy, principal: Principal, request_id: str
+    ) -> Call:
         path: str = scope["path"]
+        document: dict[str, Any] | None = None
         if path == "/v1/audio/transcriptions":
             model, body, content_type = await self._read_upload(scope, receive, policy, principal)
         else:
@@ -240,26 +320,16 @@ class Gateway:
             content_type = b"application/json"
             if model.served_name != model.public_id:
                 document["model"] = model.served_name
-                body = orjson.dumps(document)
-        headers = {"content-type": content_type.decode(), "x-request-id": request_id.decode()}
-
-        relay = asyncio.ensure_future(self._relay(model, path, body, headers, send, request_id))
-        gone = asyncio.ensure_future(_wait_for_disconnect(receive))
-        try:
-            await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not relay.done():
-                # The client went away: cancelling the relay closes the upstream connection,
-                # which makes vLLM abort the request and free its slot.
-                relay.cancel()
-            gone.cancel()
-        try:
-            await relay
-        except asyncio.CancelledError:
-            if not gone.cancelled() and gone.done():
-                logger.info("client_disconnected request_id=%s", request_id.decode())
-                return
-            raise
+        return Call(
+            request_id=request_id,
+            principal=principal,
+            model=model,
+            path=path,
+            body=body,
+            document=document,
+            content_type=content_type,
+            streaming=bool(document and document.get("stream")),
+        )
 
     async def _read_upload(
         self, scope: Scope, receive: Receive, policy: Policy, principal: Principal
@@ -283,39 +353,120 @@ class Gateway:
             content_type, body = encode_form(form)
         return model, body, content_type
 
-    async def _relay(
-        self,
-        model: Model,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        send: Send,
-        request_id: bytes,
-    ) -> None:
+    async def _admit(self, call: Call, policy: Policy) -> None:
+        """Rate limits, all or nothing; refused → 429 naming the limit, costing nothing."""
+        estimated = estimate_tokens(
+            prompt_chars=len(call.body),
+            max_tokens=_max_tokens(call.document),
+            model_max_tokens=call.model.max_tokens,
+        )
+        limits = limits_for(policy, call.principal, call.model.public_id, estimated)
+        admission = await self.limiter.admit(limits, now_ms=wall_ms())
+        call.admission = admission
+        if not admission.ok:
+            refused = admission.refused
+            name = refused.name if refused is not None else "a rate limit"
+            self._decided(call, policy, "rejected", f"rate_limit:{name}")
+            hint = (
+                "This request alone is larger than the limit."
+                if admission.never_fits
+                else f"Retry after {admission.retry_after_s}s."
+            )
+            raise GatewayError(
+                429,
+                f"Rate limit reached: {name}. {hint}",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers=[(b"retry-after", str(admission.retry_after_s).encode())],
+            )
+        call.ticket = ticket_for(
+            policy,
+            call.principal,
+            call.model,
+            request_id=call.request_id,
+            cost=admission.estimated_tokens,
+            prefix_hash=prefix_hash(_prefix_text(call.document)),
+        )
+
+    async def _serve(self, call: Call, send: Send) -> None:
+        """Wait for capacity, relay from the granted replica; fail over if it is unreachable."""
+        assert call.ticket is not None
+        for _ in range(max(len(call.model.replicas), 1)):
+            try:
+                async with self.scheduler.hold(call.ticket) as grant:
+                    call.grant = grant
+                    if grant.queued_ms >= 1:
+                        self.metrics.queue_waited(
+                            model=call.model.public_id,
+                            priority_class=call.ticket.priority_class,
+                            seconds=grant.queued_ms / 1000,
+                        )
+                    await self._relay(call, grant, send)
+                    return
+            except ReplicaUnreachable as exc:
+                # Nothing reached vLLM. Tell every gateway at once (the watcher confirms or
+                # clears it on its next scrape) and ask the scheduler for another replica.
+                await write_fleet(
+                    self.valkey,
+                    call.model.public_id,
+                    {exc.replica: saturated_entry(scraped_at_ms=wall_ms())},
+                )
+            except MaxConcurrent as refused:
+                self._decided(call, None, "rejected", refused.code)
+                raise _refusal(429, "rate_limit_error", refused) from None
+            except (QueueFull, QueueTimeout) as refused:
+                decision: Decision = "rejected" if isinstance(refused, QueueFull) else "shed"
+                self._decided(call, None, decision, refused.code)
+                raise _refusal(503, "service_unavailable", refused) from None
+            except (valkey.ValkeyError, OSError) as exc:
+                if call.meter is not None:
+                    raise  # the response had started: not an admission failure any more
+                raise _admission_unavailable(exc) from None
+        raise GatewayError(
+            502,
+            f"No replica of model '{call.model.public_id}' could be reached.",
+            type="api_error",
+            code="upstream_unavailable",
+        )
+
+    async def _relay(self, call: Call, grant: Grant, send: Send) -> None:
+        model = call.model
+        body = call.body
+        if call.document is not None:
+            # The class's priority, for replicas running vLLM's priority scheduler (others
+            # accept and ignore it); clients cannot set it (validate_request refuses).
+            call.document["priority"] = grant.vllm_priority
+            body = orjson.dumps(call.document)
+        headers = {"content-type": call.content_type.decode(), "x-request-id": call.request_id}
+        meter = call.meter = UsageMeter(streaming=call.streaming)
         started = False
-        replica = ""
+        self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=1)
+        upstream_started = time.monotonic()
         try:
             async with asyncio.timeout(model.timeout_s):
-                replica, response = await self.upstream.post(model, path, body, headers)
+                response = await self.upstream.post(grant.replica, call.path, body, headers)
                 try:
                     content_type = response.headers.get("content-type", "application/json")
+                    call.status = response.status
                     await send(
                         {
                             "type": "http.response.start",
                             "status": response.status,
                             "headers": [
                                 (b"content-type", content_type.encode()),
-                                (b"x-request-id", request_id),
+                                (b"x-request-id", call.request_id.encode()),
                             ],
                         }
                     )
                     started = True
                     async for chunk in response.content.iter_any():
+                        if meter.first_chunk_at is None:
+                            meter.first_chunk_at = time.monotonic()
+                        meter.feed(chunk)
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b""})
                 finally:
                     response.close()
-                    self.upstream.done(replica)
         except TimeoutError:
             if started:
                 raise _AbortResponse from None
@@ -330,8 +481,8 @@ class Gateway:
                 # Headers are out; the only honest signal left is to cut the stream.
                 logger.warning(
                     "upstream_broke_mid_response request_id=%s replica=%s error=%s",
-                    request_id.decode(),
-                    replica,
+                    call.request_id,
+                    grant.replica,
                     exc.__class__.__name__,
                 )
                 raise _AbortResponse from None
@@ -341,6 +492,131 @@ class Gateway:
                 type="api_error",
                 code="upstream_error",
             ) from None
+        finally:
+            call.upstream_s = time.monotonic() - upstream_started
+            if meter.first_chunk_at is not None:
+                call.ttft_s = meter.first_chunk_at - upstream_started
+            meter.finish()
+            self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=-1)
+
+    def _decided(self, call: Call, policy: Policy | None, decision: Decision, reason: str) -> None:
+        self.metrics.admission_decided(decision, reason)
+        self.accounting.record_decision(
+            request_id=call.request_id,
+            decision=decision,
+            reason=reason,
+            tenant=call.principal.tenant,
+            use_case_id=call.principal.use_case_id,
+            key_id=call.principal.key_id,
+            model=call.model.public_id,
+            wait_ms=call.grant.queued_ms if call.grant else 0,
+            policy_version=self.policy.version,
+        )
+
+    async def _account(self, call: Call, policy: Policy, started: float) -> None:
+        """After every forwarded request: metrics, usage record, token reconciliation."""
+        meter = call.meter
+        prompt = meter.prompt_tokens if meter else 0
+        completion = meter.completion_tokens if meter else 0
+        grant = call.grant
+        if grant is not None and grant.queued_ms >= 1:
+            self._decided(call, policy, "queued", call.ticket.priority_class if call.ticket else "")
+        self.metrics.request_finished(
+            model=call.model.public_id,
+            status=call.status,
+            upstream_s=call.upstream_s,
+            ttft_s=call.ttft_s,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+        )
+        self.accounting.record_usage(
+            request_id=call.request_id,
+            tenant=call.principal.tenant,
+            use_case_id=call.principal.use_case_id,
+            key_id=call.principal.key_id,
+            model=call.model.public_id,
+            replica=grant.replica if grant else None,
+            status=call.status,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            queued_ms=grant.queued_ms if grant else 0,
+            upstream_ms=(call.upstream_s or 0) * 1000,
+            total_ms=(time.monotonic() - started) * 1000,
+            policy_version=policy.version,
+        )
+        admission = call.admission
+        if admission is not None and admission.ok and meter is not None:
+            actual = (
+                prompt + completion
+                if meter.reported or meter.streaming
+                else admission.estimated_tokens
+            )
+            if actual != admission.estimated_tokens:
+                try:
+                    await self.limiter.reconcile(admission, actual_tokens=actual, now_ms=wall_ms())
+                except (valkey.ValkeyError, OSError) as exc:
+                    logger.warning("reconcile_failed request_id=%s error=%s", call.request_id, exc)
+
+
+@dataclass(slots=True)
+class Call:
+    """One forwarded request as it moves through admission, the queue and the relay."""
+
+    request_id: str
+    principal: Principal
+    model: Model
+    path: str
+    body: bytes
+    document: dict[str, Any] | None
+    content_type: bytes
+    streaming: bool
+    status: int = 500
+    admission: Admission | None = None
+    ticket: Ticket | None = None
+    grant: Grant | None = None
+    meter: UsageMeter | None = None
+    upstream_s: float | None = None
+    ttft_s: float | None = None
+
+
+def _max_tokens(document: dict[str, Any] | None) -> int | None:
+    if document is None:
+        return None
+    value = document.get("max_completion_tokens", document.get("max_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _prefix_text(document: dict[str, Any] | None) -> str:
+    """The start of the prompt that requests of one use case tend to share (the system prompt,
+    a RAG document): what prefix-cache affinity keys on."""
+    if document is None:
+        return ""
+    messages = document.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[0], dict):
+        content = messages[0].get("content")
+        return content if isinstance(content, str) else ""
+    prompt = document.get("prompt")
+    return prompt if isinstance(prompt, str) else ""
+
+
+def _admission_unavailable(exc: BaseException) -> GatewayError:
+    # Without Valkey neither limits nor capacity can be enforced; sending the request on
+    # anyway could swamp the fleet, so the gateway refuses until Valkey answers again.
+    logger.warning("admission_unavailable error=%s", exc.__class__.__name__)
+    return errors.service_unavailable(
+        "Admission is unavailable (the gateway cannot reach Valkey); retry shortly.",
+        code="admission_unavailable",
+    )
+
+
+def _refusal(status: int, kind: str, refused: SchedulingRefused) -> GatewayError:
+    return GatewayError(
+        status,
+        str(refused),
+        type=kind,
+        code=refused.code,
+        headers=[(b"retry-after", str(refused.retry_after_s).encode())],
+    )
 
 
 class _AbortResponse(Exception):

@@ -8,6 +8,7 @@ request never waits on the database or on Valkey to authenticate.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NotRequired, TypedDict
 
@@ -118,6 +119,60 @@ class Model:
     replicas: tuple[str, ...]
     timeout_s: float
     max_tokens: int | None
+    # The gateway never sends one replica more than this at once (the scheduler's cap).
+    max_in_flight_per_replica: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A set of limits; ``None`` means "no limit" on that axis."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    max_concurrent: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Guardrail:
+    guardrail: str
+    side: str
+    action: str
+    config: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class UseCase:
+    id: int
+    tenant: str
+    slug: str
+    limits: Limits
+    guardrails: tuple[Guardrail, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    """A service class. ``rank`` 0 is served first; ``vllm_priority`` goes upstream as is."""
+
+    name: str
+    rank: int
+    vllm_priority: int
+    queue_timeout_s: float
+    max_queue_length: int
+
+
+RateLimitScope = Literal["global", "model", "tenant", "tenant_model"]
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A RateLimitPolicy row: applies to everyone (global), one model, one tenant, or both."""
+
+    name: str
+    scope: RateLimitScope
+    model: str | None
+    tenant: str | None
+    limits: Limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +181,9 @@ class Policy:
     loaded_at: float
     models: dict[str, Model] = field(default_factory=dict)
     principals: dict[str, Principal] = field(default_factory=dict)
+    use_cases: dict[int, UseCase] = field(default_factory=dict)  # by UseCase id
+    priority_classes: dict[str, PriorityClass] = field(default_factory=dict)  # by name
+    rate_limits: tuple[RateLimit, ...] = ()
 
     def principal_for(self, key_hash: str) -> Principal | None:
         # Looking up by the SHA-256 of a 256-bit random key is safe against timing attacks:
@@ -146,6 +204,7 @@ def parse_snapshot(raw: bytes) -> Policy:
             replicas=tuple(entry["replicas"]),
             timeout_s=float(entry["timeout_s"]),
             max_tokens=entry["max_tokens"],
+            max_in_flight_per_replica=int(entry.get("max_in_flight_per_replica", 64)),
         )
         for public_id, entry in document["models"].items()
     }
@@ -170,4 +229,54 @@ def parse_snapshot(raw: bytes) -> Policy:
         loaded_at=time.monotonic(),
         models=models,
         principals=principals,
+        use_cases={
+            int(use_case_id): UseCase(
+                id=int(use_case_id),
+                tenant=entry["tenant"],
+                slug=entry["slug"],
+                limits=_limits(entry["limits"]),
+                guardrails=tuple(
+                    Guardrail(
+                        guardrail=g["guardrail"],
+                        side=g["side"],
+                        action=g["action"],
+                        config=dict(g.get("config") or {}),
+                    )
+                    for g in entry.get("guardrails", [])
+                ),
+            )
+            for use_case_id, entry in document.get("use_cases", {}).items()
+        },
+        priority_classes={
+            name: PriorityClass(
+                name=name,
+                rank=int(entry["rank"]),
+                vllm_priority=int(entry["vllm_priority"]),
+                queue_timeout_s=float(entry["queue_timeout_s"]),
+                max_queue_length=int(entry["max_queue_length"]),
+            )
+            for name, entry in document.get("priority_classes", {}).items()
+        },
+        rate_limits=tuple(
+            RateLimit(
+                name=entry["name"],
+                scope=entry["scope"],
+                model=entry.get("model"),
+                tenant=entry.get("tenant"),
+                limits=_limits(entry),
+            )
+            for entry in document.get("rate_limits", [])
+        ),
+    )
+
+
+def _limits(entry: LimitsEntry) -> Limits:
+    def optional(value: int | None) -> int | None:
+        return None if value is None else int(value)
+
+    return Limits(
+        requests_per_minute=optional(entry.get("requests_per_minute")),
+        tokens_per_minute=optional(entry.get("tokens_per_minute")),
+        tokens_per_day=optional(entry.get("tokens_per_day")),
+        max_concurrent=optional(entry.get("max_concurrent")),
     )

@@ -17,6 +17,9 @@ class GatewaySettings:
     max_upload_bytes: int
     upstream_connect_timeout_s: float
     upstream_max_connections: int
+    lease_s: float
+    fleet_stale_s: float
+    backpressure_waiting: int
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -41,4 +44,9 @@ class GatewaySettings:
             upstream_max_connections=env_int(
                 "SWITCHYARD_GATEWAY_UPSTREAM_MAX_CONNECTIONS", 1000, minimum=1
             ),
+            # A crashed gateway's capacity comes back within this; running requests renew.
+            lease_s=env_float("SWITCHYARD_GATEWAY_LEASE_SECONDS", 30.0, minimum=1.0),
+            # Fleet metrics older than this count a replica as saturated, never idle.
+            fleet_stale_s=env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05),
+            backpressure_waiting=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
         )

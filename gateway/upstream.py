@@ -1,14 +1,10 @@
-"""The fleet client: one pooled aiohttp session, replica choice, failover before first byte."""
+"""The fleet client: one pooled aiohttp session with explicit limits and timeouts."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 import aiohttp
-
-from gateway.errors import GatewayError
-from gateway.policy import Model
 
 logger = logging.getLogger(__name__)
 
@@ -21,8 +17,6 @@ class Upstream:
         self._connect_timeout_s = connect_timeout_s
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-        self.in_flight: dict[str, int] = {}
-        self._rotation = itertools.count()
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -39,42 +33,27 @@ class Upstream:
         if self._session is not None:
             await self._session.close()
 
-    def replicas_in_order(self, model: Model) -> list[str]:
-        """Least in-flight first; ties rotate so equal replicas share the load."""
-        replicas = list(model.replicas)
-        if len(replicas) > 1:
-            shift = next(self._rotation) % len(replicas)
-            replicas = replicas[shift:] + replicas[:shift]
-            replicas.sort(key=lambda url: self.in_flight.get(url, 0))
-        return replicas
-
     async def post(
-        self, model: Model, path: str, body: bytes, headers: dict[str, str]
-    ) -> tuple[str, aiohttp.ClientResponse]:
-        """Send to the first replica that accepts the connection; the caller must release it."""
-        assert self._session is not None, "Upstream.start() was not awaited"
-        last_error: Exception | None = None
-        for replica in self.replicas_in_order(model):
-            try:
-                self.in_flight[replica] = self.in_flight.get(replica, 0) + 1
-                response = await self._session.post(replica + path, data=body, headers=headers)
-            except _CONNECT_ERRORS as exc:
-                self.in_flight[replica] -= 1
-                last_error = exc
-                logger.warning(
-                    "upstream_failover replica=%s error=%s", replica, exc.__class__.__name__
-                )
-                continue
-            except BaseException:
-                self.in_flight[replica] -= 1
-                raise
-            return replica, response
-        raise GatewayError(
-            502,
-            f"No replica of model {model.public_id!r} could be reached.",
-            type="api_error",
-            code="upstream_unavailable",
-        ) from last_error
+        self, replica: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> aiohttp.ClientResponse:
+        """Send to the replica the scheduler granted; the caller must close the response.
 
-    def done(self, replica: str) -> None:
-        self.in_flight[replica] -= 1
+        Raises ReplicaUnreachable when the replica never started on the request (refused or
+        dropped before answering), so the caller may safely try another one.
+        """
+        assert self._session is not None, "Upstream.start() was not awaited"
+        try:
+            return await self._session.post(replica + path, data=body, headers=headers)
+        except _CONNECT_ERRORS as exc:
+            logger.warning(
+                "upstream_unreachable replica=%s error=%s", replica, exc.__class__.__name__
+            )
+            raise ReplicaUnreachable(replica) from exc
+
+
+class ReplicaUnreachable(Exception):
+    """The replica did not take the request; nothing reached vLLM, so retrying is safe."""
+
+    def __init__(self, replica: str) -> None:
+        super().__init__(replica)
+        self.replica = replica

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from config.env import env_float
 
+_USAGE_PERSIST_SECONDS = env_float("SWITCHYARD_USAGE_PERSIST_SECONDS", 5.0, minimum=0.5)
+
 BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # Safety net: a snapshot lost with a Valkey restart, or a publish deferred while Valkey
     # was down, reaches the gateway within this interval.
     "republish-policy-snapshot": {
         "task": "governance.publish_policy_snapshot",
         "schedule": env_float("SWITCHYARD_SNAPSHOT_REPUBLISH_SECONDS", 30.0, minimum=1.0),
+    },
+    # The gateway's usage and admission streams into the database; a run that could not
+    # start within one interval is superseded by the next rather than piling up.
+    "persist-usage": {
+        "task": "scheduler.persist_usage",
+        "schedule": _USAGE_PERSIST_SECONDS,
+        "options": {"expires": _USAGE_PERSIST_SECONDS},
     },
 }

@@ -94,16 +94,52 @@ class RunningGateway:
 GatewayFactory = Callable[..., RunningGateway]
 
 
+def _fleet_is_written(valkey_url: str) -> Callable[[], bool]:
+    """Every replica of the published snapshot has an entry in the fleet hash."""
+    from gateway.policy import SNAPSHOT_KEY, parse_snapshot
+    from gateway.scheduling import keys
+
+    client = valkey.Valkey.from_url(valkey_url)
+
+    def probe() -> bool:
+        raw = client.get(SNAPSHOT_KEY)
+        if raw is None:
+            return False
+        policy = parse_snapshot(raw)  # type: ignore[arg-type]
+        return all(
+            client.hexists(keys.fleet(model.public_id), replica)
+            for model in policy.models.values()
+            for replica in model.replicas
+        )
+
+    return probe
+
+
 @pytest.fixture
 def start_gateway(valkey_url: str) -> Iterator[GatewayFactory]:
-    """Start gateway processes (uvicorn, uvloop, httptools) against the test Valkey.
+    """Start gateway processes (uvicorn, uvloop, httptools) against the test Valkey, with a
+    fleet watcher beside them (without fresh fleet metrics every replica counts as saturated).
 
     The policy must be published before starting: readiness is /healthz answering 200, which
-    it does only once a snapshot is loaded.
+    it does only once a snapshot is loaded, and the watcher having written every replica.
     """
     started: list[ManagedProcess] = []
+    watchers: dict[str, ManagedProcess] = {}
 
     def start(*, valkey: str | None = None, **env: str) -> RunningGateway:
+        url = valkey or valkey_url
+        common = {
+            "SWITCHYARD_VALKEY_URL": url,
+            "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS": "0.1",
+            "SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS": "0.1",
+        }
+        if url not in watchers:
+            watcher = ManagedProcess(
+                "fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"], env=common
+            )
+            watchers[url] = watcher
+            started.append(watcher)
+            watcher.start(ready=_fleet_is_written(url), timeout=20)
         port = free_port()
         process = ManagedProcess(
             f"gateway-{port}",
@@ -122,11 +158,7 @@ def start_gateway(valkey_url: str) -> Iterator[GatewayFactory]:
                 "httptools",
                 "--no-access-log",
             ],
-            env={
-                "SWITCHYARD_VALKEY_URL": valkey or valkey_url,
-                "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS": "0.1",
-                **env,
-            },
+            env={**common, **env},
         )
         started.append(process)
         process.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=20)
@@ -135,7 +167,7 @@ def start_gateway(valkey_url: str) -> Iterator[GatewayFactory]:
     try:
         yield start
     finally:
-        for process in started:
+        for process in reversed(started):
             process.stop()
 
 

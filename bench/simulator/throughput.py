@@ -89,7 +89,7 @@ def wrk_script(body: dict[str, object], directory: Path) -> Path:
 
 
 def to_ms(value: str) -> float:
-    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", value).groups()  # type: ignore[union-attr]
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", value).groups()
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
@@ -104,9 +104,9 @@ def run_wrk(name: str, url: str, script: Path, pid: int, args: argparse.Namespac
     )
     cpu_percent = 100 * (cpu_seconds(pid) - cpu_before) / (time.monotonic() - wall_before)
     text = out.stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
-    p50 = to_ms(re.search(r"\s50%\s+(\S+)", text).group(1))  # type: ignore[union-attr]
-    p99 = to_ms(re.search(r"\s99%\s+(\S+)", text).group(1))  # type: ignore[union-attr]
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    p50 = to_ms(re.search(r"\s50%\s+(\S+)", text).group(1))
+    p99 = to_ms(re.search(r"\s99%\s+(\S+)", text).group(1))
     errors_match = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
     socket_errors = re.search(r"Socket errors: (.*)", text)
     errors = int(errors_match.group(1)) if errors_match else 0

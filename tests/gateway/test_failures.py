@@ -46,13 +46,21 @@ def test_a_dead_replica_is_skipped_before_the_first_byte(
     assert statuses == [200] * 6
 
 
-def test_no_reachable_replica_is_a_502(valkey_client, start_gateway) -> None:
+def test_with_no_reachable_replica_a_request_waits_its_class_timeout_then_gets_503(
+    valkey_client, start_gateway
+) -> None:
+    # A dead replica is saturated, never idle: the request queues for capacity, and its
+    # class's queue timeout turns it away with a Retry-After instead of hanging.
     policy = PolicyBuilder().model(CHAT, [f"http://127.0.0.1:{free_port()}"])
-    key = policy.key()
+    policy.priority_class("interactive", rank=0, queue_timeout_s=0.5)
+    key = policy.key(priority_class="interactive")
     policy.publish(valkey_client)
+    started = time.monotonic()
     response = call(start_gateway(), key)
-    assert response.status_code == 502
-    assert response.json()["error"]["code"] == "upstream_unavailable"
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "queue_timeout"
+    assert int(response.headers["retry-after"]) >= 1
+    assert 0.4 < time.monotonic() - started < 3
 
 
 def test_a_replica_slower_than_the_model_timeout_is_a_504(
@@ -141,32 +149,45 @@ def test_a_client_leaving_a_non_streaming_request_frees_the_replica(
     assert wait_until(lambda: gauge(sim.base_url, "vllm:num_requests_running") == 0, timeout=3)
 
 
-def test_without_valkey_the_gateway_serves_its_last_policy_then_fails_closed(
+def test_without_valkey_the_gateway_fails_closed_and_recovers(
     start_simulator, start_gateway
 ) -> None:
     import valkey
 
-    server = ValkeyServer(port=free_port())
+    port = free_port()
+    server = ValkeyServer(port=port)
     server.start()
     try:
         sim = start_simulator(CHAT, "--time-scale", "0")
         policy = PolicyBuilder().model(CHAT, [sim.base_url])
         key = policy.key()
-        policy.publish(valkey.Valkey(port=server.port))
+        policy.publish(valkey.Valkey(port=port))
         gateway = start_gateway(
-            valkey=f"valkey://127.0.0.1:{server.port}/0",
+            valkey=f"valkey://127.0.0.1:{port}/0",
             SWITCHYARD_GATEWAY_POLICY_MAX_STALENESS_SECONDS="2",
+        )
+        models = lambda: httpx.get(  # noqa: E731
+            gateway.base_url + "/v1/models", headers={"Authorization": f"Bearer {key}"}
         )
         assert call(gateway, key).status_code == 200
         server.stop()
-        # Within the staleness bound the last known policy still serves…
-        assert call(gateway, key).status_code == 200
-        # …after it, the gateway refuses rather than honour keys it can no longer check.
-        assert wait_until(lambda: call(gateway, key).status_code == 503, timeout=5)
+        # Limits and capacity live in Valkey: without it nothing is forwarded (a clear 503,
+        # not a hang or a 500), while the last known policy still answers who you are…
         refused = call(gateway, key)
-        assert refused.json()["error"]["code"] == "policy_stale"
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "admission_unavailable"
         assert int(refused.headers["retry-after"]) >= 1
+        assert models().status_code == 200
+        # …until the staleness bound, after which keys are not honoured either.
+        assert wait_until(lambda: models().status_code == 503, timeout=5)
+        assert models().json()["error"]["code"] == "policy_stale"
         assert gateway.process.alive()
+
+        # Valkey comes back (empty): the policy is republished, and service resumes.
+        server = ValkeyServer(port=port)
+        server.start()
+        policy.publish(valkey.Valkey(port=port))
+        assert wait_until(lambda: call(gateway, key).status_code == 200, timeout=10)
     finally:
         if server.is_running():
             server.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import openai
 import pytest
@@ -76,23 +78,46 @@ def test_every_response_carries_a_request_id_and_keeps_a_sane_given_one(world: W
         assert len(replaced.headers["x-request-id"]) == 32
 
 
-def test_requests_spread_over_both_replicas(world: World) -> None:
-    client = sdk(world, world.alice)
-    for _ in range(6):
-        client.chat.completions.create(
-            model=CHAT, messages=[{"role": "user", "content": "hi"}], max_tokens=1
-        )
+def served_per_replica(world: World) -> list[float]:
     served = []
     for replica in world.chat_replicas:
         metrics = httpx.get(replica + "/metrics").text
-        line = next(
-            ln
-            for ln in metrics.splitlines()
-            if ln.startswith("vllm:request_success_total{") and 'finished_reason="length"' in ln
+        served.append(
+            sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("vllm:request_success_total{")
+            )
         )
-        served.append(float(line.rsplit(" ", 1)[1]))
-    assert sum(served) == 6
-    assert all(count >= 1 for count in served), served
+    return served
+
+
+def test_concurrent_requests_spread_over_both_replicas(world: World) -> None:
+    client = sdk(world, world.alice)
+
+    def one(i: int) -> None:
+        client.chat.completions.create(
+            model=CHAT, messages=[{"role": "user", "content": f"question {i}"}], max_tokens=30
+        )
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(one, range(16)))
+    served = served_per_replica(world)
+    assert sum(served) == 16
+    assert all(count >= 3 for count in served), served  # least-in-flight balances them
+
+
+def test_a_shared_prompt_prefix_stays_on_one_replica(world: World) -> None:
+    # Prefix-cache affinity: a use case's long system prompt is prefilled once, on one replica.
+    system = "You are the claims assistant of ACME Insurance. " * 40
+    client = sdk(world, world.alice)
+    for i in range(6):
+        client.chat.completions.create(
+            model=CHAT,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": f"q{i}"}],
+            max_tokens=1,
+        )
+    assert sorted(served_per_replica(world)) == [0, 6]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -21,6 +21,9 @@ from gateway.policy import (
     KeyEntry,
     ModelCapability,
     ModelEntry,
+    PriorityClassEntry,
+    RateLimitEntry,
+    UseCaseEntry,
 )
 
 
@@ -30,6 +33,9 @@ class PolicyBuilder:
 
     models: dict[str, ModelEntry] = field(default_factory=dict)
     keys: dict[str, KeyEntry] = field(default_factory=dict)
+    priority_classes: dict[str, PriorityClassEntry] = field(default_factory=dict)
+    use_cases: dict[str, UseCaseEntry] = field(default_factory=dict)
+    rate_limits: list[RateLimitEntry] = field(default_factory=list)
     _next_id: int = 1
 
     def model(
@@ -40,6 +46,7 @@ class PolicyBuilder:
         capabilities: tuple[ModelCapability, ...] = ("chat", "completions"),
         served_name: str | None = None,
         timeout_s: float = 30.0,
+        max_in_flight_per_replica: int | None = None,
     ) -> PolicyBuilder:
         self.models[public_id] = {
             "served_name": served_name or public_id,
@@ -48,6 +55,8 @@ class PolicyBuilder:
             "timeout_s": timeout_s,
             "max_tokens": None,
         }
+        if max_in_flight_per_replica is not None:
+            self.models[public_id]["max_in_flight_per_replica"] = max_in_flight_per_replica
         return self
 
     def key(
@@ -59,6 +68,7 @@ class PolicyBuilder:
         environment: str = "prod",
         namespace: str = "prod",
         expires_at: float | None = None,
+        priority_class: str | None = None,
     ) -> str:
         plaintext = "sk-sy-" + secrets.token_urlsafe(32)
         key_id = self._next_id
@@ -74,8 +84,46 @@ class PolicyBuilder:
             "namespace": namespace,
             "models": list(self.models) if models is None else models,
             "expires_at": expires_at,
+            "priority_class": priority_class,
         }
         return plaintext
+
+    def priority_class(
+        self,
+        name: str,
+        *,
+        rank: int,
+        vllm_priority: int | None = None,
+        queue_timeout_s: float = 30.0,
+        max_queue_length: int = 1000,
+    ) -> PolicyBuilder:
+        self.priority_classes[name] = {
+            "rank": rank,
+            "vllm_priority": rank if vllm_priority is None else vllm_priority,
+            "queue_timeout_s": queue_timeout_s,
+            "max_queue_length": max_queue_length,
+        }
+        return self
+
+    def use_case_limits(self, plaintext: str, **limits: int | None) -> PolicyBuilder:
+        """Give the key's use case limits (requests_per_minute, tokens_per_minute, …)."""
+        entry = self.keys[hashlib.sha256(plaintext.encode()).hexdigest()]
+        self.use_cases[str(entry["use_case_id"])] = {
+            "tenant": entry["tenant"],
+            "slug": entry["use_case"],
+            "limits": {
+                "requests_per_minute": limits.get("requests_per_minute"),
+                "tokens_per_minute": limits.get("tokens_per_minute"),
+                "tokens_per_day": limits.get("tokens_per_day"),
+                "max_concurrent": limits.get("max_concurrent"),
+            },
+            "guardrails": [],
+        }
+        return self
+
+    def use_case_id(self, plaintext: str) -> int:
+        """The id of the key's use case (what its ``uc:<id>:…`` limit counters are named by)."""
+        return self.keys[hashlib.sha256(plaintext.encode()).hexdigest()]["use_case_id"]
 
     def revoke(self, plaintext: str) -> None:
         del self.keys[hashlib.sha256(plaintext.encode()).hexdigest()]
@@ -88,6 +136,9 @@ class PolicyBuilder:
             "published_at": time.time(),
             "models": self.models,
             "keys": self.keys,
+            "priority_classes": self.priority_classes,
+            "use_cases": self.use_cases,
+            "rate_limits": self.rate_limits,
         }
         with client.pipeline(transaction=True) as pipe:
             pipe.set(SNAPSHOT_KEY, orjson.dumps(document))

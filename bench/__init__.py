@@ -1,0 +1,1 @@
+"""Reproducible benchmarks; results in bench/RESULTS.md."""

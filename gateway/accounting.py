@@ -1,0 +1,285 @@
+"""Usage and admission records, from the request path to the ``sy:usage`` / ``sy:decisions``
+streams (persisted to the database by the ``scheduler.persist_usage`` Celery task).
+
+The request path must never wait for, or fail because of, accounting: ``record_usage`` and
+``record_decision`` are plain synchronous calls that append a tuple to a bounded in-process
+buffer and return (well under a microsecond of work beyond building the arguments). A
+background task flushes the buffer every ``flush_interval_s`` in pipelines of ``XADD … MAXLEN
+~``. While Valkey is down or slow the batch being written is kept and retried with backoff;
+once the buffer is full, new records are dropped and counted (``dropped`` and the
+``switchyard_gateway_accounting_dropped_total`` metric) — never blocked on.
+
+Delivery is at most once per record in the normal case; a write whose reply is lost (a
+timeout after Valkey applied it) is retried, so such a record can land twice.
+
+Stream entries (every value a string; the schema shared with scheduler/usage.py):
+
+- ``sy:usage``: ``USAGE_FIELDS`` — one per finished request; ``status`` is the HTTP status
+  the client got (499: it went away), times are milliseconds, ``at_ms`` is when it finished.
+- ``sy:decisions``: ``DECISION_FIELDS`` — refusals (``rejected``: over a limit,
+  ``max_concurrent``, ``queue_full``; ``shed``: dropped from the queue at its deadline) and
+  waits (``queued``, with ``wait_ms``). Immediate admissions are implied by usage and not
+  written unless ``record_immediate_admissions`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Final, Literal
+
+import valkey
+import valkey.asyncio as avalkey
+
+from gateway.metrics import GatewayMetrics
+
+logger = logging.getLogger("gateway.accounting")
+
+USAGE_STREAM: Final = "sy:usage"
+DECISIONS_STREAM: Final = "sy:decisions"
+STREAM_MAXLEN: Final = 1_000_000
+
+USAGE_FIELDS: Final = (
+    "request_id",
+    "at_ms",
+    "tenant",
+    "use_case_id",
+    "key_id",
+    "model",
+    "replica",
+    "status",
+    "prompt_tokens",
+    "completion_tokens",
+    "queued_ms",
+    "upstream_ms",
+    "total_ms",
+    "policy_version",
+)
+DECISION_FIELDS: Final = (
+    "request_id",
+    "at_ms",
+    "decision",
+    "reason",
+    "tenant",
+    "use_case_id",
+    "key_id",
+    "model",
+    "wait_ms",
+    "policy_version",
+)
+
+Decision = Literal["admitted", "queued", "rejected", "shed"]
+_Record = tuple[str, tuple[object, ...]]  # (stream, values in that stream's field order)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _wire(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return str(round(value))  # milliseconds: whole numbers are plenty
+    return str(value)
+
+
+class Accounting:
+    """The gateway process's accounting writer; one per process, ``start()`` in lifespan."""
+
+    def __init__(
+        self,
+        client: avalkey.Valkey,
+        *,
+        metrics: GatewayMetrics | None = None,
+        buffer_limit: int = 50_000,
+        batch_size: int = 500,
+        flush_interval_s: float = 0.05,
+        write_timeout_s: float = 1.0,
+        maxlen: int = STREAM_MAXLEN,
+        record_immediate_admissions: bool = False,
+    ) -> None:
+        self._client = client
+        self._metrics = metrics
+        self._buffer: deque[_Record] = deque()
+        self._limit = buffer_limit
+        self._batch_size = batch_size
+        self._flush_interval_s = flush_interval_s
+        self._write_timeout_s = write_timeout_s
+        self._maxlen = maxlen
+        self._immediate = record_immediate_admissions
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.dropped: dict[str, int] = {USAGE_STREAM: 0, DECISIONS_STREAM: 0}
+        self.written = 0
+        self._healthy = True
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    # --- the request path: never awaits, never raises -------------------------------------
+    def record_usage(
+        self,
+        *,
+        request_id: str,
+        tenant: str,
+        use_case_id: int,
+        key_id: int | None,
+        model: str,
+        replica: str | None,
+        status: int,
+        prompt_tokens: int,
+        completion_tokens: int,
+        queued_ms: float,
+        upstream_ms: float,
+        total_ms: float,
+        policy_version: int | None,
+        at_ms: int | None = None,
+    ) -> None:
+        """One finished request (any status, including errors and client disconnects)."""
+        self._append(
+            USAGE_STREAM,
+            (
+                request_id,
+                _now_ms() if at_ms is None else at_ms,
+                tenant,
+                use_case_id,
+                key_id,
+                model,
+                replica,
+                status,
+                prompt_tokens,
+                completion_tokens,
+                queued_ms,
+                upstream_ms,
+                total_ms,
+                policy_version,
+            ),
+        )
+
+    def record_decision(
+        self,
+        *,
+        request_id: str,
+        decision: Decision,
+        reason: str,
+        tenant: str,
+        use_case_id: int,
+        key_id: int | None,
+        model: str,
+        wait_ms: float = 0,
+        policy_version: int | None,
+        at_ms: int | None = None,
+    ) -> None:
+        """One admission decision; ``reason`` names the limit or cause (``queue_full``…)."""
+        if decision == "admitted" and not wait_ms and not self._immediate:
+            return
+        self._append(
+            DECISIONS_STREAM,
+            (
+                request_id,
+                _now_ms() if at_ms is None else at_ms,
+                decision,
+                reason,
+                tenant,
+                use_case_id,
+                key_id,
+                model,
+                wait_ms,
+                policy_version,
+            ),
+        )
+
+    def _append(self, stream: str, values: tuple[object, ...]) -> None:
+        if len(self._buffer) >= self._limit or self._closing:
+            self._drop(stream, 1)
+            return
+        self._buffer.append((stream, values))
+
+    def _drop(self, stream: str, count: int) -> None:
+        self.dropped[stream] = self.dropped.get(stream, 0) + count
+        if self._metrics is not None:
+            self._metrics.accounting_dropped(stream, count)
+
+    # --- the background writer ------------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="accounting-flush")
+
+    async def close(self, timeout_s: float = 2.0) -> None:
+        """Stop taking records, flush what Valkey takes within the timeout, drop the rest."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self._buffer and await self.flush_once():
+                    pass
+        for stream, _ in self._buffer:
+            self._drop(stream, 1)
+        self._buffer.clear()
+
+    async def flush_once(self) -> bool:
+        """Write one batch; returns False when Valkey failed (the batch is kept)."""
+        batch = [self._buffer.popleft() for _ in range(min(self._batch_size, len(self._buffer)))]
+        if not batch:
+            return True
+        try:
+            async with asyncio.timeout(self._write_timeout_s):
+                await self._write(batch)
+        except (valkey.ValkeyError, OSError, TimeoutError) as exc:
+            self._requeue(batch)
+            if self._healthy:
+                logger.warning("accounting_write_failed error=%s", exc.__class__.__name__)
+            self._healthy = False
+            return False
+        except asyncio.CancelledError:
+            self._requeue(batch)  # close() flushes it
+            raise
+        except Exception:
+            # A record that cannot be encoded would fail every retry: drop the batch.
+            logger.exception("accounting_batch_dropped size=%s", len(batch))
+            for stream, _ in batch:
+                self._drop(stream, 1)
+            return True
+        self.written += len(batch)
+        if not self._healthy:
+            logger.info("accounting_write_ok dropped=%s", sum(self.dropped.values()))
+        self._healthy = True
+        return True
+
+    async def _write(self, batch: Sequence[_Record]) -> None:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for stream, values in batch:
+                names = USAGE_FIELDS if stream == USAGE_STREAM else DECISION_FIELDS
+                pipe.xadd(
+                    stream,
+                    {name: _wire(value) for name, value in zip(names, values, strict=True)},
+                    maxlen=self._maxlen,
+                    approximate=True,
+                )
+            await pipe.execute()
+
+    def _requeue(self, batch: list[_Record]) -> None:
+        # Older records go back to the front; whatever no longer fits is dropped, oldest last.
+        room = max(0, self._limit - len(self._buffer))
+        kept, lost = batch[:room], batch[room:]
+        self._buffer.extendleft(reversed(kept))
+        for stream, _ in lost:
+            self._drop(stream, 1)
+
+    async def _run(self) -> None:
+        backoff = self._flush_interval_s
+        while True:
+            await asyncio.sleep(backoff)
+            ok = True
+            while self._buffer and ok:
+                ok = await self.flush_once()
+            backoff = self._flush_interval_s if ok else min(1.0, max(backoff * 2, 0.05))

@@ -1,0 +1,123 @@
+"""Which rate limits apply to a request, from the policy snapshot. Pure: no I/O."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.policy import Limits, Policy, Principal
+
+MINUTE_MS = 60_000
+DAY_MS = 86_400_000
+
+# When a client sets no max_tokens and the model has no cap, the completion is estimated at
+# this many tokens; reconcile corrects the windows once the real count is known.
+DEFAULT_COMPLETION_ESTIMATE = 512
+
+LimitKind = Literal["req", "tok"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One sliding-window limit and what this request costs on it.
+
+    ``id`` names the counter in Valkey (stable while the policy row keeps its name);
+    ``name`` is for people: it goes into the 429's ``error.message``.
+    """
+
+    id: str
+    kind: LimitKind
+    window_ms: int
+    limit: int
+    cost: int
+    name: str
+
+
+def estimate_tokens(
+    *, prompt_chars: int, max_tokens: int | None, model_max_tokens: int | None
+) -> int:
+    """A request's token estimate: about four characters a token, plus the completion bound.
+
+    The completion is the client's ``max_tokens`` capped by the model's maximum, or the
+    model's maximum, or DEFAULT_COMPLETION_ESTIMATE when neither is known.
+    """
+    completion = max_tokens if max_tokens is not None else model_max_tokens
+    if completion is None:
+        completion = DEFAULT_COMPLETION_ESTIMATE
+    if model_max_tokens is not None:
+        completion = min(completion, model_max_tokens)
+    return math.ceil(max(prompt_chars, 0) / 4) + max(completion, 0)
+
+
+def limits_for(
+    policy: Policy, principal: Principal, model_id: str, estimated_tokens: int
+) -> list[Limit]:
+    """Every limit the request must pass: global, model, tenant, tenant × model, use case.
+
+    A limit of ``None`` or 0 is "not set" (as governance validates it). The order is the one
+    above, so the most general limit is reported when several would refuse.
+    """
+    applicable: list[Limit] = []
+    for rule in policy.rate_limits:
+        if rule.scope == "global":
+            who = "global"
+        elif rule.scope == "model":
+            if rule.model != model_id:
+                continue
+            who = f"model {model_id}"
+        elif rule.scope == "tenant":
+            if rule.tenant != principal.tenant:
+                continue
+            who = f"tenant {principal.tenant}"
+        else:
+            if rule.tenant != principal.tenant or rule.model != model_id:
+                continue
+            who = f"tenant {principal.tenant} on model {model_id}"
+        applicable.extend(_windows(f"p:{rule.name}", who, rule.limits, estimated_tokens))
+    use_case = policy.use_cases.get(principal.use_case_id)
+    if use_case is not None:
+        applicable.extend(
+            _windows(
+                f"uc:{use_case.id}", f"use case {use_case.slug}", use_case.limits, estimated_tokens
+            )
+        )
+    return applicable
+
+
+def _windows(base: str, who: str, limits: Limits, tokens: int) -> list[Limit]:
+    windows: list[Limit] = []
+    if limits.requests_per_minute:
+        windows.append(
+            Limit(
+                id=f"{base}:rpm",
+                kind="req",
+                window_ms=MINUTE_MS,
+                limit=limits.requests_per_minute,
+                cost=1,
+                name=f"{who} requests per minute",
+            )
+        )
+    if limits.tokens_per_minute:
+        windows.append(
+            Limit(
+                id=f"{base}:tpm",
+                kind="tok",
+                window_ms=MINUTE_MS,
+                limit=limits.tokens_per_minute,
+                cost=tokens,
+                name=f"{who} tokens per minute",
+            )
+        )
+    if limits.tokens_per_day:
+        windows.append(
+            Limit(
+                id=f"{base}:tpd",
+                kind="tok",
+                window_ms=DAY_MS,
+                limit=limits.tokens_per_day,
+                cost=tokens,
+                name=f"{who} tokens per day",
+            )
+        )
+    return windows

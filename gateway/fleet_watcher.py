@@ -1,0 +1,492 @@
+"""The fleet watcher: every vLLM replica's load, scraped into Valkey for the scheduler.
+
+``python -m gateway.fleet_watcher`` keeps the policy snapshot current (the models and their
+replicas), and every ``SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS`` scrapes every replica's
+``/metrics`` at once over one pooled session. Each cycle rewrites ``sy:{sy}:fleet:<model>``
+(replica base URL → ``"<waiting>|<running>|<kv_usage>|<scraped_at_ms>"``) in one MULTI/EXEC,
+so readers never see a half-written model and replicas dropped from the policy disappear.
+
+Failure is never mistaken for idleness: a replica that refuses, hangs past the scrape timeout,
+answers non-200 or serves no vLLM gauges is written as saturated (``UNREACHABLE_WAITING``
+requests waiting, stamped with the time of the attempt); a watcher that stops writing leaves
+timestamps that age, and the scheduler counts a stale entry as saturated too.
+
+After each write, for every model with a replica below the waiting threshold, the watcher
+calls ``on_drained(model)`` (by default ``Scheduler.pump``), so that requests queued while the
+fleet was saturated or its entries stale are placed as soon as there is room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+import valkey
+import valkey.asyncio as avalkey
+from prometheus_client.parser import text_string_to_metric_families
+
+from config.env import ConfigurationError, env_float, env_int, env_str
+from config.valkey_urls import for_valkey_py
+from gateway.errors import GatewayError
+from gateway.policy import Policy
+from gateway.policy_store import PolicyStore
+from gateway.scheduling import Scheduler, fleet_entry
+from gateway.scheduling import keys as scheduling_keys
+
+logger = logging.getLogger("gateway.fleet_watcher")
+
+FLEET_KEY_PREFIX = scheduling_keys.KEY_PREFIX + "fleet:"
+HEARTBEAT_KEY = "sy:{sy}:fleet:watcher:heartbeat"
+# Far above any real queue, so every "waiting < threshold" test fails for a replica we cannot
+# see, whatever threshold a gateway is configured with.
+UNREACHABLE_WAITING = 1_000_000_000
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+_GAUGES = frozenset((WAITING, RUNNING, KV_USAGE))
+_GAUGE_PREFIXES = tuple(_GAUGES)
+
+DrainedCallback = Callable[[str], Awaitable[None]]
+
+
+def fleet_key(model: str) -> str:
+    return scheduling_keys.fleet(model)
+
+
+def now_ms() -> int:
+    # Wall clock, not monotonic: gateways compare it with their own NTP-synchronised now_ms.
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """One replica's load as the watcher last saw it; the value of one fleet hash field."""
+
+    waiting: int
+    running: int
+    kv_usage: float
+    scraped_at_ms: int
+
+    @classmethod
+    def unreachable(cls, at_ms: int) -> ReplicaLoad:
+        return cls(UNREACHABLE_WAITING, 0, 1.0, at_ms)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> ReplicaLoad:
+        """Parse a fleet hash value; raises ValueError on anything malformed."""
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        waiting, running, kv_usage, scraped_at = text.split("|")
+        return cls(int(waiting), int(running), float(kv_usage), int(scraped_at))
+
+    def encode(self) -> str:
+        return fleet_entry(
+            waiting=self.waiting,
+            running=self.running,
+            kv_usage=self.kv_usage,
+            scraped_at_ms=self.scraped_at_ms,
+        )
+
+    @property
+    def reachable(self) -> bool:
+        return self.waiting < UNREACHABLE_WAITING
+
+    def age_ms(self, now: int) -> int:
+        return now - self.scraped_at_ms
+
+    def has_room(self, *, now: int, stale_ms: int, waiting_threshold: int) -> bool:
+        """The scheduler's test (acquire.lua): fresh, and vLLM's own queue below threshold."""
+        return self.age_ms(now) <= stale_ms and self.waiting < waiting_threshold
+
+
+class ScrapeError(Exception):
+    """The replica answered, but not with vLLM's gauges."""
+
+
+def _gauge_lines(text: str) -> str:
+    """Only the three gauges' lines: a real vLLM exposes hundreds of histogram series, and
+    the parser's cost grows with every line it is given."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) > 2 and parts[2] in _GAUGES:
+                kept.append(line)
+        elif line.startswith(_GAUGE_PREFIXES):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in _GAUGES:
+                kept.append(line)
+    kept.append("")
+    return "\n".join(kept)
+
+
+def parse_vllm_metrics(text: str, *, at_ms: int) -> ReplicaLoad:
+    """Read the load from a vLLM ``/metrics`` exposition (Prometheus text format).
+
+    Series of several engines (data parallelism) are summed; the KV-cache usage is the
+    fullest engine's. Raises ScrapeError when the waiting or running gauge is missing.
+    """
+    waiting = running = 0.0
+    kv_usage = 0.0
+    seen: set[str] = set()
+    for family in text_string_to_metric_families(_gauge_lines(text)):
+        for sample in family.samples:
+            if sample.name == WAITING:
+                waiting += sample.value
+            elif sample.name == RUNNING:
+                running += sample.value
+            elif sample.name == KV_USAGE:
+                kv_usage = max(kv_usage, sample.value)
+            else:
+                continue
+            seen.add(sample.name)
+    if WAITING not in seen or RUNNING not in seen:
+        raise ScrapeError("no vLLM request gauges in /metrics")
+    return ReplicaLoad(round(waiting), round(running), kv_usage, at_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherSettings:
+    valkey_url: str
+    scrape_interval_s: float = 0.25
+    scrape_timeout_s: float = 0.5
+    waiting_threshold: int = 3
+    policy_refresh_s: float = 1.0
+    policy_max_staleness_s: float = 60.0
+    stale_ms: int = 900  # the gateways' bound, for the pumps this watcher triggers
+
+    @classmethod
+    def from_env(cls) -> WatcherSettings:
+        return cls(
+            valkey_url=for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0")),
+            scrape_interval_s=env_float(
+                "SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS", 0.25, minimum=0.01
+            ),
+            scrape_timeout_s=env_float(
+                "SWITCHYARD_FLEET_SCRAPE_TIMEOUT_SECONDS", 0.5, minimum=0.01
+            ),
+            waiting_threshold=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
+            policy_refresh_s=env_float(
+                "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS", 1.0, minimum=0.05
+            ),
+            policy_max_staleness_s=env_float(
+                "SWITCHYARD_GATEWAY_POLICY_MAX_STALENESS_SECONDS", 60.0, minimum=1.0
+            ),
+            stale_ms=int(
+                1000 * env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05)
+            ),
+        )
+
+    @property
+    def heartbeat_ttl_ms(self) -> int:
+        # Long enough to survive a few slow cycles, short enough that a dead watcher shows.
+        return max(5_000, int(20 * (self.scrape_interval_s + self.scrape_timeout_s) * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    """What one scrape cycle wrote: model → replica → load, and which models drained."""
+
+    at_ms: int
+    duration_ms: float
+    loads: dict[str, dict[str, ReplicaLoad]] = field(default_factory=dict)
+    drained: frozenset[str] = frozenset()
+    written: bool = True
+
+    @property
+    def unreachable(self) -> list[str]:
+        return sorted(
+            replica
+            for replicas in self.loads.values()
+            for replica, load in replicas.items()
+            if not load.reachable
+        )
+
+
+class FleetWatcher:
+    """Scrapes the fleet into Valkey; ``run()`` loops, ``run_cycle()`` does one pass."""
+
+    def __init__(
+        self,
+        client: avalkey.Valkey,
+        settings: WatcherSettings,
+        *,
+        on_drained: DrainedCallback | None = None,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.policy = PolicyStore(
+            client,
+            refresh_s=settings.policy_refresh_s,
+            max_staleness_s=settings.policy_max_staleness_s,
+        )
+        self._on_drained = on_drained
+        self._session: aiohttp.ClientSession | None = None
+        self._reachable: dict[str, bool] = {}
+        self._written_models: set[str] | None = None  # None: not yet reconciled with Valkey
+        self._identity = f"{socket.gethostname()}:{os.getpid()}"
+        self.last_cycle_at_ms: int | None = None
+        self.last_write_ok: bool | None = None  # None: nothing tried yet
+
+    async def start(self) -> None:
+        timeout = self.settings.scrape_timeout_s
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=30, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=timeout),
+            # Prometheus text, never OpenMetrics: that is the format the parser reads.
+            headers={"Accept": "text/plain;version=0.0.4"},
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- one cycle ------------------------------------------------------------------------
+    async def scrape(self, replica: str) -> ReplicaLoad:
+        """One replica's load; a saturated load when it cannot be read in time."""
+        assert self._session is not None, "start() first"
+        try:
+            async with asyncio.timeout(self.settings.scrape_timeout_s):
+                async with self._session.get(replica.rstrip("/") + "/metrics") as response:
+                    if response.status != 200:
+                        raise ScrapeError(f"/metrics answered {response.status}")
+                    text = (await response.read()).decode(errors="replace")
+            return parse_vllm_metrics(text, at_ms=now_ms())
+        except (aiohttp.ClientError, TimeoutError, ScrapeError, ValueError) as exc:
+            logger.debug("scrape_failed replica=%s error=%r", replica, exc)
+            return ReplicaLoad.unreachable(now_ms())
+
+    async def run_cycle(self) -> CycleReport:
+        started = time.perf_counter()
+        policy = self._policy()
+        if policy is None:
+            return CycleReport(now_ms(), 0.0, written=False)
+        models = {name: model.replicas for name, model in policy.models.items()}
+        replicas = sorted({url for urls in models.values() for url in urls})
+        scraped = dict(
+            zip(replicas, await asyncio.gather(*map(self.scrape, replicas)), strict=True)
+        )
+        loads = {name: {url: scraped[url] for url in urls} for name, urls in models.items()}
+        at = now_ms()
+        written = await self._write(loads, at, policy.version, started)
+        drained = self._drained(loads) if written else frozenset()
+        self._log_transitions(loads)
+        if written:
+            self.last_cycle_at_ms = at
+        report = CycleReport(at, (time.perf_counter() - started) * 1000, loads, drained, written)
+        if drained:
+            await self._notify(drained)
+        return report
+
+    def _policy(self) -> Policy | None:
+        try:
+            return self.policy.current()
+        except GatewayError:
+            return None  # not loaded yet, or too stale to trust: scrape nothing
+
+    async def _write(
+        self, loads: dict[str, dict[str, ReplicaLoad]], at: int, version: int, started: float
+    ) -> bool:
+        try:
+            if self._written_models is None:
+                self._written_models = await self._models_in_valkey()
+            gone = self._written_models - loads.keys()
+            heartbeat = {
+                "at_ms": at,
+                "cycle_ms": round((time.perf_counter() - started) * 1000, 1),
+                "models": len(loads),
+                "replicas": sum(len(r) for r in loads.values()),
+                "unreachable": sum(not x.reachable for r in loads.values() for x in r.values()),
+                "policy_version": version,
+                "watcher": self._identity,
+            }
+            # One MULTI/EXEC (every key shares the {sy} slot): readers see a whole model or the
+            # previous one, and DEL + HSET drops replicas the policy no longer lists.
+            async with self.client.pipeline(transaction=True) as pipe:
+                for model in gone:
+                    pipe.delete(fleet_key(model))
+                for model, replicas in loads.items():
+                    pipe.delete(fleet_key(model))
+                    if replicas:
+                        pipe.hset(
+                            fleet_key(model),
+                            mapping={url: load.encode() for url, load in replicas.items()},
+                        )
+                pipe.set(HEARTBEAT_KEY, orjson.dumps(heartbeat), px=self.settings.heartbeat_ttl_ms)
+                await pipe.execute()
+        except (valkey.ValkeyError, OSError) as exc:
+            if self.last_write_ok is not False:
+                logger.warning("fleet_write_failed error=%s", exc.__class__.__name__)
+            self.last_write_ok = False
+            return False
+        if self.last_write_ok is not True:
+            logger.info("fleet_write_ok models=%s", len(loads))
+        self.last_write_ok = True
+        self._written_models = set(loads)
+        return True
+
+    async def _models_in_valkey(self) -> set[str]:
+        """Models a previous watcher wrote, so that ones removed while we were down go too."""
+        found: set[str] = set()
+        async for key in self.client.scan_iter(match=FLEET_KEY_PREFIX + "*", _type="HASH"):
+            found.add((key.decode() if isinstance(key, bytes) else key)[len(FLEET_KEY_PREFIX) :])
+        return found
+
+    def _drained(self, loads: dict[str, dict[str, ReplicaLoad]]) -> frozenset[str]:
+        """Models with a replica that has room, to pump on every cycle — not only on a change:
+        requests may have queued while an entry was stale (a slow cycle, a watcher restart)
+        and nothing else would pump them until a release. Pumping an empty queue is one
+        cheap script call."""
+        threshold = self.settings.waiting_threshold
+        return frozenset(
+            model
+            for model, replicas in loads.items()
+            if any(load.waiting < threshold for load in replicas.values())
+        )
+
+    async def _notify(self, models: Iterable[str]) -> None:
+        if self._on_drained is None:
+            return
+        callback = self._on_drained
+
+        async def call(model: str) -> None:
+            try:
+                async with asyncio.timeout(max(self.settings.scrape_interval_s, 0.5)):
+                    await callback(model)
+            except Exception as exc:  # a failing hook must not stop the scraping
+                logger.warning("on_drained_failed model=%s error=%r", model, exc)
+
+        await asyncio.gather(*map(call, models))
+
+    def _log_transitions(self, loads: dict[str, dict[str, ReplicaLoad]]) -> None:
+        current = {url: x.reachable for replicas in loads.values() for url, x in replicas.items()}
+        for url, reachable in current.items():
+            if reachable and self._reachable.get(url) is False:
+                logger.info("replica_reachable replica=%s", url)
+            elif not reachable and self._reachable.get(url) is not False:
+                logger.warning("replica_unreachable replica=%s written_as=saturated", url)
+        self._reachable = current
+
+    # --- the loop -------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Scrape every interval until ``stop`` is set; survives Valkey and replica outages."""
+        await self.start()
+        interval = self.settings.scrape_interval_s
+        refresh_at = summary_at = time.monotonic()
+        cycles = 0
+        try:
+            while not stop.is_set():
+                tick = time.monotonic()
+                # The policy is refreshed in this loop, not in a task of its own: one task
+                # means nothing to cancel on shutdown, and a cycle never sees a policy change
+                # half-way.
+                if tick >= refresh_at:
+                    await self._refresh_policy()
+                    refresh_at = tick + self.settings.policy_refresh_s
+                try:
+                    report = await self.run_cycle()
+                    cycles += 1
+                    if report.written and time.monotonic() - summary_at >= 30:
+                        logger.info(
+                            "fleet_cycle models=%s replicas=%s unreachable=%s cycle_ms=%.1f "
+                            "cycles=%s",
+                            len(report.loads),
+                            sum(len(r) for r in report.loads.values()),
+                            len(report.unreachable),
+                            report.duration_ms,
+                            cycles,
+                        )
+                        summary_at = time.monotonic()
+                except Exception:
+                    logger.exception("fleet_cycle_failed")
+                # Fixed cadence: the next cycle starts one interval after this one started.
+                delay = max(0.0, tick + interval - time.monotonic())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+        finally:
+            await self.close()
+
+    async def _refresh_policy(self) -> None:
+        try:
+            await self.policy.refresh()
+        except (valkey.ValkeyError, OSError) as exc:
+            logger.warning("policy_refresh_failed error=%s", exc.__class__.__name__)
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.error("policy_snapshot_invalid error=%r", exc)
+
+
+async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None = None) -> None:
+    """Run a watcher until SIGTERM or SIGINT."""
+    client = avalkey.Valkey.from_url(
+        settings.valkey_url, socket_timeout=2.0, socket_connect_timeout=1.0
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def stopping(signum: signal.Signals) -> None:
+        logger.info("fleet_watcher_stopping signal=%s", signum.name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping, signum)
+    if on_drained is None:
+        # Queued requests wait for capacity; a replica that drains is capacity, so pump
+        # the model's queue onto it at once instead of at the next release.
+        scheduler = Scheduler(
+            client,
+            stale_ms=settings.stale_ms,
+            waiting_threshold=settings.waiting_threshold,
+        )
+
+        async def pump(model: str) -> None:
+            await scheduler.pump(model)
+
+        on_drained = pump
+    watcher = FleetWatcher(client, settings, on_drained=on_drained)
+    logger.info(
+        "fleet_watcher_started interval_s=%s timeout_s=%s waiting_threshold=%s",
+        settings.scrape_interval_s,
+        settings.scrape_timeout_s,
+        settings.waiting_threshold,
+    )
+    try:
+        await watcher.run(stop)
+    finally:
+        await client.aclose()
+        logger.info("fleet_watcher_stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=env_str("SWITCHYARD_LOG_LEVEL", "INFO"),
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    try:
+        settings = WatcherSettings.from_env()
+    except ConfigurationError as exc:
+        print(f"fleet_watcher: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

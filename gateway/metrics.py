@@ -1,0 +1,191 @@
+"""The gateway's own Prometheus metrics: one registry per gateway process.
+
+The request path calls the small methods below; each looks its labelled child up in a plain
+dict first (``labels()`` takes a lock and builds a tuple every call), so recording a whole
+finished request costs a few microseconds — see tests/gateway/test_metrics.py, which measures
+it. ``render()`` gives the exposition bytes and content type for a ``GET /metrics`` handler.
+
+Labels must stay bounded: ``model`` is a public model id from the policy (never the
+client's unchecked string), ``replica`` a base URL from the policy, ``reason`` a kind of
+refusal (``rate_limit``, ``max_concurrent``, ``queue_full``, ``queue_timeout``…), not a
+tenant's limit name.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.exposition import choose_encoder
+
+PREFIX = "switchyard_gateway_"
+
+# Seconds. Upstream latency spans an embedding (milliseconds) to a thinking model (minutes).
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+    120.0, 300.0, 600.0,
+)  # fmt: skip
+TTFT_BUCKETS = (
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
+    40.0, 80.0,
+)  # fmt: skip
+QUEUE_WAIT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0,
+)  # fmt: skip
+
+Decision = Literal["admitted", "queued", "rejected", "shed"]
+
+_Child = TypeVar("_Child", Counter, Gauge, Histogram)
+
+
+class _Children(dict[tuple[str, ...], _Child]):
+    """A metric's labelled children, cached by label values."""
+
+    def __init__(self, metric: _Child) -> None:
+        super().__init__()
+        self.metric: _Child = metric
+
+    def __missing__(self, key: tuple[str, ...]) -> _Child:
+        child: _Child = self.metric.labels(*key)
+        self[key] = child
+        return child
+
+
+class GatewayMetrics:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, process_collectors: bool = True
+    ) -> None:
+        self.registry = r = registry or CollectorRegistry()
+        if process_collectors:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+        self._requests = _Children(
+            Counter(
+                PREFIX + "requests",
+                "Requests answered, by model and HTTP status (499: the client went away).",
+                ["model", "status"],
+                registry=r,
+            )
+        )
+        self._decisions = _Children(
+            Counter(
+                PREFIX + "admission_decisions",
+                "Admission decisions, by decision and reason.",
+                ["decision", "reason"],
+                registry=r,
+            )
+        )
+        self._queue_depth = _Children(
+            Gauge(
+                PREFIX + "queue_depth",
+                "Requests waiting in the model's queue, per priority class.",
+                ["model", "priority_class"],
+                registry=r,
+            )
+        )
+        self._queue_wait = _Children(
+            Histogram(
+                PREFIX + "queue_wait_seconds",
+                "Time a request waited in the queue before a grant or giving up.",
+                ["model", "priority_class"],
+                buckets=QUEUE_WAIT_BUCKETS,
+                registry=r,
+            )
+        )
+        self._upstream = _Children(
+            Histogram(
+                PREFIX + "upstream_latency_seconds",
+                "From sending to the replica to the last byte of its answer.",
+                ["model"],
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self._ttft = _Children(
+            Histogram(
+                PREFIX + "time_to_first_token_seconds",
+                "From sending to the replica to its first streamed byte.",
+                ["model"],
+                buckets=TTFT_BUCKETS,
+                registry=r,
+            )
+        )
+        self._tokens = _Children(
+            Counter(
+                PREFIX + "tokens",
+                "Tokens served, by model and kind (prompt or completion).",
+                ["model", "kind"],
+                registry=r,
+            )
+        )
+        self._in_flight = _Children(
+            Gauge(
+                PREFIX + "in_flight",
+                "Requests this gateway process has in flight to each replica.",
+                ["model", "replica"],
+                registry=r,
+            )
+        )
+        self._dropped = _Children(
+            Counter(
+                PREFIX + "accounting_dropped",
+                "Usage and decision records dropped because Valkey could not take them.",
+                ["stream"],
+                registry=r,
+            )
+        )
+
+    # --- the request path -----------------------------------------------------------------
+    def request_finished(
+        self,
+        *,
+        model: str,
+        status: int,
+        upstream_s: float | None = None,
+        ttft_s: float | None = None,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> None:
+        """One answered request; latencies are None when it never reached a replica."""
+        self._requests[(model, str(status))].inc()
+        if upstream_s is not None:
+            self._upstream[(model,)].observe(upstream_s)
+        if ttft_s is not None:
+            self._ttft[(model,)].observe(ttft_s)
+        if prompt_tokens:
+            self._tokens[(model, "prompt")].inc(prompt_tokens)
+        if completion_tokens:
+            self._tokens[(model, "completion")].inc(completion_tokens)
+
+    def admission_decided(self, decision: Decision, reason: str = "") -> None:
+        self._decisions[(decision, reason)].inc()
+
+    def queue_waited(self, *, model: str, priority_class: str, seconds: float) -> None:
+        self._queue_wait[(model, priority_class)].observe(seconds)
+
+    def set_queue_depth(self, *, model: str, priority_class: str, depth: int) -> None:
+        self._queue_depth[(model, priority_class)].set(depth)
+
+    def in_flight_changed(self, *, model: str, replica: str, delta: int) -> None:
+        """+1 when a request is sent to a replica, −1 when it is released."""
+        self._in_flight[(model, replica)].inc(delta)
+
+    def accounting_dropped(self, stream: str, count: int = 1) -> None:
+        self._dropped[(stream,)].inc(count)
+
+    # --- exposition -----------------------------------------------------------------------
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The exposition for ``GET /metrics``: (body, content type), negotiated on Accept
+        (Prometheus text by default, OpenMetrics when the scraper asks for it)."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type

@@ -1,0 +1,100 @@
+-- acquire.lua: dispatch a request now, or enqueue it in its model pool's priority queue.
+-- (common.lua is prepended at load time.)
+--
+-- KEYS[1]  the key prefix "sy:{sy}:"
+-- ARGV     now_ms, request id, model, rank, class, max queue length, tenant, use case id,
+--          max concurrent (0 = none), cost (tokens), prefix hash (or ""), lease_ms,
+--          gateway id, queue deadline (ms), stale_ms, waiting threshold,
+--          then replica/cap pairs (the pool, recorded in pool:<model> for the other scripts)
+-- Returns  {1, replica}                                granted now
+--          {0, ahead, hold_ms, in_flight}               enqueued; `ahead` waiters before it
+--          {-1, "max_concurrent", in_flight_of_use_case, hold_ms}
+--          {-2, "queue_full", ahead, hold_ms, in_flight}  the class's queue is full
+--          {-3, "cancelled"}                            cancel.lua ran first for this id
+--          hold_ms: the pool's moving average time a grant is held (-1: none yet);
+--          in_flight: the pool's requests in flight; together, for a Retry-After estimate.
+
+local now = tonumber(ARGV[1])
+local id = ARGV[2]
+local model = ARGV[3]
+local rank = tonumber(ARGV[4])
+local class = ARGV[5]
+local max_queue = tonumber(ARGV[6])
+local w = {tenant = ARGV[7], uc = ARGV[8], maxc = tonumber(ARGV[9]), lease = tonumber(ARGV[12]),
+  gw = ARGV[13], prefix = ARGV[11]}
+local cost = tonumber(ARGV[10])
+local deadline = tonumber(ARGV[14])
+
+if redis.call("EXISTS", P .. "gone:" .. id) == 1 then
+  return {-3, "cancelled"}
+end
+
+-- The pool as this gateway knows it from policy; recorded when it changed, so that release,
+-- pump and reap (which are not given it) see the same replicas and caps.
+local pool = {replicas = {}, caps = {}, stale = tonumber(ARGV[15]), threshold = tonumber(ARGV[16])}
+for i = 17, #ARGV, 2 do
+  pool.replicas[#pool.replicas + 1] = ARGV[i]
+  pool.caps[ARGV[i]] = tonumber(ARGV[i + 1])
+end
+table.sort(pool.replicas)
+local signature = {ARGV[15], ARGV[16]}
+for _, replica in ipairs(pool.replicas) do
+  signature[#signature + 1] = replica .. "=" .. pool.caps[replica]
+end
+signature = table.concat(signature, " ")
+if redis.call("HGET", P .. "pool:" .. model, "_sig") ~= signature then
+  local key = P .. "pool:" .. model
+  redis.call("DEL", key)
+  redis.call("HSET", key, "_stale_ms", pool.stale, "_threshold", pool.threshold,
+    "_sig", signature)
+  for _, replica in ipairs(pool.replicas) do
+    redis.call("HSET", key, replica, pool.caps[replica])
+  end
+  redis.call("SADD", P .. "pools", model)
+end
+
+if w.maxc > 0 then
+  local running = tonumber(redis.call("GET", P .. "conc:" .. w.uc) or "0")
+  if running >= w.maxc then
+    return {-1, "max_concurrent", running, hold_ms(model)}
+  end
+end
+
+local q = P .. "q:" .. model
+local bound = "(" .. string.format("%.0f", (rank + 1) * RANK_SCALE)
+local room = load_room(model, pool, now)
+if #redis.call("ZRANGEBYSCORE", q, "-inf", bound, "LIMIT", 0, 1) == 0 then
+  local replica = pick(model, pool, room, w.prefix)
+  if replica then
+    w.start = start_tag(model, w.tenant, cost)
+    grant(model, pool, room, id, replica, w, now)
+    return {1, replica}
+  end
+end
+
+local qlen = P .. "qlen:" .. model .. ":" .. class
+if tonumber(redis.call("GET", qlen) or "0") >= max_queue then
+  return {-2, "queue_full", redis.call("ZCOUNT", q, "-inf", bound), hold_ms(model), room.total}
+end
+w.start = start_tag(model, w.tenant, cost)
+redis.call("ZADD", q, rank * RANK_SCALE + w.start, id)
+redis.call("ZADD", P .. "qdl:" .. model, deadline, id)
+redis.call("HSET", P .. "qi:" .. id, "tenant", w.tenant, "class", class, "rank", rank,
+  "cost", cost, "uc", w.uc, "maxc", w.maxc, "lease", w.lease, "gw", w.gw, "prefix", w.prefix,
+  "deadline", deadline, "start", w.start, "enqueued_at", now)
+redis.call("INCR", qlen)
+
+-- Room and waiters together means nobody pumped since the room appeared (a watcher that
+-- does not pump, waiters skipped for their use case's limit): pump now, this one included.
+if any_room(pool, room) then
+  pump(model, now, pool, room, id)
+  if redis.call("ZSCORE", q, id) == false then
+    local replica = redis.call("HGET", P .. "li:" .. id, "replica")
+    if replica then
+      return {1, replica}
+    end
+  end
+  -- Not in the queue and not granted: its deadline had already passed. Its caller's timer
+  -- will find that out through cancel.lua.
+end
+return {0, redis.call("ZRANK", q, id) or 0, hold_ms(model), room.total}

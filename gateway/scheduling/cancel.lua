@@ -1,0 +1,40 @@
+-- cancel.lua: a waiter gives up (queue timeout, client gone, task cancelled).
+-- (common.lua is prepended at load time.)
+--
+-- KEYS[1]  the key prefix "sy:{sy}:"
+-- ARGV     now_ms, request id, model, keep ("1": if it was granted meanwhile, keep the grant;
+--          "0": release it)
+-- Returns  {1, ahead, hold_ms, in_flight}  it was still waiting; removed
+--          {2, replica}                     it had been granted and keeps it (keep = "1")
+--          {0, replica}                     it had been granted; released (and waiters pumped)
+--          {-1}                             nothing to cancel: dropped past its deadline,
+--                                           already released, or acquire has not run yet (a
+--                                           "gone" marker makes a late acquire refuse)
+
+local now = tonumber(ARGV[1])
+local id = ARGV[2]
+local model = ARGV[3]
+local q = P .. "q:" .. model
+
+local ahead = redis.call("ZRANK", q, id)
+if ahead then
+  remove_waiter(model, id, redis.call("HGET", P .. "qi:" .. id, "class"))
+  local in_flight = 0
+  for _, n in ipairs(redis.call("HVALS", P .. "inflight:" .. model)) do
+    in_flight = in_flight + tonumber(n)
+  end
+  return {1, ahead, hold_ms(model), in_flight}
+end
+
+local replica = redis.call("HGET", P .. "li:" .. id, "replica")
+if replica then
+  if ARGV[4] == "1" then
+    return {2, replica}
+  end
+  release_lease(model, id, now, true)
+  pump(model, now)
+  return {0, replica}
+end
+
+redis.call("SET", P .. "gone:" .. id, 1, "PX", GONE_TTL_MS)
+return {-1}

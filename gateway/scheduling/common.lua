@@ -1,0 +1,253 @@
+-- common.lua: the functions acquire, release, pump, cancel, reap and renew share.
+--
+-- Not a script of its own: scheduler.py prepends it to each of them when it loads them, so
+-- every script is still one atomic call. KEYS[1] is the key prefix "sy:{sy}:" in all of them.
+--
+-- Keys (all KEYS[1] .. name; docs/gateway-scheduling.md has the table):
+--   q:<model>            zset   waiters; score = rank * 2^40 + virtual start
+--   qi:<id>              hash   a waiter (tenant, class, cost, rank, deadline, ...)
+--   qdl:<model>          zset   waiters by deadline, so reap finds the expired ones at once
+--   qlen:<model>:<class> int    waiters per class (the class's max queue length)
+--   vt:<model>           hash   "_clock" = pool virtual time; "t:<tenant>" = virtual finish
+--   inflight:<model>     hash   replica -> granted and not released
+--   lease:<model>        zset   request id -> lease expiry (ms)
+--   li:<id>              hash   a lease (replica, model, tenant, use case, gateway, conc key)
+--   conc:<use-case>      int    the use case's requests in flight (only with a max set)
+--   grant:<id>           string replica granted to a waiter (the waiter's fallback poll)
+--   fleet:<model>        hash   replica -> "waiting|running|kv_usage|scraped_at_ms"
+--   pool:<model>         hash   replica -> cap, "_stale_ms", "_threshold", "_sig" (acquire)
+--   svc:<model>          hash   "hold_ms" = moving average of how long a grant is held
+--   pools                set    models with a pool hash (what reap walks)
+--   aff:<model>:<hash>   string replica that last served this prompt prefix
+--   gone:<id>            string a cancel that found nothing: a late acquire must not enqueue
+
+local P = KEYS[1]
+local RANK_SCALE = 1099511627776  -- 2^40
+local REBASE_AT = 549755813888    -- 2^39: rebase virtual time long before it reaches 2^40
+local AFFINITY_TTL_MS = 600000
+local GONE_TTL_MS = 60000
+local SKIP_LIMIT = 32             -- waiters at their use case's max concurrent to look past
+local CHANNEL = "sy:gw:"
+
+local function pool_from_hash(model)
+  local flat = redis.call("HGETALL", P .. "pool:" .. model)
+  local pool = {replicas = {}, caps = {}, stale = 1000, threshold = 3}
+  for i = 1, #flat, 2 do
+    local field, value = flat[i], tonumber(flat[i + 1])
+    if field == "_stale_ms" then
+      pool.stale = value
+    elseif field == "_threshold" then
+      pool.threshold = value
+    elseif field == "_sig" then
+      -- the signature acquire compares, not a replica
+    else
+      pool.replicas[#pool.replicas + 1] = field
+      pool.caps[field] = value
+    end
+  end
+  -- HGETALL's order is not stable; sorting makes ties break the same way in every call.
+  table.sort(pool.replicas)
+  return pool
+end
+
+-- Which replicas have room: a fresh scrape (stale or missing counts as saturated, never
+-- idle), vLLM's own queue below the threshold, and fewer in flight than the cap.
+local function load_room(model, pool, now)
+  local room = {inflight = {}, healthy = {}, total = 0}
+  if #pool.replicas == 0 then
+    return room
+  end
+  local metrics = redis.call("HMGET", P .. "fleet:" .. model, unpack(pool.replicas))
+  local counts = redis.call("HMGET", P .. "inflight:" .. model, unpack(pool.replicas))
+  for i, replica in ipairs(pool.replicas) do
+    local n = tonumber(counts[i] or "0")
+    room.inflight[replica] = n
+    room.total = room.total + n
+    local healthy = false
+    if metrics[i] then
+      local waiting, _, _, at = string.match(metrics[i], "^([^|]*)|([^|]*)|([^|]*)|([^|]*)$")
+      waiting, at = tonumber(waiting), tonumber(at)
+      healthy = waiting ~= nil and at ~= nil and now - at <= pool.stale
+        and waiting < pool.threshold
+    end
+    room.healthy[replica] = healthy
+  end
+  return room
+end
+
+local function has_room(pool, room, replica)
+  return room.healthy[replica] and room.inflight[replica] < pool.caps[replica]
+end
+
+local function any_room(pool, room)
+  for _, replica in ipairs(pool.replicas) do
+    if has_room(pool, room, replica) then
+      return true
+    end
+  end
+  return false
+end
+
+-- The replica that holds this prompt prefix if it has room, else the least in flight.
+local function pick(model, pool, room, prefix_hash)
+  if prefix_hash ~= "" then
+    local replica = redis.call("GET", P .. "aff:" .. model .. ":" .. prefix_hash)
+    if replica and pool.caps[replica] and has_room(pool, room, replica) then
+      return replica
+    end
+  end
+  local best = nil
+  for _, replica in ipairs(pool.replicas) do
+    if has_room(pool, room, replica)
+      and (best == nil or room.inflight[replica] < room.inflight[best]) then
+      best = replica
+    end
+  end
+  return best
+end
+
+local function hold_ms(model)
+  return tonumber(redis.call("HGET", P .. "svc:" .. model, "hold_ms") or "-1")
+end
+
+-- The pool's virtual time V, read once per call and written only when it moves.
+local clocks = {}
+local function advance_clock(model, start)
+  local clock = clocks[model]
+  if clock == nil then
+    clock = tonumber(redis.call("HGET", P .. "vt:" .. model, "_clock") or "0")
+  end
+  if start > clock then
+    redis.call("HSET", P .. "vt:" .. model, "_clock", start)
+    clock = start
+  end
+  clocks[model] = clock
+end
+
+-- Start-time fair queueing: S = max(V, F_tenant); F_tenant = S + cost.
+local function start_tag(model, tenant, cost)
+  local vt = P .. "vt:" .. model
+  local got = redis.call("HMGET", vt, "_clock", "t:" .. tenant)
+  local clock = tonumber(got[1] or "0")
+  if clock > REBASE_AT and redis.call("ZCARD", P .. "q:" .. model) == 0 then
+    -- No waiter holds a score, so every tag can move down by V at once.
+    local flat = redis.call("HGETALL", vt)
+    for i = 1, #flat, 2 do
+      redis.call("HSET", vt, flat[i], math.max(0, tonumber(flat[i + 1]) - clock))
+    end
+    got = redis.call("HMGET", vt, "_clock", "t:" .. tenant)
+    clock = tonumber(got[1] or "0")
+  end
+  local start = math.max(clock, tonumber(got[2] or "0"))
+  redis.call("HSET", vt, "t:" .. tenant, start + cost)
+  clocks[model] = clock
+  return start
+end
+
+local function grant(model, pool, room, id, replica, w, now)
+  redis.call("HINCRBY", P .. "inflight:" .. model, replica, 1)
+  room.inflight[replica] = room.inflight[replica] + 1
+  room.total = room.total + 1
+  local conc_key = ""
+  if w.maxc > 0 then
+    conc_key = P .. "conc:" .. w.uc
+    redis.call("INCR", conc_key)
+  end
+  redis.call("ZADD", P .. "lease:" .. model, now + w.lease, id)
+  redis.call("HSET", P .. "li:" .. id, "replica", replica, "model", model, "tenant", w.tenant,
+    "uc", w.uc, "gw", w.gw, "ck", conc_key, "granted_at", now)
+  if w.prefix ~= "" then
+    redis.call("SET", P .. "aff:" .. model .. ":" .. w.prefix, replica, "PX", AFFINITY_TTL_MS)
+  end
+  advance_clock(model, w.start)
+end
+
+local function remove_waiter(model, id, class)
+  redis.call("ZREM", P .. "q:" .. model, id)
+  redis.call("ZREM", P .. "qdl:" .. model, id)
+  redis.call("DEL", P .. "qi:" .. id)
+  if class then
+    local qlen = P .. "qlen:" .. model .. ":" .. class
+    if redis.call("DECR", qlen) <= 0 then
+      redis.call("DEL", qlen)
+    end
+  end
+end
+
+-- Gives a lease's capacity back. Returns its replica, or nil when there was none (already
+-- released or reaped: releasing is idempotent).
+local function release_lease(model, id, now, record_hold)
+  local li = P .. "li:" .. id
+  local f = redis.call("HMGET", li, "replica", "model", "ck", "granted_at")
+  redis.call("DEL", li, P .. "grant:" .. id)
+  if not f[1] then
+    redis.call("ZREM", P .. "lease:" .. model, id)
+    return nil
+  end
+  model = f[2]
+  redis.call("ZREM", P .. "lease:" .. model, id)
+  if redis.call("HINCRBY", P .. "inflight:" .. model, f[1], -1) <= 0 then
+    redis.call("HDEL", P .. "inflight:" .. model, f[1])
+  end
+  if f[3] ~= "" and redis.call("DECR", f[3]) <= 0 then
+    redis.call("DEL", f[3])
+  end
+  if record_hold then
+    local held = math.max(0, now - tonumber(f[4]))
+    local svc = P .. "svc:" .. model
+    local average = tonumber(redis.call("HGET", svc, "hold_ms") or "-1")
+    if average >= 0 then
+      held = 0.8 * average + 0.2 * held
+    end
+    redis.call("HSET", svc, "hold_ms", held)
+  end
+  return f[1]
+end
+
+-- Grants queue heads while a replica has room: the dispatch loop of release, pump, reap
+-- and acquire. Expired waiters met on the way are dropped; a waiter whose use case is at its
+-- max concurrent is looked past (up to SKIP_LIMIT of them) and keeps its place. quiet_id is
+-- the caller's own request (acquire): it learns of its grant from the return value.
+local function pump(model, now, pool, room, quiet_id)
+  local q = P .. "q:" .. model
+  if redis.call("EXISTS", q) == 0 then
+    return 0  -- the common case after a release: nobody waits, nothing to load
+  end
+  pool = pool or pool_from_hash(model)
+  room = room or load_room(model, pool, now)
+  local granted = 0
+  local skipped = 0
+  while any_room(pool, room) do
+    local head = redis.call("ZRANGE", q, skipped, skipped)
+    if #head == 0 then
+      break
+    end
+    local id = head[1]
+    local f = redis.call("HMGET", P .. "qi:" .. id, "tenant", "class", "deadline", "uc", "maxc",
+      "lease", "gw", "prefix", "start")
+    if not f[2] then
+      remove_waiter(model, id, nil)
+    elseif tonumber(f[3]) <= now then
+      remove_waiter(model, id, f[2])
+    else
+      local w = {tenant = f[1], uc = f[4], maxc = tonumber(f[5]), lease = tonumber(f[6]),
+        gw = f[7], prefix = f[8], start = tonumber(f[9])}
+      if w.maxc > 0 and tonumber(redis.call("GET", P .. "conc:" .. w.uc) or "0") >= w.maxc then
+        skipped = skipped + 1
+        if skipped >= SKIP_LIMIT then
+          break
+        end
+      else
+        local replica = pick(model, pool, room, w.prefix)
+        remove_waiter(model, id, f[2])
+        grant(model, pool, room, id, replica, w, now)
+        if id ~= quiet_id then
+          redis.call("SET", P .. "grant:" .. id, replica, "PX", w.lease)
+          redis.call("PUBLISH", CHANNEL .. w.gw, id .. " " .. replica)
+        end
+        granted = granted + 1
+      end
+    end
+  end
+  return granted
+end

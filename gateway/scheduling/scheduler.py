@@ -1,0 +1,335 @@
+"""The global priority queue, fair sharing, capacity and leases: Python around six Lua scripts.
+
+Every decision is one atomic script on the shared Valkey, so any number of gateway processes
+enforce one capacity; this class only waits. One ``Scheduler`` per gateway process:
+
+- ``acquire`` runs acquire.lua: granted now, or enqueued; an enqueued request waits for the
+  message its grant publishes on ``sy:gw:<gateway_id>`` (a listener task resolves a local
+  future), polling ``grant:<id>`` every ``poll_interval_s`` in case a message was lost.
+- ``release`` runs release.lua, which also grants the next waiters (on whichever gateway).
+- A reaper task runs reap.lua every ``reap_interval_s``: leases of a gateway that died are
+  released once expired, and waiters past their deadline are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import valkey
+import valkey.asyncio as avalkey
+from valkey.asyncio.client import PubSub
+
+from gateway.scheduling import keys
+from gateway.scheduling.errors import MaxConcurrent, QueueFull, QueueTimeout, retry_after_s
+from gateway.scheduling.tickets import Grant, Ticket
+
+logger = logging.getLogger("gateway.scheduling")
+
+_HERE = Path(__file__).resolve().parent
+SCRIPT_NAMES = ("acquire", "release", "pump", "cancel", "reap", "renew")
+
+
+def lua_source(name: str) -> str:
+    """A script as it is loaded: common.lua, then the script itself (one atomic call)."""
+    common = (_HERE / "common.lua").read_text()
+    return f"{common}\n{(_HERE / f'{name}.lua').read_text()}"
+
+
+def wall_ms() -> int:
+    """Milliseconds of the wall clock: scripts compare times written by other gateways."""
+    return int(time.time() * 1000)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Scheduler:
+    """Admission to a model pool's capacity, shared by every gateway process through Valkey."""
+
+    def __init__(
+        self,
+        client: avalkey.Valkey,
+        *,
+        gateway_id: str | None = None,
+        lease_ms: int = 30_000,
+        stale_ms: int = 1_000,
+        waiting_threshold: int = 3,
+        poll_interval_s: float = 0.2,
+        reap_interval_s: float = 1.0,
+        clock: Callable[[], int] = wall_ms,
+        prefix: str = keys.KEY_PREFIX,
+    ) -> None:
+        self.gateway_id = gateway_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        )
+        self.lease_ms = lease_ms
+        self.stale_ms = stale_ms
+        self.waiting_threshold = waiting_threshold
+        self._client = client
+        self._poll_s = poll_interval_s
+        self._reap_s = reap_interval_s
+        self._clock = clock
+        self._prefix = prefix
+        self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+        self._waiting: dict[str, asyncio.Future[str]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._pubsub: PubSub | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Subscribe to this gateway's channel and start the reaper. Idempotent."""
+        if self._pubsub is not None:
+            return
+        self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.subscribe(keys.gateway_channel(self.gateway_id))
+        self._tasks = [
+            asyncio.create_task(self._listen(), name=f"scheduler-listen-{self.gateway_id}"),
+            asyncio.create_task(self._reap_forever(), name=f"scheduler-reap-{self.gateway_id}"),
+        ]
+
+    async def close(self) -> None:
+        """Stop listening and reaping; waits for releases still on their way to Valkey."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._pubsub is not None:
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in valkey-py
+            self._pubsub = None
+
+    # -- the request path ---------------------------------------------------------------
+
+    async def acquire(self, ticket: Ticket) -> Grant:
+        """Capacity on a replica of ``ticket.model``: at once, or after waiting in its queue.
+
+        Raises MaxConcurrent, QueueFull or QueueTimeout (each with ``retry_after_s``). If the
+        awaiting task is cancelled (the client went away), the request leaves the queue, and
+        a grant that raced in is released, before CancelledError propagates.
+        """
+        if self._pubsub is None:
+            raise RuntimeError("Scheduler.start() must run before acquire()")
+        lease_id = f"{ticket.request_id}.{secrets.token_hex(6)}"
+        granted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiting[lease_id] = granted
+        started = time.monotonic()
+        try:
+            now = self._clock()
+            args: list[str | int | float] = [
+                now,
+                lease_id,
+                ticket.model,
+                ticket.rank,
+                ticket.priority_class,
+                ticket.max_queue_length,
+                ticket.tenant,
+                ticket.use_case_id,
+                ticket.max_concurrent,
+                ticket.cost,
+                ticket.prefix_hash,
+                self.lease_ms,
+                self.gateway_id,
+                now + max(1, round(ticket.queue_timeout_s * 1000)),
+                self.stale_ms,
+                self.waiting_threshold,
+            ]
+            for url, cap in ticket.replicas:
+                args += [url, cap]
+            reply = await self._scripts["acquire"](keys=[self._prefix], args=args)
+            status = int(reply[0])
+            if status == 1:
+                return self._grant(ticket, lease_id, _text(reply[1]), started)
+            if status == -1:
+                running, hold = int(reply[2]), int(reply[3])
+                raise MaxConcurrent(
+                    f"Use case {ticket.use_case_id} already has {running} requests in flight, "
+                    f"its maximum.",
+                    retry_after_s=retry_after_s(
+                        ahead=0, hold_ms=hold, in_flight=running, fallback_s=1.0
+                    ),
+                )
+            if status == -2:
+                raise QueueFull(
+                    f"The {ticket.priority_class} queue for {ticket.model} is full.",
+                    retry_after_s=retry_after_s(
+                        ahead=int(reply[2]),
+                        hold_ms=int(reply[3]),
+                        in_flight=int(reply[4]),
+                        fallback_s=ticket.queue_timeout_s,
+                    ),
+                )
+            if status != 0:
+                raise RuntimeError(f"acquire.lua answered {reply!r} for a fresh lease id")
+            replica = await self._wait(ticket, lease_id, granted, started)
+            return self._grant(ticket, lease_id, replica, started)
+        except (MaxConcurrent, QueueFull, QueueTimeout):
+            raise
+        except BaseException:
+            # Cancelled (or Valkey failed) at any point: whatever acquire.lua did — enqueue or
+            # grant, even one that raced in just now — is undone before the error goes on.
+            await self._shielded(self._abandon(ticket.model, lease_id))
+            raise
+        finally:
+            self._waiting.pop(lease_id, None)
+
+    async def release(self, grant: Grant) -> int:
+        """Give the capacity back; returns how many waiters that granted. Idempotent."""
+        reply = await self._scripts["release"](
+            keys=[self._prefix], args=[self._clock(), grant.lease_id, grant.model]
+        )
+        return int(reply[1])
+
+    async def renew(self, grant: Grant) -> bool:
+        """Extend the lease by lease_ms; False when it was already reaped or released."""
+        renewed = await self._scripts["renew"](
+            keys=[self._prefix], args=[self._clock(), grant.lease_id, grant.model, grant.lease_ms]
+        )
+        return int(renewed) == 1
+
+    @contextlib.asynccontextmanager
+    async def hold(self, ticket: Ticket) -> AsyncIterator[Grant]:
+        """``async with scheduler.hold(ticket) as grant:`` acquire, keep alive, always release."""
+        grant = await self.acquire(ticket)
+        async with self.keep_alive(grant):
+            yield grant
+
+    @contextlib.asynccontextmanager
+    async def keep_alive(self, grant: Grant) -> AsyncIterator[Grant]:
+        """Renew ``grant`` every lease_ms / 3 while the block runs; release it on any exit."""
+        renewer = asyncio.create_task(self._renew_forever(grant))
+        try:
+            yield grant
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            try:
+                await self._shielded(self.release(grant))
+            except (valkey.ValkeyError, OSError) as exc:
+                # Not worth masking the request's own outcome: the lease expires and a
+                # reaper returns the capacity within about lease_ms.
+                logger.warning("scheduler_release_failed lease=%s error=%r", grant.lease_id, exc)
+
+    # -- for the fleet watcher and operators ---------------------------------------------
+
+    async def pump(self, model: str) -> int:
+        """Grant waiters of ``model`` while a replica has room; returns how many."""
+        return int(await self._scripts["pump"](keys=[self._prefix], args=[self._clock(), model]))
+
+    async def reap(self) -> tuple[int, int, int]:
+        """One reaper pass: (leases released, waiters dropped, waiters granted)."""
+        reply = await self._scripts["reap"](keys=[self._prefix], args=[self._clock()])
+        return int(reply[0]), int(reply[1]), int(reply[2])
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _grant(self, ticket: Ticket, lease_id: str, replica: str, started: float) -> Grant:
+        return Grant(
+            request_id=ticket.request_id,
+            lease_id=lease_id,
+            model=ticket.model,
+            replica=replica,
+            lease_ms=self.lease_ms,
+            vllm_priority=ticket.vllm_priority,
+            queued_ms=(time.monotonic() - started) * 1000,
+        )
+
+    async def _wait(
+        self, ticket: Ticket, lease_id: str, granted: asyncio.Future[str], started: float
+    ) -> str:
+        deadline = started + ticket.queue_timeout_s
+        grant_key = keys.grant(lease_id, prefix=self._prefix)
+        while (remaining := deadline - time.monotonic()) > 0:
+            await asyncio.wait((granted,), timeout=min(self._poll_s, remaining))
+            if granted.done():
+                return granted.result()
+            # The message may have been lost (listener reconnecting): the key says it too.
+            replica = await self._client.get(grant_key)
+            if replica is not None:
+                return _text(replica)
+        reply = await self._scripts["cancel"](
+            keys=[self._prefix], args=[self._clock(), lease_id, ticket.model, "1"]
+        )
+        if int(reply[0]) == 2:  # granted at the last moment: better served than refused
+            return _text(reply[1])
+        ahead, hold, in_flight = (
+            (int(reply[1]), int(reply[2]), int(reply[3])) if int(reply[0]) == 1 else (0, -1, 0)
+        )
+        raise QueueTimeout(
+            f"No capacity for {ticket.model} within the {ticket.priority_class} queue timeout "
+            f"of {ticket.queue_timeout_s:g} s.",
+            retry_after_s=retry_after_s(
+                ahead=ahead, hold_ms=hold, in_flight=in_flight, fallback_s=ticket.queue_timeout_s
+            ),
+        )
+
+    async def _abandon(self, model: str, lease_id: str) -> None:
+        try:
+            await self._scripts["cancel"](
+                keys=[self._prefix], args=[self._clock(), lease_id, model, "0"]
+            )
+        except (valkey.ValkeyError, OSError) as exc:
+            # The lease expires and the waiter's deadline passes: the reaper cleans up.
+            logger.warning("scheduler_cancel_failed lease=%s error=%r", lease_id, exc)
+
+    async def _shielded(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` to completion even if the calling task is cancelled meanwhile."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        await asyncio.shield(task)
+
+    async def _renew_forever(self, grant: Grant) -> None:
+        interval = grant.lease_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if not await self.renew(grant):
+                    logger.warning("scheduler_lease_lost lease=%s", grant.lease_id)
+                    return
+            except (valkey.ValkeyError, OSError) as exc:
+                logger.warning("scheduler_renew_failed lease=%s error=%r", grant.lease_id, exc)
+
+    async def _listen(self) -> None:
+        pubsub = self._pubsub
+        assert pubsub is not None
+        while True:
+            try:
+                message = await pubsub.get_message(timeout=1.0)
+            except (valkey.ValkeyError, OSError) as exc:
+                # Grants keep arriving through the fallback poll meanwhile.
+                logger.warning("scheduler_listener_error error=%r", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if message is None or message.get("type") != "message":
+                continue
+            lease_id, _, replica = _text(message["data"]).partition(" ")
+            future = self._waiting.get(lease_id)
+            if future is not None and not future.done():
+                future.set_result(replica)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._reap_s)
+            try:
+                released, dropped, _ = await self.reap()
+            except (valkey.ValkeyError, OSError) as exc:
+                logger.warning("scheduler_reap_failed error=%r", exc)
+                continue
+            if released or dropped:
+                logger.info("scheduler_reaped leases=%s waiters=%s", released, dropped)

@@ -1,0 +1,126 @@
+"""What a request asks the scheduler for (Ticket) and what it gets (Grant)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from gateway.policy import Model, Policy, Principal, PriorityClass
+from gateway.scheduling.keys import MAX_RANK
+
+# A principal whose (environment, namespace) cell has no class in the priority matrix waits
+# behind every configured class: it gets this name, the next rank after the last one, and
+# the model defaults of PriorityClass for the rest.
+UNCLASSIFIED = "unclassified"
+DEFAULT_QUEUE_TIMEOUT_S = 30.0
+DEFAULT_MAX_QUEUE_LENGTH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One request's claim on a model pool.
+
+    ``request_id`` is for logs and traces; it need not be unique (clients may reuse their
+    ``X-Request-Id``): the scheduler makes its own unique id for each acquire.
+    ``replicas`` are (base URL, max in flight) pairs; ``rank`` 0 is served first;
+    ``max_concurrent`` 0 means the use case has no such limit; ``cost`` is the token estimate
+    (what fair sharing charges the tenant); ``prefix_hash`` (or "") keys prefix-cache affinity.
+    """
+
+    request_id: str
+    model: str
+    replicas: tuple[tuple[str, int], ...]
+    rank: int
+    priority_class: str
+    queue_timeout_s: float
+    max_queue_length: int
+    tenant: str
+    use_case_id: int | str
+    max_concurrent: int = 0
+    cost: int = 1
+    prefix_hash: str = ""
+    vllm_priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank <= MAX_RANK:
+            raise ValueError(f"rank must be within 0..{MAX_RANK}, not {self.rank}")
+        if self.queue_timeout_s <= 0:
+            raise ValueError("queue_timeout_s must be positive")
+        if self.cost < 1:
+            raise ValueError("cost must be at least 1 token")
+        if not self.request_id or any(c.isspace() for c in self.request_id):
+            raise ValueError("request_id must be non-empty and without whitespace")
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Capacity on one replica, held until ``Scheduler.release``.
+
+    ``lease_id`` is the scheduler's own unique id for this acquire (what release and renew
+    need); ``vllm_priority`` goes upstream as the request's ``priority``.
+    """
+
+    request_id: str
+    lease_id: str
+    model: str
+    replica: str
+    lease_ms: int
+    vllm_priority: int
+    queued_ms: float
+
+
+def priority_class_for(policy: Policy, principal: Principal) -> PriorityClass:
+    """The principal's class from the snapshot, or UNCLASSIFIED behind all the others."""
+    if principal.priority_class is not None:
+        found = policy.priority_classes.get(principal.priority_class)
+        if found is not None:
+            return found
+    classes = policy.priority_classes.values()
+    return PriorityClass(
+        name=UNCLASSIFIED,
+        rank=min(MAX_RANK, max((c.rank for c in classes), default=-1) + 1),
+        vllm_priority=max((c.vllm_priority for c in classes), default=-1) + 1,
+        queue_timeout_s=DEFAULT_QUEUE_TIMEOUT_S,
+        max_queue_length=DEFAULT_MAX_QUEUE_LENGTH,
+    )
+
+
+def ticket_for(
+    policy: Policy,
+    principal: Principal,
+    model: Model,
+    *,
+    request_id: str,
+    cost: int,
+    prefix_hash: str = "",
+) -> Ticket:
+    """Everything the scheduler needs about a request, from the policy snapshot."""
+    service_class = priority_class_for(policy, principal)
+    use_case = policy.use_cases.get(principal.use_case_id)
+    max_concurrent = (use_case.limits.max_concurrent or 0) if use_case is not None else 0
+    return Ticket(
+        request_id=request_id,
+        model=model.public_id,
+        replicas=tuple((url, model.max_in_flight_per_replica) for url in model.replicas),
+        rank=min(service_class.rank, MAX_RANK),
+        priority_class=service_class.name,
+        queue_timeout_s=max(service_class.queue_timeout_s, 0.001),
+        max_queue_length=service_class.max_queue_length,
+        tenant=principal.tenant,
+        use_case_id=principal.use_case_id,
+        max_concurrent=max_concurrent,
+        cost=max(cost, 1),
+        prefix_hash=prefix_hash,
+        vllm_priority=service_class.vllm_priority,
+    )
+
+
+def prefix_hash(text: str, *, chars: int = 2048) -> str:
+    """A short key for a prompt's opening, for prefix-cache affinity ("" for no prompt).
+
+    Hash what replicas cache first: for chat, the system message and the start of the
+    first user message, concatenated.
+    """
+    if not text:
+        return ""
+    return hashlib.blake2b(text[:chars].encode(), digest_size=8).hexdigest()

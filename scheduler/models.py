@@ -1,0 +1,87 @@
+"""Usage roll-ups and the admission audit, persisted from the gateway's Valkey streams.
+
+Rows carry the use case's id and the tenant's slug as the gateway saw them, not foreign
+keys: usage history must outlive a use case being deleted, and the persister must never
+refuse a batch because governance changed meanwhile.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class UsageMinute(models.Model):
+    """One use case's traffic to one model in one minute (UTC), summed from ``sy:usage``."""
+
+    use_case_id = models.BigIntegerField()
+    tenant = models.CharField(max_length=100)
+    model = models.CharField(max_length=200)
+    minute = models.DateTimeField(help_text="Start of the minute, UTC.")
+    requests = models.BigIntegerField(default=0)
+    errors = models.BigIntegerField(default=0, help_text="Requests answered with status ≥ 400.")
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    queued_ms = models.BigIntegerField(default=0, help_text="Sum of time spent queued.")
+    total_ms = models.BigIntegerField(default=0, help_text="Sum of time in the gateway.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["use_case_id", "tenant", "model", "minute"], name="usage_minute_key"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "minute"], name="usage_minute_tenant"),
+            models.Index(fields=["minute"], name="usage_minute_minute"),
+        ]
+        ordering = ["-minute", "tenant", "model"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.use_case_id} {self.model} @ {self.minute:%Y-%m-%d %H:%M}"
+
+
+class AdmissionDecision(models.Model):
+    """A refusal or a queue wait: what an auditor reads to answer "why was this refused"."""
+
+    class Kind(models.TextChoices):
+        ADMITTED = "admitted"
+        QUEUED = "queued"
+        REJECTED = "rejected"
+        SHED = "shed"
+
+    stream_id = models.CharField(
+        max_length=40, unique=True, help_text="The sy:decisions entry it came from."
+    )
+    request_id = models.CharField(max_length=128, db_index=True)
+    occurred_at = models.DateTimeField(db_index=True)
+    decision = models.CharField(max_length=16, choices=Kind.choices)
+    reason = models.CharField(max_length=200, blank=True, help_text="The limit or cause.")
+    tenant = models.CharField(max_length=100)
+    use_case_id = models.BigIntegerField()
+    key_id = models.BigIntegerField(null=True, blank=True)
+    model = models.CharField(max_length=200)
+    queued_ms = models.BigIntegerField(default=0)
+    policy_version = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "occurred_at"], name="decision_tenant_time")]
+        ordering = ["-occurred_at"]
+
+    def __str__(self) -> str:
+        return f"{self.decision} {self.request_id} ({self.reason})"
+
+
+class StreamCursor(models.Model):
+    """The last stream entry whose effects are committed, per stream.
+
+    Updated in the same transaction as the roll-ups, so an entry delivered again (a worker
+    that died between COMMIT and XACK) is recognised by its id and not counted twice.
+    Its row lock also serialises persisters, which is what makes the cursor sound.
+    """
+
+    stream = models.CharField(max_length=100, primary_key=True)
+    last_id = models.CharField(max_length=40, default="0-0")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.stream} @ {self.last_id}"

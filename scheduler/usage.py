@@ -1,0 +1,299 @@
+"""Persist the gateway's accounting streams: usage roll-ups and the admission audit.
+
+Exactly-once effects over at-least-once delivery, in three parts:
+
+1. **One persister at a time per stream.** A run takes the stream's ``StreamCursor`` row
+   lock (``SELECT … FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` serialises writers anyway)
+   and keeps it until it commits. A concurrent run finds the row locked and leaves.
+2. **Orphans first.** Holding the lock, everything pending in the consumer group belongs to
+   a run that has ended — it died before COMMIT, or between COMMIT and XACK. The run claims
+   all of it (``XAUTOCLAIM`` with no idle threshold: waiting for an idle time would let new
+   entries be committed past the orphans) before it reads new entries (``XREADGROUP >``),
+   so entries are committed in id order.
+3. **A committed-id cursor.** The cursor advances to the batch's last id in the same
+   transaction as the upserts; an entry at or below it was already counted (its run died
+   before XACK) and is only acknowledged.
+
+Roll-ups are one ``INSERT … ON CONFLICT DO UPDATE SET n = n + excluded.n`` per (use case,
+tenant, model, minute) — the same SQL on SQLite and PostgreSQL. Malformed entries are
+logged, acknowledged and skipped, so one bad record cannot wedge the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any, cast
+
+import valkey
+from django.conf import settings
+from django.db import connection, models, transaction
+
+from gateway.accounting import DECISIONS_STREAM, USAGE_STREAM
+from scheduler.models import AdmissionDecision, StreamCursor, UsageMinute
+
+logger = logging.getLogger(__name__)
+
+GROUP = "switchyard-persister"
+BATCH_SIZE = 1000
+_MAX_BIGINT = 2**63 - 1
+
+StreamEntry = tuple[bytes, dict[bytes, bytes]]
+
+
+@dataclass
+class PersistReport:
+    """What one ``usage_persist`` run did, per stream and in total."""
+
+    usage: int = 0  # usage entries rolled up
+    decisions: int = 0  # decisions stored
+    replayed: int = 0  # entries already committed, only acknowledged
+    claimed: int = 0  # entries taken over from a consumer that died
+    malformed: int = 0
+    skipped_locked: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "usage": self.usage,
+            "decisions": self.decisions,
+            "replayed": self.replayed,
+            "claimed": self.claimed,
+            "malformed": self.malformed,
+            "skipped_locked": self.skipped_locked,
+        }
+
+
+@cache
+def _client_for(url: str) -> valkey.Valkey:
+    return valkey.Valkey.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+
+
+def default_consumer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def usage_persist(
+    *,
+    client: valkey.Valkey | None = None,
+    consumer: str | None = None,
+    batch_size: int = BATCH_SIZE,
+    max_batches: int = 20,
+) -> PersistReport:
+    """Drain both streams into the database, up to ``max_batches`` batches each."""
+    client = client or _client_for(settings.VALKEY_URL)
+    consumer = consumer or default_consumer()
+    report = PersistReport()
+    for stream in (USAGE_STREAM, DECISIONS_STREAM):
+        _ensure_group(client, stream)
+        for _ in range(max_batches):
+            taken = _persist_batch(client, stream, consumer, batch_size, report)
+            if taken is None:
+                report.skipped_locked.append(stream)
+                break
+            if taken < batch_size:
+                break
+    return report
+
+
+def _ensure_group(client: valkey.Valkey, stream: str) -> None:
+    try:
+        # From the stream's start: entries written before the first run count too.
+        client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    except valkey.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def _persist_batch(
+    client: valkey.Valkey, stream: str, consumer: str, batch_size: int, report: PersistReport
+) -> int | None:
+    """One batch in one transaction; the number of entries taken, None if another run holds
+    the stream."""
+    StreamCursor.objects.get_or_create(stream=stream)
+    with transaction.atomic():
+        cursor = StreamCursor.objects.select_for_update(skip_locked=True).filter(stream=stream)
+        locked = cursor.first()
+        if locked is None:
+            return None
+        claimed = _claim_orphans(client, stream, consumer, batch_size)
+        entries = list(claimed)
+        if len(entries) < batch_size:
+            entries += _read_new(client, stream, consumer, batch_size - len(entries))
+        if not entries:
+            return 0
+        last = _parse_id(locked.last_id)
+        fresh = [entry for entry in entries if _parse_id(entry[0]) > last]
+        report.claimed += len(claimed)
+        report.replayed += len(entries) - len(fresh)
+        if fresh:
+            if stream == USAGE_STREAM:
+                report.usage += _roll_up(fresh, report)
+            else:
+                report.decisions += _store_decisions(fresh, report)
+            locked.last_id = max(fresh, key=lambda e: _parse_id(e[0]))[0].decode()
+            locked.save(update_fields=["last_id", "updated_at"])
+    # After COMMIT: dying before this line only makes the next run see them as replays.
+    client.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
+    return len(entries)
+
+
+def _claim_orphans(
+    client: valkey.Valkey, stream: str, consumer: str, count: int
+) -> list[StreamEntry]:
+    claimed: list[StreamEntry] = []
+    start: bytes | str = "0-0"
+    while len(claimed) < count:
+        reply = cast(
+            list[Any],
+            client.xautoclaim(
+                stream, GROUP, consumer, min_idle_time=0, start_id=start, count=count - len(claimed)
+            ),
+        )
+        start, entries = reply[0], reply[1]
+        # Entries trimmed away (MAXLEN) come back as None payloads: nothing to persist.
+        claimed += [(entry_id, fields) for entry_id, fields in entries if fields is not None]
+        if start in (b"0-0", "0-0"):
+            break
+    return claimed
+
+
+def _read_new(client: valkey.Valkey, stream: str, consumer: str, count: int) -> list[StreamEntry]:
+    reply = cast(list[Any], client.xreadgroup(GROUP, consumer, {stream: ">"}, count=count))
+    if not reply:
+        return []
+    return [(entry_id, fields) for entry_id, fields in reply[0][1]]
+
+
+def _parse_id(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _text(fields: Mapping[bytes, bytes], name: str, max_length: int) -> str:
+    return fields.get(name.encode(), b"").decode(errors="replace")[:max_length]
+
+
+def _number(fields: Mapping[bytes, bytes], name: str, *, optional: bool = False) -> int | None:
+    raw = fields.get(name.encode(), b"")
+    if raw == b"" and optional:
+        return None
+    return max(-_MAX_BIGINT, min(_MAX_BIGINT, round(float(raw))))
+
+
+def _int(fields: Mapping[bytes, bytes], name: str) -> int:
+    value = _number(fields, name)
+    assert value is not None
+    return value
+
+
+def _at(fields: Mapping[bytes, bytes]) -> datetime:
+    return datetime.fromtimestamp(_int(fields, "at_ms") / 1000, tz=UTC)
+
+
+RollUpKey = tuple[int, str, str, datetime]
+
+
+def _roll_up(entries: Sequence[StreamEntry], report: PersistReport) -> int:
+    sums: dict[RollUpKey, list[int]] = {}
+    counted = 0
+    for entry_id, fields in entries:
+        try:
+            at = _at(fields)
+            key = (
+                _int(fields, "use_case_id"),
+                _text(fields, "tenant", 100),
+                _text(fields, "model", 200),
+                at.replace(second=0, microsecond=0),
+            )
+            status = _int(fields, "status")
+            row = (
+                1,
+                int(status >= 400),
+                _int(fields, "prompt_tokens"),
+                _int(fields, "completion_tokens"),
+                _int(fields, "queued_ms"),
+                _int(fields, "total_ms"),
+            )
+        except (ValueError, OverflowError):
+            report.malformed += 1
+            logger.warning("usage_entry_malformed stream=%s id=%s", USAGE_STREAM, entry_id)
+            continue
+        totals = sums.setdefault(key, [0] * len(row))
+        for index, value in enumerate(row):
+            totals[index] += value
+        counted += 1
+    _upsert(sums)
+    return counted
+
+
+_COUNTERS = ("requests", "errors", "prompt_tokens", "completion_tokens", "queued_ms", "total_ms")
+_KEY = ("use_case_id", "tenant", "model", "minute")
+
+
+def _column(name: str) -> str:
+    model_field = UsageMinute._meta.get_field(name)
+    assert isinstance(model_field, models.Field)
+    return model_field.column
+
+
+def _upsert(sums: Mapping[RollUpKey, Sequence[int]]) -> None:
+    if not sums:
+        return
+    quote = connection.ops.quote_name
+    table = quote(UsageMinute._meta.db_table)
+    columns = [quote(_column(name)) for name in (*_KEY, *_COUNTERS)]
+    counters = columns[len(_KEY) :]
+    sql = (
+        f"INSERT INTO {table} ({', '.join(columns)}) "  # noqa: S608 (names from the model)
+        f"VALUES ({', '.join(['%s'] * len(columns))}) "
+        f"ON CONFLICT ({', '.join(columns[: len(_KEY)])}) DO UPDATE SET "
+        + ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in counters)
+    )
+    rows = [
+        (
+            use_case_id,
+            tenant,
+            model,
+            connection.ops.adapt_datetimefield_value(minute),
+            *totals,
+        )
+        for (use_case_id, tenant, model, minute), totals in sums.items()
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+
+
+def _store_decisions(entries: Sequence[StreamEntry], report: PersistReport) -> int:
+    rows = []
+    for entry_id, fields in entries:
+        try:
+            decision = _text(fields, "decision", 16)
+            if decision not in AdmissionDecision.Kind.values:
+                raise ValueError(decision)
+            rows.append(
+                AdmissionDecision(
+                    stream_id=entry_id.decode(),
+                    request_id=_text(fields, "request_id", 128),
+                    occurred_at=_at(fields),
+                    decision=decision,
+                    reason=_text(fields, "reason", 200),
+                    tenant=_text(fields, "tenant", 100),
+                    use_case_id=_int(fields, "use_case_id"),
+                    key_id=_number(fields, "key_id", optional=True),
+                    model=_text(fields, "model", 200),
+                    queued_ms=_int(fields, "wait_ms"),
+                    policy_version=_number(fields, "policy_version", optional=True),
+                )
+            )
+        except (ValueError, OverflowError):
+            report.malformed += 1
+            logger.warning("decision_entry_malformed stream=%s id=%s", DECISIONS_STREAM, entry_id)
+    # The unique stream id makes a replay a no-op even if the cursor were ever reset.
+    AdmissionDecision.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)

@@ -1,0 +1,162 @@
+"""Scheduling and admission tests run against the session's real valkey-server.
+
+``async def`` tests are run here with ``asyncio.run`` (bounded by a timeout), so no asyncio
+plugin is needed; each test gets a flushed database through ``valkey_client``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import valkey
+import valkey.asyncio as avalkey
+
+from gateway.scheduling import Scheduler, fleet_entry, keys, lua_source, wall_ms, write_fleet
+
+ASYNC_TEST_TIMEOUT_S = 20.0
+
+MODEL = "llama"
+R1 = "http://10.0.0.1:8000"
+R2 = "http://10.0.0.2:8000"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    names = inspect.signature(pyfuncitem.obj).parameters
+    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+    asyncio.run(asyncio.wait_for(pyfuncitem.obj(**kwargs), ASYNC_TEST_TIMEOUT_S))
+    return True
+
+
+@pytest.fixture
+def db(valkey_client: valkey.Valkey) -> valkey.Valkey:
+    """A flushed database, for tests that call the Lua scripts directly."""
+    return valkey_client
+
+
+class Lua:
+    """The scheduling scripts, called directly with their raw KEYS and ARGV."""
+
+    def __init__(self, client: valkey.Valkey) -> None:
+        self.client = client
+        self._scripts = {
+            name: client.register_script(lua_source(name))
+            for name in ("acquire", "release", "pump", "cancel", "reap", "renew")
+        }
+
+    def __call__(self, name: str, *args: Any) -> Any:
+        return self._scripts[name](keys=[keys.KEY_PREFIX], args=list(args))
+
+    def acquire(
+        self,
+        now: int,
+        request_id: str,
+        *,
+        model: str = MODEL,
+        rank: int = 1,
+        priority_class: str = "prod",
+        max_queue: int = 1000,
+        tenant: str = "acme",
+        use_case: str = "1",
+        max_concurrent: int = 0,
+        cost: int = 100,
+        prefix_hash: str = "",
+        lease_ms: int = 30_000,
+        gateway: str = "gw-a",
+        deadline: int | None = None,
+        stale_ms: int = 1_000,
+        threshold: int = 3,
+        replicas: Sequence[tuple[str, int]] = ((R1, 1),),
+    ) -> list[Any]:
+        args: list[Any] = [
+            now, request_id, model, rank, priority_class, max_queue, tenant, use_case,
+            max_concurrent, cost, prefix_hash, lease_ms, gateway,
+            deadline if deadline is not None else now + 60_000, stale_ms, threshold,
+        ]  # fmt: skip
+        for url, cap in replicas:
+            args += [url, cap]
+        return [_text(v) for v in self("acquire", *args)]
+
+    def release(self, now: int, request_id: str, model: str = MODEL) -> list[int]:
+        return [int(v) for v in self("release", now, request_id, model)]
+
+    def cancel(self, now: int, request_id: str, *, keep: bool = False, model: str = MODEL):
+        return [_text(v) for v in self("cancel", now, request_id, model, "1" if keep else "0")]
+
+    def fleet(self, now: int, *entries: tuple[str, int], model: str = MODEL) -> None:
+        """Fresh metrics for each (replica, waiting) at ``now``."""
+        self.client.hset(
+            keys.fleet(model),
+            mapping={
+                url: fleet_entry(waiting=waiting, running=0, kv_usage=0.1, scraped_at_ms=now)
+                for url, waiting in entries
+            },
+        )
+
+    def in_flight(self, model: str = MODEL) -> dict[str, int]:
+        return {_text(k): int(v) for k, v in self.client.hgetall(keys.in_flight(model)).items()}
+
+    def queue(self, model: str = MODEL) -> list[str]:
+        return [_text(m) for m in self.client.zrange(keys.queue(model), 0, -1)]
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@pytest.fixture
+def lua(db: valkey.Valkey) -> Lua:
+    return Lua(db)
+
+
+async def write_fresh_fleet(
+    client: avalkey.Valkey, replicas: Sequence[str], *, waiting: int = 0, model: str = MODEL
+) -> None:
+    now = wall_ms()
+    entry = fleet_entry(waiting=waiting, running=0, kv_usage=0.1, scraped_at_ms=now)
+    await write_fleet(client, model, dict.fromkeys(replicas, entry))
+
+
+@asynccontextmanager
+async def running_schedulers(
+    url: str, count: int = 1, **options: Any
+) -> AsyncIterator[list[Scheduler]]:
+    """``count`` started schedulers, each with its own client and gateway id, like separate
+    gateway processes sharing one Valkey. Fleet metrics written once stay fresh for a minute
+    unless a test sets ``stale_ms`` (no watcher runs here)."""
+    options.setdefault("stale_ms", 60_000)
+    clients = [avalkey.Valkey.from_url(url) for _ in range(count)]
+    schedulers = [
+        Scheduler(client, gateway_id=f"gw-{i}", **options) for i, client in enumerate(clients)
+    ]
+    try:
+        for scheduler in schedulers:
+            await scheduler.start()
+        yield schedulers
+    finally:
+        for scheduler in schedulers:
+            await scheduler.close()
+        for client in clients:
+            await client.aclose()
+
+
+async def eventually(predicate: Any, *, timeout_s: float = 5.0, message: str = "") -> None:
+    """Poll an (async) predicate until true; the state it waits for comes from elsewhere."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(message or "condition not reached in time")
+        await asyncio.sleep(0.005)

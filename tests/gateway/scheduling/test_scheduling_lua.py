@@ -1,0 +1,298 @@
+"""The scheduling scripts called directly (acquire, release, pump, cancel, reap, renew), with
+time driven through now_ms."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Any
+
+from gateway.scheduling import keys
+from tests.gateway.scheduling.conftest import MODEL, R1, R2, Lua
+
+T0 = 1_800_000_000_000
+
+
+def jain(values: Sequence[float]) -> float:
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+def busy(lua: Lua, now: int = T0, request_id: str = "holder", **options) -> None:
+    """Fresh metrics for R1 and one request holding its only slot."""
+    lua.fleet(now, (R1, 0))
+    assert lua.acquire(now, request_id, **options) == [1, R1]
+
+
+def holder_of(lua: Lua) -> str:
+    members: Any = lua.client.zrange(keys.leases(MODEL), 0, -1)
+    (member,) = members
+    return member.decode()
+
+
+def test_a_request_is_granted_at_once_when_a_replica_has_room(lua):
+    lua.fleet(T0, (R1, 0))
+
+    assert lua.acquire(T0, "r1", lease_ms=5_000) == [1, R1]
+
+    assert lua.in_flight() == {R1: 1}
+    assert lua.client.zscore(keys.leases(MODEL), "r1") == T0 + 5_000
+    assert lua.client.hget(keys.lease("r1"), "replica") == R1.encode()
+    assert lua.queue() == []
+
+
+def test_stale_or_missing_metrics_count_as_saturated(lua):
+    assert lua.acquire(T0, "no-metrics")[0] == 0
+    lua.fleet(T0 - 1_001, (R1, 0))
+    assert lua.acquire(T0, "stale", stale_ms=1_000)[0] == 0
+    assert lua.in_flight() == {}
+    assert lua.queue() == ["no-metrics", "stale"]
+
+
+def test_a_replica_whose_own_queue_reached_the_threshold_is_saturated(lua):
+    lua.fleet(T0, (R1, 3))
+    assert lua.acquire(T0, "r1", threshold=3)[0] == 0
+    lua.fleet(T0, (R1, 2))
+    assert lua.acquire(T0, "r2", threshold=3, rank=0) == [1, R1]
+
+
+def test_a_draining_replica_is_pumped_to_its_waiters(lua):
+    """GIVEN waiters queued behind a saturated replica, WHEN the watcher writes it drained and
+    calls pump, THEN waiters are granted up to the cap and told on their gateway's channel."""
+    listener = lua.client.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe("sy:gw:gw-b")
+    lua.fleet(T0, (R1, 5))
+    for n in range(3):
+        assert lua.acquire(T0, f"w{n}", gateway="gw-b", replicas=[(R1, 2)])[0] == 0
+
+    lua.fleet(T0 + 250, (R1, 0))
+    assert lua("pump", T0 + 250, MODEL) == 2
+
+    assert lua.queue() == ["w2"]
+    assert lua.client.get(keys.grant("w0")) == R1.encode()
+    messages = []
+    for _ in range(10):  # the subscribe confirmation comes first, and reads as None
+        message = listener.get_message(timeout=1.0)
+        if message is not None:
+            messages.append(message["data"])
+        if len(messages) == 2:
+            break
+    assert messages == [f"w0 {R1}".encode(), f"w1 {R1}".encode()]
+    listener.close()
+
+
+def test_the_top_rank_is_granted_first_under_overload(lua):
+    """GIVEN capacity 1 busy and 100 low-rank waiters, WHEN a top-rank request arrives and the
+    holder releases, THEN the top-rank request is granted before every earlier waiter."""
+    busy(lua)
+    for n in range(100):
+        assert lua.acquire(T0 + n, f"low-{n}", rank=5, priority_class="dev")[0] == 0
+    assert lua.acquire(T0 + 200, "top", rank=0, priority_class="prod-dr")[0] == 0
+
+    assert lua.release(T0 + 300, "holder") == [1, 1]
+
+    assert holder_of(lua) == "top"
+    assert lua.release(T0 + 400, "top") == [1, 1]
+    assert holder_of(lua) == "low-0"
+
+
+def test_a_better_rank_waiting_sends_newcomers_of_a_worse_rank_to_the_queue(lua):
+    lua.fleet(T0, (R1, 0))
+    assert lua.acquire(T0, "a", replicas=[(R1, 1)]) == [1, R1]
+    assert lua.acquire(T0, "b", rank=0, replicas=[(R1, 1)])[0] == 0
+    # Room appears (a bigger cap), but "b" waits at a better rank: "c" queues behind it and
+    # acquire's own pump grants "b".
+    assert lua.acquire(T0, "c", rank=3, replicas=[(R1, 2)])[0] == 0
+    assert lua.queue() == ["c"]
+    assert lua.client.get(keys.grant("b")) == R1.encode()
+
+
+def test_fair_queueing_shares_tokens_between_a_heavy_and_a_light_tenant(lua):
+    """GIVEN one slot, tenant A queueing 28,000-token requests and tenant B 200-token ones at
+    the same rank, WHEN the slot serves 600 requests in turn, THEN the tokens served are
+    shared almost equally (Jain's index over both tenants) and B never waits behind more than
+    one of A's requests."""
+    busy(lua, tenant="warmup", cost=1)
+    cost = {"A": 28_000, "B": 200}
+    for n in range(25):
+        assert lua.acquire(T0 + 1, f"A-{n:04}", tenant="A", cost=cost["A"])[0] == 0
+    for n in range(1_000):
+        assert lua.acquire(T0 + 2, f"B-{n:04}", tenant="B", cost=cost["B"], max_queue=5_000)[0] == 0
+
+    served = []
+    current = "holder"
+    for step in range(600):
+        assert lua.release(T0 + 10 + step, current) == [1, 1]
+        current = holder_of(lua)
+        served.append(current[0])
+
+    tokens = [sum(cost[t] for t in served if t == tenant) for tenant in "AB"]
+    assert jain(tokens) > 0.99, tokens
+    assert served.index("B") <= 1
+    assert all(not (x == y == "A") for x, y in pairwise(served))
+
+
+def test_a_full_class_queue_refuses_while_another_class_still_queues(lua):
+    busy(lua)
+    for n in range(2):
+        assert lua.acquire(T0, f"q{n}", priority_class="dev", rank=5, max_queue=2)[0] == 0
+
+    refused = lua.acquire(T0, "q2", priority_class="dev", rank=5, max_queue=2)
+
+    assert refused[:3] == [-2, "queue_full", 2]
+    assert lua.acquire(T0, "other", priority_class="qa", rank=4, max_queue=2)[0] == 0
+    assert lua.client.get(keys.queue_length(MODEL, "dev")) == b"2"
+    assert lua.client.exists(keys.waiter("q2")) == 0
+
+
+def test_max_concurrent_refuses_at_the_limit_and_frees_with_a_release(lua):
+    lua.fleet(T0, (R1, 0))
+    options = {"use_case": "7", "max_concurrent": 2, "replicas": [(R1, 10)]}
+    assert lua.acquire(T0, "c1", **options) == [1, R1]
+    assert lua.acquire(T0, "c2", **options) == [1, R1]
+
+    assert lua.acquire(T0, "c3", **options)[:3] == [-1, "max_concurrent", 2]
+
+    lua.release(T0 + 1_000, "c1")
+    assert lua.client.get(keys.concurrency("7")) == b"1"
+    assert lua.acquire(T0 + 1_000, "c4", **options) == [1, R1]
+
+
+def test_a_waiter_at_its_use_case_limit_is_looked_past_and_keeps_its_place(lua):
+    """GIVEN two waiters of a use case limited to 1 in flight, the first already granted,
+    WHEN a slot frees, THEN the next waiter of another use case gets it and the second keeps
+    its place, to be granted when its use case's request ends."""
+    lua.fleet(T0, (R1, 0))
+    pool = {"replicas": [(R1, 2)]}
+    limited = {"use_case": "7", "max_concurrent": 1, **pool}
+    assert lua.acquire(T0, "o1", use_case="8", **pool) == [1, R1]
+    assert lua.acquire(T0, "o2", use_case="8", **pool) == [1, R1]
+    assert lua.acquire(T0, "b1", **limited)[0] == 0
+    assert lua.acquire(T0, "b2", **limited)[0] == 0
+    assert lua.acquire(T0, "n1", use_case="9", **pool)[0] == 0
+
+    lua.release(T0 + 1, "o1")
+    assert lua.queue() == ["b2", "n1"]  # b1 granted: use case 7 is at its limit
+
+    lua.release(T0 + 2, "o2")
+    assert lua.queue() == ["b2"]  # b2 looked past, n1 granted
+
+    lua.release(T0 + 3, "b1")
+    assert lua.queue() == []
+    assert lua.client.get(keys.grant("b2")) == R1.encode()
+    assert lua.client.get(keys.concurrency("7")) == b"1"
+
+
+def test_cancel_removes_a_waiter(lua):
+    busy(lua)
+    assert lua.acquire(T0, "w", priority_class="prod")[0] == 0
+
+    assert lua.cancel(T0 + 1, "w")[0] == 1
+
+    assert lua.queue() == []
+    assert lua.client.exists(keys.waiter("w"), keys.queue_length(MODEL, "prod")) == 0
+    assert lua.client.zcard(keys.queue_deadlines(MODEL)) == 0
+
+
+def test_cancel_after_a_grant_raced_in_releases_it_or_keeps_it(lua):
+    busy(lua)
+    assert lua.acquire(T0, "w1")[0] == 0
+    assert lua.acquire(T0, "w2")[0] == 0
+    lua.release(T0 + 1, "holder")  # grants w1, which has not noticed yet
+
+    assert lua.cancel(T0 + 2, "w1", keep=True) == [2, R1]
+    assert lua.in_flight() == {R1: 1}
+
+    assert lua.cancel(T0 + 3, "w1") == [0, R1]  # released, and w2 pumped into the slot
+    assert holder_of(lua) == "w2"
+    assert lua.in_flight() == {R1: 1}
+    assert lua.client.exists(keys.lease("w1"), keys.grant("w1")) == 0
+
+
+def test_a_cancel_that_arrives_before_its_acquire_makes_the_acquire_refuse(lua):
+    lua.fleet(T0, (R1, 0))
+    assert lua.cancel(T0, "early") == [-1]
+    assert lua.acquire(T0, "early") == [-3, "cancelled"]
+    assert lua.in_flight() == {}
+
+
+def test_release_is_idempotent_and_never_goes_below_zero(lua):
+    busy(lua, use_case="3", max_concurrent=5)
+    assert lua.release(T0 + 1, "holder") == [1, 0]
+    assert lua.release(T0 + 2, "holder") == [0, 0]
+    assert lua.in_flight() == {}
+    assert lua.client.exists(keys.concurrency("3")) == 0
+
+
+def test_reap_releases_expired_leases_and_grants_the_waiters(lua):
+    busy(lua, lease_ms=1_000)
+    assert lua.acquire(T0, "waiter", deadline=T0 + 10_000)[0] == 0
+
+    assert [int(v) for v in lua("reap", T0 + 999)] == [0, 0, 0]
+    assert [int(v) for v in lua("reap", T0 + 1_000)] == [1, 0, 1]
+
+    assert holder_of(lua) == "waiter"
+    assert lua.in_flight() == {R1: 1}
+
+
+def test_reap_and_pump_drop_waiters_past_their_deadline(lua):
+    lua.fleet(T0, (R1, 9))
+    assert lua.acquire(T0, "old", deadline=T0 + 500, priority_class="dev")[0] == 0
+    assert lua.acquire(T0, "young", deadline=T0 + 5_000, priority_class="dev")[0] == 0
+
+    assert [int(v) for v in lua("reap", T0 + 600)] == [0, 1, 0]
+    assert lua.queue() == ["young"]
+    assert lua.client.get(keys.queue_length(MODEL, "dev")) == b"1"
+
+    lua.fleet(T0 + 6_000, (R1, 0))  # room again, but "young" expired too: pump drops it
+    assert lua("pump", T0 + 6_000, MODEL) == 0
+    assert lua.queue() == []
+    assert lua.client.exists(keys.queue_length(MODEL, "dev")) == 0
+
+
+def test_renew_extends_a_lease_until_it_is_reaped(lua):
+    busy(lua, lease_ms=1_000)
+    assert lua("renew", T0 + 900, "holder", MODEL, 1_000) == 1
+    assert lua.client.zscore(keys.leases(MODEL), "holder") == T0 + 1_900
+    assert lua("reap", T0 + 1_500) == [0, 0, 0]
+
+    assert lua("reap", T0 + 1_900) == [1, 0, 0]
+    assert lua("renew", T0 + 2_000, "holder", MODEL, 1_000) == 0
+
+
+def test_prefix_affinity_prefers_the_same_replica_while_it_has_room(lua):
+    lua.fleet(T0, (R1, 0), (R2, 0))
+    pool = [(R1, 2), (R2, 2)]
+    assert lua.acquire(T0, "p1", prefix_hash="abc", replicas=pool) == [1, R1]
+    assert lua.acquire(T0, "x1", replicas=pool) == [1, R2]  # least in flight
+    assert lua.acquire(T0, "x2", replicas=pool)[1] in (R1, R2)
+    lua.release(T0, "x2")
+    # R1 and R2 hold one each; the prefix goes back to R1 even though R2 is as free.
+    assert lua.acquire(T0, "p2", prefix_hash="abc", replicas=pool) == [1, R1]
+    # R1 is full now: fall back to R2, which becomes the prefix's replica.
+    assert lua.acquire(T0, "p3", prefix_hash="abc", replicas=pool) == [1, R2]
+    assert lua.client.get(keys.affinity(MODEL, "abc")) == R2.encode()
+
+
+def test_virtual_time_is_rebased_when_the_queue_is_empty(lua):
+    lua.client.hset(keys.virtual_time(MODEL), mapping={"_clock": 2**39 + 10, "t:acme": 2**39 + 50})
+    lua.fleet(T0, (R1, 0))
+    assert lua.acquire(T0, "r", tenant="acme", cost=100) == [1, R1]
+    clock, finish = lua.client.hmget(keys.virtual_time(MODEL), "_clock", "t:acme")
+    assert (float(clock), float(finish)) == (40.0, 140.0)
+
+
+def test_the_pool_is_recorded_for_the_scripts_that_are_not_given_it(lua):
+    lua.fleet(T0, (R1, 0), (R2, 0))
+    lua.acquire(T0, "r", replicas=[(R1, 3), (R2, 5)], stale_ms=800, threshold=4)
+    stored = {k.decode(): v.decode() for k, v in lua.client.hgetall(keys.pool(MODEL)).items()}
+    assert stored.pop("_sig")
+    assert stored == {R1: "3", R2: "5", "_stale_ms": "800", "_threshold": "4"}
+    assert set(lua.client.smembers(keys.pools())) == {MODEL.encode()}
+
+    lua.acquire(T0, "s", replicas=[(R2, 5)], stale_ms=800, threshold=4)
+    assert set(lua.client.hkeys(keys.pool(MODEL))) == {
+        R2.encode(),
+        b"_stale_ms",
+        b"_threshold",
+        b"_sig",
+    }
