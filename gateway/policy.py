@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NotRequired, TypedDict
 
 import orjson
+import valkey
 
 SNAPSHOT_KEY = "switchyard:policy:snapshot"
 VERSION_KEY = "switchyard:policy:version"
@@ -280,3 +281,13 @@ def _limits(entry: LimitsEntry) -> Limits:
         tokens_per_day=optional(entry.get("tokens_per_day")),
         max_concurrent=optional(entry.get("max_concurrent")),
     )
+
+
+def snapshot_write(client: valkey.Valkey, document: SnapshotDocument) -> None:
+    """Write a snapshot and its version together (one MULTI): a gateway that sees the version
+    move reads a document at least that new. Publishers serialise themselves (governance
+    holds a lock), so versions only grow."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.set(SNAPSHOT_KEY, orjson.dumps(document))
+        pipe.set(VERSION_KEY, document["version"])
+        pipe.execute()  # type: ignore[no-untyped-call]

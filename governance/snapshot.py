@@ -6,7 +6,6 @@ import logging
 import time
 from typing import cast
 
-import orjson
 import valkey
 from django.conf import settings
 from django.db.models import Prefetch
@@ -14,7 +13,6 @@ from django.utils import timezone
 
 from gateway.policy import (
     SCHEMA,
-    SNAPSHOT_KEY,
     VERSION_KEY,
     GuardrailEntry,
     KeyEntry,
@@ -23,6 +21,7 @@ from gateway.policy import (
     RateLimitEntry,
     SnapshotDocument,
     UseCaseEntry,
+    snapshot_write,
 )
 from governance.choices import ApiKeyStatus, UseCaseStatus
 from governance.models import (
@@ -172,10 +171,7 @@ def snapshot_publish(*, client: valkey.Valkey | None = None) -> int:
     with client.lock(PUBLISH_LOCK_KEY, timeout=30, blocking_timeout=30):
         version = int(cast(bytes | None, client.get(VERSION_KEY)) or 0) + 1
         document = snapshot_build(version=version)
-        with client.pipeline(transaction=True) as pipe:
-            pipe.set(SNAPSHOT_KEY, orjson.dumps(document))
-            pipe.set(VERSION_KEY, version)
-            pipe.execute()  # type: ignore[no-untyped-call]
+        snapshot_write(client, document)
     logger.info(
         "policy_snapshot_published version=%s models=%s keys=%s",
         version,

@@ -11,12 +11,10 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-import orjson
 import valkey
 
 from gateway.policy import (
     SCHEMA,
-    SNAPSHOT_KEY,
     VERSION_KEY,
     KeyEntry,
     ModelCapability,
@@ -24,6 +22,7 @@ from gateway.policy import (
     PriorityClassEntry,
     RateLimitEntry,
     UseCaseEntry,
+    snapshot_write,
 )
 
 
@@ -130,18 +129,17 @@ class PolicyBuilder:
 
     def publish(self, client: valkey.Valkey) -> int:
         version = int(client.incr(VERSION_KEY + ":test"))  # type: ignore[arg-type]
-        document = {
-            "schema": SCHEMA,
-            "version": version,
-            "published_at": time.time(),
-            "models": self.models,
-            "keys": self.keys,
-            "priority_classes": self.priority_classes,
-            "use_cases": self.use_cases,
-            "rate_limits": self.rate_limits,
-        }
-        with client.pipeline(transaction=True) as pipe:
-            pipe.set(SNAPSHOT_KEY, orjson.dumps(document))
-            pipe.set(VERSION_KEY, version)
-            pipe.execute()
+        snapshot_write(
+            client,
+            {
+                "schema": SCHEMA,
+                "version": version,
+                "published_at": time.time(),
+                "models": self.models,
+                "keys": self.keys,
+                "priority_classes": self.priority_classes,
+                "use_cases": self.use_cases,
+                "rate_limits": self.rate_limits,
+            },
+        )
         return version
