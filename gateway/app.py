@@ -286,7 +286,9 @@ class Gateway:
             try:
                 await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
             finally:
-                if not relay.done():
+                # A server reports a "disconnect" once the last byte is out, while the relay may
+                # still be releasing its lease: only a client gone mid-response is a 499.
+                if not relay.done() and not call.responded:
                     # The client went away: cancelling the relay leaves the queue or closes
                     # the upstream connection (vLLM then aborts the request and frees its slot).
                     relay.cancel()
@@ -294,7 +296,7 @@ class Gateway:
             try:
                 await relay
             except asyncio.CancelledError:
-                if gone.done() and not gone.cancelled():
+                if gone.done() and not gone.cancelled() and not call.responded:
                     call.status = 499
                     logger.info("client_disconnected request_id=%s", call.request_id)
                     return
@@ -384,7 +386,8 @@ class Gateway:
             call.principal,
             call.model,
             request_id=call.request_id,
-            cost=admission.estimated_tokens,
+            # Fair sharing weighs requests by tokens whether or not a token limit applies.
+            cost=estimated,
             prefix_hash=prefix_hash(_prefix_text(call.document)),
         )
 
@@ -395,7 +398,7 @@ class Gateway:
             try:
                 async with self.scheduler.hold(call.ticket) as grant:
                     call.grant = grant
-                    if grant.queued_ms >= 1:
+                    if grant.queued:
                         self.metrics.queue_waited(
                             model=call.model.public_id,
                             priority_class=call.ticket.priority_class,
@@ -465,6 +468,7 @@ class Gateway:
                         meter.feed(chunk)
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b""})
+                    call.responded = True
                 finally:
                     response.close()
         except TimeoutError:
@@ -500,7 +504,8 @@ class Gateway:
             self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=-1)
 
     def _decided(self, call: Call, policy: Policy | None, decision: Decision, reason: str) -> None:
-        self.metrics.admission_decided(decision, reason)
+        # The metric's label stays bounded ("rate_limit"); the stream keeps the limit's name.
+        self.metrics.admission_decided(decision, reason.split(":", 1)[0])
         self.accounting.record_decision(
             request_id=call.request_id,
             decision=decision,
@@ -519,7 +524,7 @@ class Gateway:
         prompt = meter.prompt_tokens if meter else 0
         completion = meter.completion_tokens if meter else 0
         grant = call.grant
-        if grant is not None and grant.queued_ms >= 1:
+        if grant is not None and grant.queued:
             self._decided(call, policy, "queued", call.ticket.priority_class if call.ticket else "")
         self.metrics.request_finished(
             model=call.model.public_id,
@@ -545,7 +550,13 @@ class Gateway:
             policy_version=policy.version,
         )
         admission = call.admission
-        if admission is not None and admission.ok and meter is not None:
+        # Reconcile only when token windows were charged (estimated_tokens is 0 otherwise).
+        if (
+            admission is not None
+            and admission.ok
+            and meter is not None
+            and admission.estimated_tokens
+        ):
             actual = (
                 prompt + completion
                 if meter.reported or meter.streaming
@@ -571,6 +582,7 @@ class Call:
     content_type: bytes
     streaming: bool
     status: int = 500
+    responded: bool = False  # the whole response is out; a disconnect now is not the client's
     admission: Admission | None = None
     ticket: Ticket | None = None
     grant: Grant | None = None

@@ -153,7 +153,7 @@ class Scheduler:
             reply = await self._scripts["acquire"](keys=[self._prefix], args=args)
             status = int(reply[0])
             if status == 1:
-                return self._grant(ticket, lease_id, _text(reply[1]), started)
+                return self._grant(ticket, lease_id, _text(reply[1]), started, queued=False)
             if status == -1:
                 running, hold = int(reply[2]), int(reply[3])
                 raise MaxConcurrent(
@@ -176,7 +176,7 @@ class Scheduler:
             if status != 0:
                 raise RuntimeError(f"acquire.lua answered {reply!r} for a fresh lease id")
             replica = await self._wait(ticket, lease_id, granted, started)
-            return self._grant(ticket, lease_id, replica, started)
+            return self._grant(ticket, lease_id, replica, started, queued=True)
         except (MaxConcurrent, QueueFull, QueueTimeout):
             raise
         except BaseException:
@@ -238,7 +238,9 @@ class Scheduler:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _grant(self, ticket: Ticket, lease_id: str, replica: str, started: float) -> Grant:
+    def _grant(
+        self, ticket: Ticket, lease_id: str, replica: str, started: float, *, queued: bool
+    ) -> Grant:
         return Grant(
             request_id=ticket.request_id,
             lease_id=lease_id,
@@ -247,6 +249,7 @@ class Scheduler:
             lease_ms=self.lease_ms,
             vllm_priority=ticket.vllm_priority,
             queued_ms=(time.monotonic() - started) * 1000,
+            queued=queued,
         )
 
     async def _wait(

@@ -66,7 +66,8 @@ class Grant:
     replica: str
     lease_ms: int
     vllm_priority: int
-    queued_ms: float
+    queued_ms: float  # the whole acquire, queue wait and Valkey round trips included
+    queued: bool = False  # True only when the request actually waited in the queue
 
 
 def priority_class_for(policy: Policy, principal: Principal) -> PriorityClass:

@@ -1,0 +1,144 @@
+"""Leases end to end: capacity held by a gateway process that dies comes back, and capacity
+given back after a normal answer leaves the answer's record intact.
+
+Real gateway and fleet watcher processes, a real Valkey, a real simulator replica.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from config.processes import wait_until
+from gateway.accounting import USAGE_STREAM
+from gateway.scheduling import keys
+from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
+from tests.support.policy import PolicyBuilder
+
+MODEL = "llama-test"
+
+
+def chat_body(*, max_tokens: int = 2, **extra: object) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+        **extra,
+    }
+
+
+def leases(client) -> list[tuple[bytes, float]]:
+    return client.zrange(keys.leases(MODEL), 0, -1, withscores=True)
+
+
+def nothing_held(client) -> bool:
+    in_flight = client.hgetall(keys.in_flight(MODEL))
+    return (
+        all(int(v) == 0 for v in in_flight.values())
+        and client.zcard(keys.leases(MODEL)) == 0
+        and client.zcard(keys.queue(MODEL)) == 0
+        and not client.keys(keys.lease("*"))
+    )
+
+
+def test_a_gateway_killed_while_holding_capacity_gives_it_back_when_its_lease_expires(
+    valkey_client, start_simulator: SimulatorFactory, start_gateway: GatewayFactory
+) -> None:
+    sim = start_simulator(MODEL)  # 8 ms a token: a 4,000-token stream outlives the test
+    policy = PolicyBuilder().model(MODEL, [sim.base_url], max_in_flight_per_replica=1)
+    key = policy.key()
+    policy.publish(valkey_client)
+    doomed = start_gateway(SWITCHYARD_GATEWAY_LEASE_SECONDS="2")
+    survivor = start_gateway(SWITCHYARD_GATEWAY_LEASE_SECONDS="2")
+    auth = {"Authorization": f"Bearer {key}"}
+    outcome: dict[str, Any] = {}
+
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream(
+            "POST",
+            doomed.base_url + "/v1/chat/completions",
+            json=chat_body(max_tokens=4000, ignore_eos=True, stream=True),
+            headers=auth,
+        ) as stream,
+    ):
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data: ")
+        # The one slot is held by the doomed gateway's lease…
+        assert valkey_client.hgetall(keys.in_flight(MODEL)) == {sim.base_url.encode(): b"1"}
+        [(_, first_expiry)] = leases(valkey_client)
+        # …which it renews while the stream runs (every lease/3).
+        assert wait_until(lambda: leases(valkey_client)[0][1] > first_expiry, timeout=3)
+
+        def via_survivor() -> None:
+            response = httpx.post(
+                survivor.base_url + "/v1/chat/completions", json=chat_body(), headers=auth
+            )
+            outcome["response"], outcome["at"] = response, time.monotonic()
+
+        waiter = threading.Thread(target=via_survivor, daemon=True)
+        waiter.start()
+        assert wait_until(lambda: valkey_client.zcard(keys.queue(MODEL)) == 1, timeout=5)
+
+        doomed.process.signal(signal.SIGKILL)  # no release, no cancel: only the lease remains
+        killed = time.monotonic()
+        assert wait_until(lambda: not doomed.process.alive(), timeout=5)
+
+        waiter.join(timeout=10)
+        assert not waiter.is_alive()
+    response = outcome["response"]
+    assert isinstance(response, httpx.Response)
+    assert response.status_code == 200, response.text
+    # Not before the lease could have expired (its last renewal was < 2 s before the kill)
+    # and within lease + a reaper pass (every second) + slack.
+    recovered = outcome["at"] - killed
+    assert 0.6 <= recovered <= 5.0, recovered
+
+    # The survivor serves new requests at once, and nothing is left held.
+    again = httpx.post(survivor.base_url + "/v1/chat/completions", json=chat_body(), headers=auth)
+    assert again.status_code == 200
+    assert wait_until(lambda: nothing_held(valkey_client), timeout=3), (
+        valkey_client.hgetall(keys.in_flight(MODEL)),
+        leases(valkey_client),
+    )
+
+
+def requests_by_status(gateway: RunningGateway) -> dict[str, float]:
+    found: dict[str, float] = {}
+    text = httpx.get(gateway.base_url + "/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "switchyard_gateway_requests_total":
+                found[sample.labels["status"]] = sample.value
+    return found
+
+
+def test_giving_the_lease_back_after_a_full_answer_does_not_turn_it_into_a_499(
+    valkey_client, start_simulator: SimulatorFactory, start_gateway: GatewayFactory
+) -> None:
+    """Capacity is released after the last byte is sent; that release is not the client
+    going away: usage and metrics must record the 200 the client got, not 499."""
+    sim = start_simulator(MODEL, "--time-scale", "0")
+    policy = PolicyBuilder().model(MODEL, [sim.base_url])
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+    url = gateway.base_url + "/v1/chat/completions"
+    auth = {"Authorization": f"Bearer {key}"}
+
+    statuses = []
+    with httpx.Client(timeout=30, headers=auth) as client:  # one kept-alive connection
+        statuses += [client.post(url, json=chat_body()).status_code for _ in range(3)]
+    statuses += [httpx.post(url, json=chat_body(), headers=auth).status_code for _ in range(3)]
+    assert statuses == [200] * 6
+
+    assert wait_until(lambda: valkey_client.xlen(USAGE_STREAM) == 6, timeout=3)
+    recorded = [int(f[b"status"]) for _, f in valkey_client.xrange(USAGE_STREAM)]
+    assert recorded == [200] * 6, recorded
+    assert requests_by_status(gateway) == {"200": 6.0}
+    assert wait_until(lambda: nothing_held(valkey_client), timeout=3)
