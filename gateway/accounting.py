@@ -216,7 +216,9 @@ class Accounting:
         self._closing = True
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            # Bounded, and the loop also checks _closing: valkey-py can swallow a cancellation
+            # that lands inside a command, and closing must not hang on it.
+            await asyncio.wait({self._task}, timeout=timeout_s)
             self._task = None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
@@ -277,7 +279,7 @@ class Accounting:
 
     async def _run(self) -> None:
         backoff = self._flush_interval_s
-        while True:
+        while not self._closing:
             await asyncio.sleep(backoff)
             ok = True
             while self._buffer and ok:
