@@ -55,6 +55,9 @@ format: $(STAMP)
 bench: $(STAMP)
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) -m bench.simulator.throughput
+	$(PY) -m bench.scheduling.lua_cost
+	$(PY) -m bench.gateway.overhead
+	$(PY) -m bench.scheduling.overload
 
 clean:
 	rm -rf $(VENV) .run

@@ -1,0 +1,126 @@
+"""The ceiling the gateway is measured against: a relay with the same stack and no logic.
+
+    .venv/bin/python -m bench.gateway.bare_relay --port 9000 --upstream http://127.0.0.1:8000
+
+Raw ASGI on uvicorn + uvloop + httptools, one pooled aiohttp ClientSession, exactly the
+transport the gateway uses. Every request is forwarded as is (method, path, query, body,
+content type) to the one upstream, and the answer relayed chunk by chunk, so an SSE stream
+is relayed as it arrives. No authentication, no parsing, no routing, no watch for client
+disconnects, no error mapping (an upstream failure is uvicorn's 500, which wrk counts):
+whatever the gateway costs beyond this is the price of its own work.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import aiohttp
+import uvicorn
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# The gateway's own pool shape (gateway/upstream.py), so the two differ only in logic.
+MAX_CONNECTIONS = 1000
+CONNECT_TIMEOUT_S = 2.0
+TOTAL_TIMEOUT_S = 60.0
+
+
+class BareRelay:
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.relay(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._session = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(
+                        limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=30
+                    ),
+                    auto_decompress=False,
+                    skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                    timeout=aiohttp.ClientTimeout(
+                        total=TOTAL_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S
+                    ),
+                )
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._session is not None:
+                    await self._session.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
+        assert self._session is not None, "lifespan startup has not run"
+        body = await _read_body(receive)
+        if body is None:  # the client left before it finished sending
+            return
+        url = self.upstream + scope["path"]
+        if scope["query_string"]:
+            url += "?" + scope["query_string"].decode("latin-1")
+        headers = {"content-type": _header(scope, b"content-type") or "application/json"}
+        async with self._session.request(
+            scope["method"], url, data=body, headers=headers
+        ) as response:
+            content_type = response.headers.get("content-type", "application/json")
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status,
+                    "headers": [(b"content-type", content_type.encode())],
+                }
+            )
+            async for chunk in response.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    args = parser.parse_args()
+    uvicorn.run(
+        BareRelay(args.upstream),
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+    )
+
+
+if __name__ == "__main__":
+    main()

