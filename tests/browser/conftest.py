@@ -28,7 +28,8 @@ CHROMIUM_ARGS = [
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium (make test does it)")
+        # Not a skip: a browser test that silently does not run proves nothing.
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (make test does it)")
     # Playwright's sync API keeps an asyncio loop on this thread, which makes Django refuse
     # ORM calls here; the test code is synchronous all the same, so lift the guard while the
     # browser lives (the live server answers on its own thread, unaffected).
