@@ -27,7 +27,16 @@ from gateway import errors
 from gateway.accounting import Accounting
 from gateway.admission import Admission, RateLimiter, estimate_tokens, limits_for
 from gateway.errors import GatewayError
-from gateway.http import ClientGone, Receive, Scope, Send, header, read_body, send_response
+from gateway.http import (
+    BodyTooLarge,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_response,
+)
 from gateway.metrics import Decision, GatewayMetrics
 from gateway.multipart import FormError, encode_form, is_multipart, parse_form
 from gateway.policy import Model, Policy, Principal
@@ -232,6 +241,13 @@ class Gateway:
         except GatewayError as exc:
             await send_response(
                 send, exc.status, exc.body(), headers=[(b"x-request-id", request_id), *exc.headers]
+            )
+        except BodyTooLarge as exc:
+            too_large = GatewayError(
+                413, f"Request body is larger than {exc.limit} bytes.", code="request_too_large"
+            )
+            await send_response(
+                send, 413, too_large.body(), headers=[(b"x-request-id", request_id)]
             )
         except (ClientGone, _AbortResponse):
             # Nothing more can be said to this client; returning without finishing the

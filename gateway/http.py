@@ -1,11 +1,10 @@
-"""Tiny ASGI helpers for the gateway: read a bounded body, send a complete response."""
+"""Tiny raw-ASGI helpers shared by the gateway and the simulator: types, a bounded body
+reader, a header lookup, and the gateway's complete response."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-
-from gateway.errors import GatewayError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -19,20 +18,27 @@ class ClientGone(Exception):
     """The client disconnected before we finished reading its request."""
 
 
+class BodyTooLarge(Exception):
+    """The request body passed the reader's limit; each app answers it in its own words."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
 async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body; raises ClientGone, or BodyTooLarge past ``limit`` bytes."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        chunk = message.get("body", b"")
+        chunk: bytes = message.get("body", b"")
         if chunk:
             size += len(chunk)
             if size > limit:
-                raise GatewayError(
-                    413, f"Request body is larger than {limit} bytes.", code="request_too_large"
-                )
+                raise BodyTooLarge(limit)
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -60,5 +66,5 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     """One request header (lower-case name), or None."""
     for key, value in scope["headers"]:
         if key == name:
-            return value  # type: ignore[no-any-return]
+            return bytes(value)
     return None

@@ -8,56 +8,36 @@ Headers are the ones vLLM's responses carry, in their order: uvicorn's ``date`` 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+# The raw-ASGI primitives are the gateway's; only the response shapes below are vLLM's own.
+from gateway.http import (
+    BodyTooLarge,
+    ClientGone,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+)
+
+__all__ = [
+    "BodyTooLarge",
+    "ClientGone",
+    "Message",
+    "Receive",
+    "Scope",
+    "Send",
+    "header",
+    "read_body",
+]
+
 Headers = list[tuple[bytes, bytes]]
 
 JSON = b"application/json"
 SSE = b"text/event-stream; charset=utf-8"
 VARY = (b"vary", b"Origin")
-
-
-class ClientGone(Exception):
-    """The client disconnected before we finished reading its request."""
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body; raises ClientGone, or BodyTooLarge past ``limit`` bytes."""
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise ClientGone
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
-        return body
-    parts = [body]
-    size = len(body)
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
-
-
-def header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return None
 
 
 async def send_response(
