@@ -4,8 +4,9 @@ streams (persisted to the database by the ``scheduler.persist_usage`` Celery tas
 The request path must never wait for, or fail because of, accounting: ``record_usage`` and
 ``record_decision`` are plain synchronous calls that append a tuple to a bounded in-process
 buffer and return (well under a microsecond of work beyond building the arguments). A
-background task flushes the buffer every ``flush_interval_s`` in pipelines of ``XADD … MAXLEN
-~``. While Valkey is down or slow the batch being written is kept and retried with backoff;
+background task flushes the buffer every ``flush_interval_s``: batches of ``XADD … MAXLEN ~``
+written at once over the gateway's auto-pipelined connection (gateway/autopipeline.py).
+While Valkey is down or slow the batch being written is kept and retried with backoff;
 once the buffer is full, new records are dropped and counted (``dropped`` and the
 ``switchyard_gateway_accounting_dropped_total`` metric) — never blocked on.
 
@@ -35,6 +36,7 @@ from typing import Final, Literal
 import valkey
 import valkey.asyncio as avalkey
 
+from gateway.autopipeline import Arg, AutoPipeline
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger("gateway.accounting")
@@ -102,8 +104,10 @@ class Accounting:
         write_timeout_s: float = 1.0,
         maxlen: int = STREAM_MAXLEN,
         record_immediate_admissions: bool = False,
+        pipe: AutoPipeline | None = None,
     ) -> None:
-        self._client = client
+        self._owns_pipe = pipe is None
+        self._pipe = pipe if pipe is not None else AutoPipeline(client)
         self._metrics = metrics
         self._buffer: deque[_Record] = deque()
         self._limit = buffer_limit
@@ -227,6 +231,8 @@ class Accounting:
         for stream, _ in self._buffer:
             self._drop(stream, 1)
         self._buffer.clear()
+        if self._owns_pipe:
+            await self._pipe.close()
 
     async def flush_once(self) -> bool:
         """Write one batch; returns False when Valkey failed (the batch is kept)."""
@@ -258,16 +264,20 @@ class Accounting:
         return True
 
     async def _write(self, batch: Sequence[_Record]) -> None:
-        async with self._client.pipeline(transaction=False) as pipe:
-            for stream, values in batch:
-                names = USAGE_FIELDS if stream == USAGE_STREAM else DECISION_FIELDS
-                pipe.xadd(
-                    stream,
-                    {name: _wire(value) for name, value in zip(names, values, strict=True)},
-                    maxlen=self._maxlen,
-                    approximate=True,
-                )
-            await pipe.execute()
+        commands: list[list[Arg]] = []
+        for stream, values in batch:
+            names = USAGE_FIELDS if stream == USAGE_STREAM else DECISION_FIELDS
+            command: list[Arg] = ["XADD", stream, "MAXLEN", "~", self._maxlen, "*"]
+            for name, value in zip(names, values, strict=True):
+                command += (name, _wire(value))
+            commands.append(command)
+        # A lost connection raises (the whole batch is retried); a record Valkey refused
+        # would be refused again, so it alone is dropped.
+        replies = await self._pipe.execute_many(commands)
+        for (stream, _), reply in zip(batch, replies, strict=True):
+            if isinstance(reply, valkey.ResponseError):
+                logger.error("accounting_record_refused stream=%s error=%s", stream, reply)
+                self._drop(stream, 1)
 
     def _requeue(self, batch: list[_Record]) -> None:
         # Older records go back to the front; whatever no longer fits is dropped, oldest last.

@@ -9,12 +9,14 @@ always closed — on completion, on error and when the client goes away.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import itertools
 import logging
 import re
+import secrets
 import time
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +27,8 @@ import valkey.asyncio as avalkey
 
 from gateway import errors
 from gateway.accounting import Accounting
-from gateway.admission import Admission, RateLimiter, estimate_tokens, limits_for
+from gateway.admission import estimate_tokens, estimated_tokens, limits_for, reconcile_args
+from gateway.autopipeline import Arg
 from gateway.errors import GatewayError
 from gateway.http import (
     BodyTooLarge,
@@ -46,6 +49,7 @@ from gateway.scheduling import (
     MaxConcurrent,
     QueueFull,
     QueueTimeout,
+    RateLimited,
     Scheduler,
     SchedulingRefused,
     Ticket,
@@ -62,6 +66,10 @@ from gateway.usage import UsageMeter
 logger = logging.getLogger("gateway")
 
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._-]{1,128}$")
+# Minted request ids: this process's random tag and a counter — unique across processes and
+# restarts without a random number per request.
+_ID_TAG = secrets.token_hex(6)
+_ID_SEQ = itertools.count(1)
 
 # Which capability each forwarding endpoint needs from the model.
 _CAPABILITY = {
@@ -77,7 +85,7 @@ def _request_id(scope: Scope) -> bytes:
     given = header(scope, b"x-request-id")
     if given is not None and _REQUEST_ID.match(given):
         return given
-    return uuid.uuid4().hex.encode()
+    return f"{_ID_TAG}{next(_ID_SEQ):020x}".encode()  # 32 hex digits, like a UUID
 
 
 def authenticate(scope: Scope, policy: Policy) -> Principal:
@@ -166,14 +174,14 @@ class Gateway:
             max_connections=settings.upstream_max_connections,
         )
         self.metrics = GatewayMetrics()
-        self.limiter = RateLimiter(self.valkey)
         self.scheduler = Scheduler(
             self.valkey,
             lease_ms=int(settings.lease_s * 1000),
             stale_ms=int(settings.fleet_stale_s * 1000),
             waiting_threshold=settings.backpressure_waiting,
         )
-        self.accounting = Accounting(self.valkey, metrics=self.metrics)
+        # One connection for the hot path's scripts and the accounting streams.
+        self.accounting = Accounting(self.valkey, metrics=self.metrics, pipe=self.scheduler.pipe)
         self._background: list[asyncio.Task[None]] = []
         self._routes: dict[
             tuple[str, str], Callable[[Scope, Receive, Send, bytes], Awaitable[None]]
@@ -287,41 +295,34 @@ class Gateway:
         await send_response(send, 200, body, headers=[(b"x-request-id", request_id)])
 
     async def forward(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        """Authenticate, validate, admit (rate limits), queue for capacity, relay, account."""
+        """Authenticate, validate, admit (limits and queue, one call), relay, account."""
         started = time.monotonic()
         policy = self.policy.current()
         principal = authenticate(scope, policy)
         call = await self._read_call(scope, receive, policy, principal, request_id.decode())
         try:
+            self._ticket(call, policy)
+            # One watcher per request: a client that goes away cancels this task, which
+            # leaves the queue or closes the upstream (vLLM then aborts and frees its slot).
+            handler = asyncio.current_task()
+            assert handler is not None
+            call.handler = handler
+            watcher = asyncio.ensure_future(_interrupt_on_disconnect(receive, call))
             try:
-                await self._admit(call, policy)
-            except (valkey.ValkeyError, OSError) as exc:
-                raise _admission_unavailable(exc) from None
-            relay = asyncio.ensure_future(self._serve(call, send))
-            gone = asyncio.ensure_future(_wait_for_disconnect(receive))
-            try:
-                await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                # A server reports a "disconnect" once the last byte is out, while the relay may
-                # still be releasing its lease: only a client gone mid-response is a 499.
-                if not relay.done() and not call.responded:
-                    # The client went away: cancelling the relay leaves the queue or closes
-                    # the upstream connection (vLLM then aborts the request and frees its slot).
-                    relay.cancel()
-                gone.cancel()
-            try:
-                await relay
+                await self._serve(call, send)
             except asyncio.CancelledError:
-                if gone.done() and not gone.cancelled() and not call.responded:
+                if call.interrupted == "client" and handler.uncancel() == 0:
                     call.status = 499
                     logger.info("client_disconnected request_id=%s", call.request_id)
                     return
                 raise
+            finally:
+                watcher.cancel()
         except GatewayError as exc:
             call.status = exc.status
             raise
         finally:
-            await self._account(call, policy, started)
+            self._account(call, policy, started)
 
     async def _read_call(
         self, scope: Scope, receive: Receive, policy: Policy, principal: Principal, request_id: str
@@ -371,32 +372,14 @@ class Gateway:
             content_type, body = encode_form(form)
         return model, body, content_type
 
-    async def _admit(self, call: Call, policy: Policy) -> None:
-        """Rate limits, all or nothing; refused → 429 naming the limit, costing nothing."""
+    def _ticket(self, call: Call, policy: Policy) -> None:
+        """What acquire needs: the rate limits with this request's token estimate, and the
+        queue's view of it (rank, fair-share cost, prefix affinity). No I/O."""
         estimated = estimate_tokens(
             prompt_chars=len(call.body),
             max_tokens=_max_tokens(call.document),
             model_max_tokens=call.model.max_tokens,
         )
-        limits = limits_for(policy, call.principal, call.model.public_id, estimated)
-        admission = await self.limiter.admit(limits, now_ms=wall_ms())
-        call.admission = admission
-        if not admission.ok:
-            refused = admission.refused
-            name = refused.name if refused is not None else "a rate limit"
-            self._decided(call, policy, "rejected", f"rate_limit:{name}")
-            hint = (
-                "This request alone is larger than the limit."
-                if admission.never_fits
-                else f"Retry after {admission.retry_after_s}s."
-            )
-            raise GatewayError(
-                429,
-                f"Rate limit reached: {name}. {hint}",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers=[(b"retry-after", str(admission.retry_after_s).encode())],
-            )
         call.ticket = ticket_for(
             policy,
             call.principal,
@@ -405,48 +388,78 @@ class Gateway:
             # Fair sharing weighs requests by tokens whether or not a token limit applies.
             cost=estimated,
             prefix_hash=prefix_hash(_prefix_text(call.document)),
+            limits=limits_for(policy, call.principal, call.model.public_id, estimated),
         )
 
     async def _serve(self, call: Call, send: Send) -> None:
-        """Wait for capacity, relay from the granted replica; fail over if it is unreachable."""
-        assert call.ticket is not None
+        """Acquire capacity (rate limits included), relay from the granted replica; fail over
+        if it is unreachable."""
+        ticket = call.ticket
+        assert ticket is not None
         for _ in range(max(len(call.model.replicas), 1)):
+            grant = await self._acquire(call, ticket)
             try:
-                async with self.scheduler.hold(call.ticket) as grant:
-                    call.grant = grant
-                    if grant.queued:
-                        self.metrics.queue_waited(
-                            model=call.model.public_id,
-                            priority_class=call.ticket.priority_class,
-                            seconds=grant.queued_ms / 1000,
-                        )
+                async with self.scheduler.keep_alive(grant, lambda: self._reconciliation(call)):
                     await self._relay(call, grant, send)
                     return
             except ReplicaUnreachable as exc:
                 # Nothing reached vLLM. Tell every gateway at once (the watcher confirms or
-                # clears it on its next scrape) and ask the scheduler for another replica.
+                # clears it on its next scrape) and ask the scheduler for another replica,
+                # without counting the rate limits a second time.
                 await write_fleet(
                     self.valkey,
                     call.model.public_id,
                     {exc.replica: saturated_entry(scraped_at_ms=wall_ms())},
                 )
-            except MaxConcurrent as refused:
-                self._decided(call, None, "rejected", refused.code)
-                raise _refusal(429, "rate_limit_error", refused) from None
-            except (QueueFull, QueueTimeout) as refused:
-                decision: Decision = "rejected" if isinstance(refused, QueueFull) else "shed"
-                self._decided(call, None, decision, refused.code)
-                raise _refusal(503, "service_unavailable", refused) from None
-            except (valkey.ValkeyError, OSError) as exc:
-                if call.meter is not None:
-                    raise  # the response had started: not an admission failure any more
-                raise _admission_unavailable(exc) from None
+                ticket = dataclasses.replace(ticket, limits=())
         raise GatewayError(
             502,
             f"No replica of model '{call.model.public_id}' could be reached.",
             type="api_error",
             code="upstream_unavailable",
         )
+
+    async def _acquire(self, call: Call, ticket: Ticket) -> Grant:
+        try:
+            grant = await self.scheduler.acquire(ticket)
+        except RateLimited as refused:
+            self._decided(call, "rejected", f"rate_limit:{refused.limit.name}")
+            raise _refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
+        except MaxConcurrent as refused:
+            self._decided(call, "rejected", refused.code)
+            raise _refusal(429, "rate_limit_error", refused) from None
+        except (QueueFull, QueueTimeout) as refused:
+            decision: Decision = "rejected" if isinstance(refused, QueueFull) else "shed"
+            self._decided(call, decision, refused.code)
+            raise _refusal(503, "service_unavailable", refused) from None
+        except (valkey.ValkeyError, OSError) as exc:
+            raise _admission_unavailable(exc) from None
+        if call.grant is None:
+            call.admitted_ms = grant.admitted_ms  # the first grant counted the limits
+        call.grant = grant
+        if grant.queued:
+            self.metrics.queue_waited(
+                model=call.model.public_id,
+                priority_class=ticket.priority_class,
+                seconds=grant.queued_ms / 1000,
+            )
+        return grant
+
+    def _reconciliation(self, call: Call) -> Sequence[Arg]:
+        """At release: correct the token windows by what the request really used. Only once
+        a replica answered (a failed-over attempt leaves the estimate to the next one)."""
+        meter, ticket = call.meter, call.ticket
+        if meter is None or ticket is None or not ticket.limits:
+            return ()
+        estimated = estimated_tokens(ticket.limits)
+        if not estimated:
+            return ()
+        actual = (
+            meter.prompt_tokens + meter.completion_tokens
+            if meter.reported or meter.streaming
+            else estimated
+        )
+        return reconcile_args(ticket.limits, admitted_ms=call.admitted_ms, actual_tokens=actual)
 
     async def _relay(self, call: Call, grant: Grant, send: Send) -> None:
         model = call.model
@@ -457,37 +470,43 @@ class Gateway:
             call.document["priority"] = grant.vllm_priority
             body = orjson.dumps(call.document)
         headers = {"content-type": call.content_type.decode(), "x-request-id": call.request_id}
-        meter = call.meter = UsageMeter(streaming=call.streaming)
+        meter = UsageMeter(streaming=call.streaming)
         started = False
         self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=1)
         upstream_started = time.monotonic()
+        # The model's timeout as one timer that interrupts this task (cheaper per request
+        # than asyncio.timeout); cancelling the task closes the upstream connection.
+        timer = asyncio.get_running_loop().call_later(model.timeout_s, call.interrupt, "timeout")
         try:
-            async with asyncio.timeout(model.timeout_s):
-                response = await self.upstream.post(grant.replica, call.path, body, headers)
-                try:
-                    content_type = response.headers.get("content-type", "application/json")
-                    call.status = response.status
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": response.status,
-                            "headers": [
-                                (b"content-type", content_type.encode()),
-                                (b"x-request-id", call.request_id.encode()),
-                            ],
-                        }
-                    )
-                    started = True
-                    async for chunk in response.content.iter_any():
-                        if meter.first_chunk_at is None:
-                            meter.first_chunk_at = time.monotonic()
-                        meter.feed(chunk)
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b""})
-                    call.responded = True
-                finally:
-                    response.close()
-        except TimeoutError:
+            response = await self.upstream.post(grant.replica, call.path, body, headers)
+            call.meter = meter  # a replica answers: from here on its usage counts
+            try:
+                content_type = response.headers.get("content-type", "application/json")
+                call.status = response.status
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status,
+                        "headers": [
+                            (b"content-type", content_type.encode()),
+                            (b"x-request-id", call.request_id.encode()),
+                        ],
+                    }
+                )
+                started = True
+                async for chunk in response.content.iter_any():
+                    if meter.first_chunk_at is None:
+                        meter.first_chunk_at = time.monotonic()
+                    meter.feed(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                # Every byte is out: a disconnect from here on is not the client leaving.
+                call.responded = True
+                await send({"type": "http.response.body", "body": b""})
+            finally:
+                response.close()
+        except asyncio.CancelledError:
+            if call.interrupted != "timeout" or call.uncancel() > 0:
+                raise
             if started:
                 raise _AbortResponse from None
             raise GatewayError(
@@ -513,13 +532,14 @@ class Gateway:
                 code="upstream_error",
             ) from None
         finally:
+            timer.cancel()
             call.upstream_s = time.monotonic() - upstream_started
             if meter.first_chunk_at is not None:
                 call.ttft_s = meter.first_chunk_at - upstream_started
             meter.finish()
             self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=-1)
 
-    def _decided(self, call: Call, policy: Policy | None, decision: Decision, reason: str) -> None:
+    def _decided(self, call: Call, decision: Decision, reason: str) -> None:
         # The metric's label stays bounded ("rate_limit"); the stream keeps the limit's name.
         self.metrics.admission_decided(decision, reason.split(":", 1)[0])
         self.accounting.record_decision(
@@ -534,14 +554,14 @@ class Gateway:
             policy_version=self.policy.version,
         )
 
-    async def _account(self, call: Call, policy: Policy, started: float) -> None:
-        """After every forwarded request: metrics, usage record, token reconciliation."""
+    def _account(self, call: Call, policy: Policy, started: float) -> None:
+        """After every forwarded request: metrics and the usage record (buffered, no I/O)."""
         meter = call.meter
         prompt = meter.prompt_tokens if meter else 0
         completion = meter.completion_tokens if meter else 0
         grant = call.grant
         if grant is not None and grant.queued:
-            self._decided(call, policy, "queued", call.ticket.priority_class if call.ticket else "")
+            self._decided(call, "queued", call.ticket.priority_class if call.ticket else "")
         self.metrics.request_finished(
             model=call.model.public_id,
             status=call.status,
@@ -565,24 +585,6 @@ class Gateway:
             total_ms=(time.monotonic() - started) * 1000,
             policy_version=policy.version,
         )
-        admission = call.admission
-        # Reconcile only when token windows were charged (estimated_tokens is 0 otherwise).
-        if (
-            admission is not None
-            and admission.ok
-            and meter is not None
-            and admission.estimated_tokens
-        ):
-            actual = (
-                prompt + completion
-                if meter.reported or meter.streaming
-                else admission.estimated_tokens
-            )
-            if actual != admission.estimated_tokens:
-                try:
-                    await self.limiter.reconcile(admission, actual_tokens=actual, now_ms=wall_ms())
-                except (valkey.ValkeyError, OSError) as exc:
-                    logger.warning("reconcile_failed request_id=%s error=%s", call.request_id, exc)
 
 
 @dataclass(slots=True)
@@ -599,12 +601,25 @@ class Call:
     streaming: bool
     status: int = 500
     responded: bool = False  # the whole response is out; a disconnect now is not the client's
-    admission: Admission | None = None
     ticket: Ticket | None = None
+    admitted_ms: int = 0  # when the first grant counted the rate limits (for reconcile)
+    handler: asyncio.Task[Any] | None = None  # the task serving it, for interrupt()
+    interrupted: str | None = None  # "client" (gone mid-request) or "timeout" (the model's)
     grant: Grant | None = None
     meter: UsageMeter | None = None
     upstream_s: float | None = None
     ttft_s: float | None = None
+
+    def interrupt(self, reason: str) -> None:
+        """Cancel the serving task, once, unless the response is already out."""
+        if self.interrupted is None and not self.responded and self.handler is not None:
+            self.interrupted = reason
+            self.handler.cancel()
+
+    def uncancel(self) -> int:
+        """Take back interrupt()'s cancellation; > 0 when someone else cancelled too."""
+        assert self.handler is not None
+        return self.handler.uncancel()
 
 
 def _max_tokens(document: dict[str, Any] | None) -> int | None:
@@ -637,12 +652,12 @@ def _admission_unavailable(exc: BaseException) -> GatewayError:
     )
 
 
-def _refusal(status: int, kind: str, refused: SchedulingRefused) -> GatewayError:
+def _refusal(status: int, kind: str, refused: SchedulingRefused, code: str = "") -> GatewayError:
     return GatewayError(
         status,
         str(refused),
         type=kind,
-        code=refused.code,
+        code=code or refused.code,
         headers=[(b"retry-after", str(refused.retry_after_s).encode())],
     )
 
@@ -651,10 +666,13 @@ class _AbortResponse(Exception):
     """The response had started; end it by dropping the connection so the client sees a cut."""
 
 
-async def _wait_for_disconnect(receive: Receive) -> None:
+async def _interrupt_on_disconnect(receive: Receive, call: Call) -> None:
+    """Interrupt the request when its client disconnects before the response is out."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            # A server also reports "disconnect" once the whole response is out: ignored then.
+            call.interrupt("client")
             return
 
 

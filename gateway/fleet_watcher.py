@@ -440,6 +440,7 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping, signum)
+    scheduler: Scheduler | None = None
     if on_drained is None:
         # Queued requests wait for capacity; a replica that drains is capacity, so pump
         # the model's queue onto it at once instead of at the next release.
@@ -450,6 +451,7 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
         )
 
         async def pump(model: str) -> None:
+            assert scheduler is not None
             await scheduler.pump(model)
 
         on_drained = pump
@@ -463,6 +465,8 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
     try:
         await watcher.run(stop)
     finally:
+        if scheduler is not None:
+            await scheduler.close()
         await client.aclose()
         logger.info("fleet_watcher_stopped")
 

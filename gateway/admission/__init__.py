@@ -1,25 +1,21 @@
-"""Rate limits: the first half of admitting a request (docs/gateway-scheduling.md).
+"""Rate limits: which apply to a request and what it costs on them (docs/gateway-scheduling.md).
 
-How the request path uses it::
+Pure functions over the policy snapshot; the counting happens in Valkey inside the
+scheduler's acquire.lua (limits first, then the queue, in one atomic call) and the tokens are
+reconciled by its release.lua::
 
-    limiter = RateLimiter(valkey_client)                      # once per process
     tokens = estimate_tokens(prompt_chars=..., max_tokens=body.get("max_tokens"),
                              model_max_tokens=model.max_tokens)
-    admission = await limiter.admit(
-        limits_for(policy, principal, model.public_id, tokens), now_ms=now_ms()
-    )
-    if not admission.ok:
-        # 429, code "rate_limit_exceeded", Retry-After: admission.retry_after_s,
-        # message naming admission.refused.name (e.g. "tenant acme tokens per minute");
-        # admission.never_fits: the request alone is larger than that limit.
-        ...
-    ...  # schedule, forward
-    await limiter.reconcile(admission, actual_tokens=usage.total_tokens, now_ms=now_ms())
+    limits = limits_for(policy, principal, model.public_id, tokens)
+    ticket = ticket_for(policy, principal, model, ..., limits=limits)
+    grant = await scheduler.acquire(ticket)      # RateLimited: 429 naming refused.limit.name
+    ...
+    scheduler.release_nowait(grant, reconcile=reconcile_args(
+        limits, admitted_ms=grant.admitted_ms, actual_tokens=usage.total_tokens))
 
 A refused request consumes nothing on any window. Only token windows are reconciled.
 """
 
-from gateway.admission.limiter import Admission, RateLimiter
 from gateway.admission.limits import (
     DAY_MS,
     DEFAULT_COMPLETION_ESTIMATE,
@@ -27,17 +23,21 @@ from gateway.admission.limits import (
     Limit,
     LimitKind,
     estimate_tokens,
+    estimated_tokens,
+    limit_args,
     limits_for,
+    reconcile_args,
 )
 
 __all__ = [
     "DAY_MS",
     "DEFAULT_COMPLETION_ESTIMATE",
     "MINUTE_MS",
-    "Admission",
     "Limit",
     "LimitKind",
-    "RateLimiter",
     "estimate_tokens",
+    "estimated_tokens",
+    "limit_args",
     "limits_for",
+    "reconcile_args",
 ]

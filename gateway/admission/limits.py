@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -121,3 +122,30 @@ def _windows(base: str, who: str, limits: Limits, tokens: int) -> list[Limit]:
             )
         )
     return windows
+
+
+def limit_args(limits: Sequence[Limit]) -> list[str | int]:
+    """The limits as acquire.lua takes them: five values each (limits.lua)."""
+    args: list[str | int] = []
+    for limit in limits:
+        args += [limit.id, limit.kind, limit.window_ms, limit.limit, limit.cost]
+    return args
+
+
+def estimated_tokens(limits: Sequence[Limit]) -> int:
+    """What the token windows were charged at admission (0: no token limit applies)."""
+    return max((limit.cost for limit in limits if limit.kind == "tok"), default=0)
+
+
+def reconcile_args(
+    limits: Sequence[Limit], *, admitted_ms: int, actual_tokens: int
+) -> list[str | int]:
+    """For release.lua: add ``actual - estimated`` tokens to each token window the request
+    was counted in at ``admitted_ms`` (four values a window; none when the estimate was
+    exact or no token limit applies)."""
+    args: list[str | int] = []
+    for limit in limits:
+        delta = actual_tokens - limit.cost
+        if limit.kind == "tok" and delta:
+            args += [limit.id, limit.window_ms, admitted_ms // limit.window_ms, delta]
+    return args

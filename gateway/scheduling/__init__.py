@@ -1,17 +1,17 @@
 """Priority, fairness, capacity and leases for model pools (docs/gateway-scheduling.md).
 
-How the request path uses it (after rate limits admitted the request)::
+How the request path uses it (the rate limits are checked and counted by acquire)::
 
     scheduler = Scheduler(valkey_client, lease_ms=30_000)     # once per process
     await scheduler.start()                                   # at startup; close() at shutdown
 
-    ticket = ticket_for(policy, principal, model, request_id=request_id,
-                        cost=admission.estimated_tokens, prefix_hash=prefix_hash(prompt_start))
+    ticket = ticket_for(policy, principal, model, request_id=request_id, cost=tokens,
+                        prefix_hash=prefix_hash(prompt_start), limits=limits_for(...))
     try:
         async with scheduler.hold(ticket) as grant:          # acquire, renew, always release
             body["priority"] = grant.vllm_priority           # vLLM: lower is served earlier
             ...  # forward to grant.replica, stream the answer
-    except MaxConcurrent as refused:                         # 429
+    except (RateLimited, MaxConcurrent) as refused:          # 429
         ...  # Retry-After: refused.retry_after_s, error.code = refused.code
     except (QueueFull, QueueTimeout) as refused:             # 503
         ...
@@ -26,6 +26,7 @@ from gateway.scheduling.errors import (
     MaxConcurrent,
     QueueFull,
     QueueTimeout,
+    RateLimited,
     SchedulingRefused,
     retry_after_s,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "MaxConcurrent",
     "QueueFull",
     "QueueTimeout",
+    "RateLimited",
     "Scheduler",
     "SchedulingRefused",
     "Ticket",

@@ -1,16 +1,20 @@
--- acquire.lua: dispatch a request now, or enqueue it in its model pool's priority queue.
--- (common.lua is prepended at load time.)
+-- acquire.lua: admission in one atomic call: the rate limits, then dispatch now, or enqueue
+-- in the model pool's priority queue. (limits.lua and common.lua are prepended at load time.)
 --
 -- KEYS[1]  the key prefix "sy:{sy}:"
 -- ARGV     now_ms, request id, model, rank, class, max queue length, tenant, use case id,
 --          max concurrent (0 = none), cost (tokens), prefix hash (or ""), lease_ms,
 --          gateway id, queue deadline (ms), stale_ms, waiting threshold,
---          then replica/cap pairs (the pool, recorded in pool:<model> for the other scripts)
+--          n, then n replica/cap pairs (the pool, recorded in pool:<model> for the other
+--          scripts), then the rate limits, five values each (limits.lua); none is fine.
+--          The limits are counted only when the request is granted or enqueued: a refusal,
+--          whichever its reason, costs no budget.
 -- Returns  {1, replica}                                granted now
 --          {0, ahead, hold_ms, in_flight}               enqueued; `ahead` waiters before it
 --          {-1, "max_concurrent", in_flight_of_use_case, hold_ms}
 --          {-2, "queue_full", ahead, hold_ms, in_flight}  the class's queue is full
 --          {-3, "cancelled"}                            cancel.lua ran first for this id
+--          {-4, "rate_limited", i, retry_after_ms}      limit i would overflow (limits.lua)
 --          hold_ms: the pool's moving average time a grant is held (-1: none yet);
 --          in_flight: the pool's requests in flight; together, for a Retry-After estimate.
 
@@ -29,10 +33,17 @@ if redis.call("EXISTS", P .. "gone:" .. id) == 1 then
   return {-3, "cancelled"}
 end
 
+-- Rate limits first: a refused request writes nothing at all.
+local replica_count = tonumber(ARGV[17])
+local refused, limits = limits_check(now, ARGV, 18 + 2 * replica_count)
+if refused then
+  return {-4, "rate_limited", refused[1], refused[2]}
+end
+
 -- The pool as this gateway knows it from policy; recorded when it changed, so that release,
 -- pump and reap (which are not given it) see the same replicas and caps.
 local pool = {replicas = {}, caps = {}, stale = tonumber(ARGV[15]), threshold = tonumber(ARGV[16])}
-for i = 17, #ARGV, 2 do
+for i = 18, 17 + 2 * replica_count, 2 do
   pool.replicas[#pool.replicas + 1] = ARGV[i]
   pool.caps[ARGV[i]] = tonumber(ARGV[i + 1])
 end
@@ -66,6 +77,7 @@ local room = load_room(model, pool, now)
 if #redis.call("ZRANGEBYSCORE", q, "-inf", bound, "LIMIT", 0, 1) == 0 then
   local replica = pick(model, pool, room, w.prefix)
   if replica then
+    limits_commit(limits)
     w.start = start_tag(model, w.tenant, cost)
     grant(model, pool, room, id, replica, w, now)
     return {1, replica}
@@ -76,6 +88,7 @@ local qlen = P .. "qlen:" .. model .. ":" .. class
 if tonumber(redis.call("GET", qlen) or "0") >= max_queue then
   return {-2, "queue_full", redis.call("ZCOUNT", q, "-inf", bound), hold_ms(model), room.total}
 end
+limits_commit(limits)
 w.start = start_tag(model, w.tenant, cost)
 redis.call("ZADD", q, rank * RANK_SCALE + w.start, id)
 redis.call("ZADD", P .. "qdl:" .. model, deadline, id)

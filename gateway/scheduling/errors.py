@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.admission.limits import Limit
 
 
 class SchedulingRefused(Exception):
@@ -15,6 +19,34 @@ class SchedulingRefused(Exception):
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+
+
+class RateLimited(SchedulingRefused):
+    """A rate limit would overflow (429); nothing was counted on any window.
+
+    ``retry_after_ms`` is the time until ``limit`` has room for this request if no one else
+    arrives meanwhile, or -1 when the request alone is larger than the limit (never fits).
+    """
+
+    status = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, limit: Limit, *, retry_after_ms: int) -> None:
+        self.limit = limit
+        self.retry_after_ms = retry_after_ms
+        # From the window itself, so not clamped like the queue's estimates: a day's limit
+        # may honestly say "in nine hours".
+        seconds = max(1, math.ceil(retry_after_ms / 1000))
+        hint = (
+            "This request alone is larger than the limit."
+            if self.never_fits
+            else f"Retry after {seconds}s."
+        )
+        super().__init__(f"Rate limit reached: {limit.name}. {hint}", retry_after_s=seconds)
+
+    @property
+    def never_fits(self) -> bool:
+        return self.retry_after_ms < 0
 
 
 class MaxConcurrent(SchedulingRefused):

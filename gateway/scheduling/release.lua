@@ -1,11 +1,15 @@
--- release.lua: give a grant's capacity back and grant the next waiters.
--- (common.lua is prepended at load time.)
+-- release.lua: give a grant's capacity back, correct the token windows the request was
+-- counted in by what it really used, and grant the next waiters: the end of a request in one
+-- atomic call. (limits.lua and common.lua are prepended at load time.)
 --
 -- KEYS[1]  the key prefix "sy:{sy}:"
--- ARGV     now_ms, request id, model
--- Returns  {released, granted}: released is 1 when the lease existed (0: already released
---          or reaped; releasing twice is harmless), granted the waiters granted after it.
+-- ARGV     now_ms, request id, model, then token reconciliations, four values each
+--          (limits.lua); none is fine.
+-- Returns  {released, granted, adjusted}: released is 1 when the lease existed (0: already
+--          released or reaped; releasing twice is harmless), granted the waiters granted
+--          after it, adjusted the token windows corrected.
 
 local now = tonumber(ARGV[1])
+local adjusted = limits_reconcile(now, ARGV, 4)
 local replica = release_lease(ARGV[3], ARGV[2], now, true)
-return {replica and 1 or 0, pump(ARGV[3], now)}
+return {replica and 1 or 0, pump(ARGV[3], now), adjusted}

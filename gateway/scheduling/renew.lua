@@ -1,16 +1,21 @@
--- renew.lua: extend a running request's lease (every lease_ms / 3 while it runs).
--- (common.lua is prepended at load time.)
+-- renew.lua: extend running requests' leases; each gateway renews all of its own in one call
+-- every lease_ms / 3. (limits.lua and common.lua are prepended at load time.)
 --
 -- KEYS[1]  the key prefix "sy:{sy}:"
--- ARGV     now_ms, request id, model, lease_ms
--- Returns  1 when renewed; 0 when the lease is gone (reaped, or released).
+-- ARGV     now_ms, lease_ms, then request id/model pairs
+-- Returns  one value per pair: 1 when renewed; 0 when that lease is gone (reaped, released).
 
-local id = ARGV[2]
-local leases = P .. "lease:" .. ARGV[3]
-if redis.call("ZSCORE", leases, id) == false then
-  return 0
+local expiry = tonumber(ARGV[1]) + tonumber(ARGV[2])
+local lease_ms = tonumber(ARGV[2])
+local renewed = {}
+for i = 3, #ARGV - 1, 2 do
+  local id, leases = ARGV[i], P .. "lease:" .. ARGV[i + 1]
+  if redis.call("ZSCORE", leases, id) == false then
+    renewed[#renewed + 1] = 0
+  else
+    redis.call("ZADD", leases, "XX", expiry, id)
+    redis.call("PEXPIRE", P .. "grant:" .. id, lease_ms)
+    renewed[#renewed + 1] = 1
+  end
 end
-local lease_ms = tonumber(ARGV[4])
-redis.call("ZADD", leases, "XX", tonumber(ARGV[1]) + lease_ms, id)
-redis.call("PEXPIRE", P .. "grant:" .. id, lease_ms)
-return 1
+return renewed

@@ -1,12 +1,17 @@
 """The global priority queue, fair sharing, capacity and leases: Python around six Lua scripts.
 
 Every decision is one atomic script on the shared Valkey, so any number of gateway processes
-enforce one capacity; this class only waits. One ``Scheduler`` per gateway process:
+enforce one capacity; this class only waits. One ``Scheduler`` per gateway process. The
+scripts go over one auto-pipelined connection (gateway/autopipeline.py): a request costs two
+round trips that it shares with every other request in flight, acquire and release.
 
-- ``acquire`` runs acquire.lua: granted now, or enqueued; an enqueued request waits for the
-  message its grant publishes on ``sy:gw:<gateway_id>`` (a listener task resolves a local
-  future), polling ``grant:<id>`` every ``poll_interval_s`` in case a message was lost.
-- ``release`` runs release.lua, which also grants the next waiters (on whichever gateway).
+- ``acquire`` runs acquire.lua: the ticket's rate limits, then granted now or enqueued; an
+  enqueued request waits for the message its grant publishes on ``sy:gw:<gateway_id>`` (a
+  listener task resolves a local future), polling ``grant:<id>`` every ``poll_interval_s``
+  in case a message was lost.
+- ``release`` runs release.lua, which also reconciles the token windows and grants the next
+  waiters (on whichever gateway).
+- One renewal task extends every lease this process holds, in one call every lease_ms / 3.
 - A reaper task runs reap.lua every ``reap_interval_s``: leases of a gateway that died are
   released once expired, and waiters past their deadline are dropped.
 """
@@ -15,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +34,30 @@ import valkey
 import valkey.asyncio as avalkey
 from valkey.asyncio.client import PubSub
 
+from gateway.admission.limits import limit_args
+from gateway.autopipeline import Arg, AutoPipeline
 from gateway.scheduling import keys
-from gateway.scheduling.errors import MaxConcurrent, QueueFull, QueueTimeout, retry_after_s
+from gateway.scheduling.errors import (
+    MaxConcurrent,
+    QueueFull,
+    QueueTimeout,
+    RateLimited,
+    retry_after_s,
+)
 from gateway.scheduling.tickets import Grant, Ticket
 
 logger = logging.getLogger("gateway.scheduling")
 
 _HERE = Path(__file__).resolve().parent
+_LIMITS_LUA = _HERE.parent / "admission" / "limits.lua"
 SCRIPT_NAMES = ("acquire", "release", "pump", "cancel", "reap", "renew")
+RENEW_BATCH = 500  # leases per renew.lua call
 
 
 def lua_source(name: str) -> str:
-    """A script as it is loaded: common.lua, then the script itself (one atomic call)."""
-    common = (_HERE / "common.lua").read_text()
-    return f"{common}\n{(_HERE / f'{name}.lua').read_text()}"
+    """A script as it is loaded: limits.lua, common.lua, then the script (one atomic call)."""
+    libraries = _LIMITS_LUA.read_text() + "\n" + (_HERE / "common.lua").read_text()
+    return f"{libraries}\n{(_HERE / f'{name}.lua').read_text()}"
 
 
 def wall_ms() -> int:
@@ -68,6 +84,7 @@ class Scheduler:
         reap_interval_s: float = 1.0,
         clock: Callable[[], int] = wall_ms,
         prefix: str = keys.KEY_PREFIX,
+        pipe: AutoPipeline | None = None,
     ) -> None:
         self.gateway_id = gateway_id or (
             f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -76,20 +93,28 @@ class Scheduler:
         self.stale_ms = stale_ms
         self.waiting_threshold = waiting_threshold
         self._client = client
+        self._owns_pipe = pipe is None
+        self.pipe = pipe if pipe is not None else AutoPipeline(client)
+        for name in SCRIPT_NAMES:
+            self.pipe.register(name, lua_source(name))
         self._poll_s = poll_interval_s
         self._reap_s = reap_interval_s
         self._clock = clock
         self._prefix = prefix
-        self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+        self._keys: list[Arg] = [prefix]
+        # Lease ids: unique without a random number per request.
+        self._lease_tag = secrets.token_hex(4)
+        self._lease_seq = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[str]] = {}
-        self._background: set[asyncio.Task[Any]] = set()
+        self._held: dict[str, Grant] = {}
+        self._background: set[asyncio.Future[Any]] = set()
         self._pubsub: PubSub | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Subscribe to this gateway's channel and start the reaper. Idempotent."""
+        """Subscribe to this gateway's channel, start the reaper and the renewals. Idempotent."""
         if self._pubsub is not None:
             return
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
@@ -97,10 +122,11 @@ class Scheduler:
         self._tasks = [
             asyncio.create_task(self._listen(), name=f"scheduler-listen-{self.gateway_id}"),
             asyncio.create_task(self._reap_forever(), name=f"scheduler-reap-{self.gateway_id}"),
+            asyncio.create_task(self._renew_forever(), name=f"scheduler-renew-{self.gateway_id}"),
         ]
 
     async def close(self) -> None:
-        """Stop listening and reaping; waits for releases still on their way to Valkey."""
+        """Stop listening, reaping and renewing; waits for replies still on their way."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -108,29 +134,32 @@ class Scheduler:
                 await task
         self._tasks = []
         if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+            await asyncio.wait(self._background, timeout=2.0)
         if self._pubsub is not None:
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in valkey-py
             self._pubsub = None
+        if self._owns_pipe:
+            await self.pipe.close()
 
     # -- the request path ---------------------------------------------------------------
 
     async def acquire(self, ticket: Ticket) -> Grant:
         """Capacity on a replica of ``ticket.model``: at once, or after waiting in its queue.
 
-        Raises MaxConcurrent, QueueFull or QueueTimeout (each with ``retry_after_s``). If the
+        Checks and counts ``ticket.limits`` in the same atomic call. Raises RateLimited,
+        MaxConcurrent, QueueFull or QueueTimeout (each with ``retry_after_s``). If the
         awaiting task is cancelled (the client went away), the request leaves the queue, and
         a grant that raced in is released, before CancelledError propagates.
         """
         if self._pubsub is None:
             raise RuntimeError("Scheduler.start() must run before acquire()")
-        lease_id = f"{ticket.request_id}.{secrets.token_hex(6)}"
+        lease_id = f"{ticket.request_id}.{self._lease_tag}{next(self._lease_seq):x}"
         granted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiting[lease_id] = granted
         started = time.monotonic()
+        now = self._clock()
         try:
-            now = self._clock()
-            args: list[str | int | float] = [
+            args: list[Arg] = [
                 now,
                 lease_id,
                 ticket.model,
@@ -147,13 +176,18 @@ class Scheduler:
                 now + max(1, round(ticket.queue_timeout_s * 1000)),
                 self.stale_ms,
                 self.waiting_threshold,
+                len(ticket.replicas),
             ]
             for url, cap in ticket.replicas:
                 args += [url, cap]
-            reply = await self._scripts["acquire"](keys=[self._prefix], args=args)
+            if ticket.limits:
+                args += limit_args(ticket.limits)
+            reply = await self.pipe.script("acquire", self._keys, args)
             status = int(reply[0])
             if status == 1:
-                return self._grant(ticket, lease_id, _text(reply[1]), started, queued=False)
+                return self._grant(ticket, lease_id, _text(reply[1]), started, now, queued=False)
+            if status == -4:
+                raise RateLimited(ticket.limits[int(reply[2]) - 1], retry_after_ms=int(reply[3]))
             if status == -1:
                 running, hold = int(reply[2]), int(reply[3])
                 raise MaxConcurrent(
@@ -176,30 +210,41 @@ class Scheduler:
             if status != 0:
                 raise RuntimeError(f"acquire.lua answered {reply!r} for a fresh lease id")
             replica = await self._wait(ticket, lease_id, granted, started)
-            return self._grant(ticket, lease_id, replica, started, queued=True)
-        except (MaxConcurrent, QueueFull, QueueTimeout):
+            return self._grant(ticket, lease_id, replica, started, now, queued=True)
+        except (RateLimited, MaxConcurrent, QueueFull, QueueTimeout):
             raise
         except BaseException:
             # Cancelled (or Valkey failed) at any point: whatever acquire.lua did — enqueue or
             # grant, even one that raced in just now — is undone before the error goes on.
-            await self._shielded(self._abandon(ticket.model, lease_id))
+            # The pipe runs commands in order, so the cancel lands after the acquire.
+            self._send_nowait("cancel", [self._clock(), lease_id, ticket.model, "0"])
             raise
         finally:
             self._waiting.pop(lease_id, None)
 
-    async def release(self, grant: Grant) -> int:
-        """Give the capacity back; returns how many waiters that granted. Idempotent."""
-        reply = await self._scripts["release"](
-            keys=[self._prefix], args=[self._clock(), grant.lease_id, grant.model]
+    async def release(self, grant: Grant, reconcile: Sequence[Arg] = ()) -> int:
+        """Give the capacity back; returns how many waiters that granted. Idempotent.
+
+        ``reconcile``: token-window corrections (admission.reconcile_args), applied in the
+        same call. The command is on its way before the first suspension, so a caller
+        cancelled while waiting for the reply still releases.
+        """
+        self._held.pop(grant.lease_id, None)
+        reply = await (
+            await self.pipe.send_script(
+                "release",
+                self._keys,
+                [self._clock(), grant.lease_id, grant.model, *reconcile],
+            )
         )
         return int(reply[1])
 
     async def renew(self, grant: Grant) -> bool:
-        """Extend the lease by lease_ms; False when it was already reaped or released."""
-        renewed = await self._scripts["renew"](
-            keys=[self._prefix], args=[self._clock(), grant.lease_id, grant.model, grant.lease_ms]
+        """Extend the lease by lease_ms now; False when it was already reaped or released."""
+        renewed = await self.pipe.script(
+            "renew", self._keys, [self._clock(), grant.lease_ms, grant.lease_id, grant.model]
         )
-        return int(renewed) == 1
+        return int(renewed[0]) == 1
 
     @contextlib.asynccontextmanager
     async def hold(self, ticket: Ticket) -> AsyncIterator[Grant]:
@@ -209,17 +254,20 @@ class Scheduler:
             yield grant
 
     @contextlib.asynccontextmanager
-    async def keep_alive(self, grant: Grant) -> AsyncIterator[Grant]:
-        """Renew ``grant`` every lease_ms / 3 while the block runs; release it on any exit."""
-        renewer = asyncio.create_task(self._renew_forever(grant))
+    async def keep_alive(
+        self, grant: Grant, reconcile: Callable[[], Sequence[Arg]] | None = None
+    ) -> AsyncIterator[Grant]:
+        """Renew ``grant`` while the block runs; release it on any exit.
+
+        ``reconcile``, if given, is asked at the exit for release's token corrections (what
+        the request really used is known only then).
+        """
+        self._held[grant.lease_id] = grant
         try:
             yield grant
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
             try:
-                await self._shielded(self.release(grant))
+                await self.release(grant, reconcile() if reconcile is not None else ())
             except (valkey.ValkeyError, OSError) as exc:
                 # Not worth masking the request's own outcome: the lease expires and a
                 # reaper returns the capacity within about lease_ms.
@@ -229,17 +277,33 @@ class Scheduler:
 
     async def pump(self, model: str) -> int:
         """Grant waiters of ``model`` while a replica has room; returns how many."""
-        return int(await self._scripts["pump"](keys=[self._prefix], args=[self._clock(), model]))
+        return int(await self.pipe.script("pump", self._keys, [self._clock(), model]))
 
     async def reap(self) -> tuple[int, int, int]:
         """One reaper pass: (leases released, waiters dropped, waiters granted)."""
-        reply = await self._scripts["reap"](keys=[self._prefix], args=[self._clock()])
+        reply = await self.pipe.script("reap", self._keys, [self._clock()])
         return int(reply[0]), int(reply[1]), int(reply[2])
+
+    async def renew_held(self) -> int:
+        """Extend every lease this process holds; returns how many were lost (reaped)."""
+        held = list(self._held.values())
+        lost = 0
+        for start in range(0, len(held), RENEW_BATCH):
+            batch = held[start : start + RENEW_BATCH]
+            args: list[Arg] = [self._clock(), self.lease_ms]
+            for grant in batch:
+                args += [grant.lease_id, grant.model]
+            renewed = await self.pipe.script("renew", self._keys, args)
+            for grant, ok in zip(batch, renewed, strict=True):
+                if not int(ok) and self._held.pop(grant.lease_id, None) is not None:
+                    lost += 1
+                    logger.warning("scheduler_lease_lost lease=%s", grant.lease_id)
+        return lost
 
     # -- internals -----------------------------------------------------------------------
 
     def _grant(
-        self, ticket: Ticket, lease_id: str, replica: str, started: float, *, queued: bool
+        self, ticket: Ticket, lease_id: str, replica: str, started: float, now: int, *, queued: bool
     ) -> Grant:
         return Grant(
             request_id=ticket.request_id,
@@ -250,6 +314,7 @@ class Scheduler:
             vllm_priority=ticket.vllm_priority,
             queued_ms=(time.monotonic() - started) * 1000,
             queued=queued,
+            admitted_ms=now,
         )
 
     async def _wait(
@@ -265,8 +330,8 @@ class Scheduler:
             replica = await self._client.get(grant_key)
             if replica is not None:
                 return _text(replica)
-        reply = await self._scripts["cancel"](
-            keys=[self._prefix], args=[self._clock(), lease_id, ticket.model, "1"]
+        reply = await self.pipe.script(
+            "cancel", self._keys, [self._clock(), lease_id, ticket.model, "1"]
         )
         if int(reply[0]) == 2:  # granted at the last moment: better served than refused
             return _text(reply[1])
@@ -281,32 +346,27 @@ class Scheduler:
             ),
         )
 
-    async def _abandon(self, model: str, lease_id: str) -> None:
-        try:
-            await self._scripts["cancel"](
-                keys=[self._prefix], args=[self._clock(), lease_id, model, "0"]
-            )
-        except (valkey.ValkeyError, OSError) as exc:
-            # The lease expires and the waiter's deadline passes: the reaper cleans up.
-            logger.warning("scheduler_cancel_failed lease=%s error=%r", lease_id, exc)
-
-    async def _shielded(self, work: Coroutine[Any, Any, Any]) -> None:
-        """Run ``work`` to completion even if the calling task is cancelled meanwhile."""
-        task = asyncio.ensure_future(work)
+    def _send_nowait(self, name: str, args: list[Arg]) -> None:
+        """Run a script that must happen even though the caller is being cancelled."""
+        task = asyncio.ensure_future(self._send_logged(name, args))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        await asyncio.shield(task)
 
-    async def _renew_forever(self, grant: Grant) -> None:
-        interval = grant.lease_ms / 3000
+    async def _send_logged(self, name: str, args: list[Arg]) -> None:
+        try:
+            await self.pipe.script(name, self._keys, args)
+        except (valkey.ValkeyError, OSError) as exc:
+            # The lease expires and the waiter's deadline passes: the reaper cleans up.
+            logger.warning("scheduler_%s_failed lease=%s error=%r", name, args[1], exc)
+
+    async def _renew_forever(self) -> None:
+        interval = self.lease_ms / 3000
         while True:
             await asyncio.sleep(interval)
             try:
-                if not await self.renew(grant):
-                    logger.warning("scheduler_lease_lost lease=%s", grant.lease_id)
-                    return
+                await self.renew_held()
             except (valkey.ValkeyError, OSError) as exc:
-                logger.warning("scheduler_renew_failed lease=%s error=%r", grant.lease_id, exc)
+                logger.warning("scheduler_renew_failed error=%r", exc)
 
     async def _listen(self) -> None:
         pubsub = self._pubsub

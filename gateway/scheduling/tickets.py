@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.admission.limits import Limit
 from gateway.policy import Model, Policy, Principal, PriorityClass
 from gateway.scheduling.keys import MAX_RANK
 
@@ -24,7 +26,8 @@ class Ticket:
     ``X-Request-Id``): the scheduler makes its own unique id for each acquire.
     ``replicas`` are (base URL, max in flight) pairs; ``rank`` 0 is served first;
     ``max_concurrent`` 0 means the use case has no such limit; ``cost`` is the token estimate
-    (what fair sharing charges the tenant); ``prefix_hash`` (or "") keys prefix-cache affinity.
+    (what fair sharing charges the tenant); ``prefix_hash`` (or "") keys prefix-cache affinity;
+    ``limits`` are the rate limits acquire checks and counts in the same atomic call.
     """
 
     request_id: str
@@ -40,6 +43,7 @@ class Ticket:
     cost: int = 1
     prefix_hash: str = ""
     vllm_priority: int = 0
+    limits: tuple[Limit, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank <= MAX_RANK:
@@ -57,7 +61,8 @@ class Grant:
     """Capacity on one replica, held until ``Scheduler.release``.
 
     ``lease_id`` is the scheduler's own unique id for this acquire (what release and renew
-    need); ``vllm_priority`` goes upstream as the request's ``priority``.
+    need); ``vllm_priority`` goes upstream as the request's ``priority``; ``admitted_ms`` is
+    the clock acquire counted the rate limits at (what release reconciles against).
     """
 
     request_id: str
@@ -68,6 +73,7 @@ class Grant:
     vllm_priority: int
     queued_ms: float  # the whole acquire, queue wait and Valkey round trips included
     queued: bool = False  # True only when the request actually waited in the queue
+    admitted_ms: int = 0
 
 
 def priority_class_for(policy: Policy, principal: Principal) -> PriorityClass:
@@ -94,6 +100,7 @@ def ticket_for(
     request_id: str,
     cost: int,
     prefix_hash: str = "",
+    limits: Sequence[Limit] = (),
 ) -> Ticket:
     """Everything the scheduler needs about a request, from the policy snapshot."""
     service_class = priority_class_for(policy, principal)
@@ -113,6 +120,7 @@ def ticket_for(
         cost=max(cost, 1),
         prefix_hash=prefix_hash,
         vllm_priority=service_class.vllm_priority,
+        limits=tuple(limits),
     )
 
 

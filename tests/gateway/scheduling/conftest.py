@@ -74,18 +74,34 @@ class Lua:
         stale_ms: int = 1_000,
         threshold: int = 3,
         replicas: Sequence[tuple[str, int]] = ((R1, 1),),
+        limits: Sequence[tuple[str, str, int, int, int]] = (),
     ) -> list[Any]:
+        """``limits``: (id, kind, window_ms, limit, cost) each, as limits.lua takes them."""
         args: list[Any] = [
             now, request_id, model, rank, priority_class, max_queue, tenant, use_case,
             max_concurrent, cost, prefix_hash, lease_ms, gateway,
             deadline if deadline is not None else now + 60_000, stale_ms, threshold,
+            len(replicas),
         ]  # fmt: skip
         for url, cap in replicas:
             args += [url, cap]
+        for limit in limits:
+            args += list(limit)
         return [_text(v) for v in self("acquire", *args)]
 
-    def release(self, now: int, request_id: str, model: str = MODEL) -> list[int]:
-        return [int(v) for v in self("release", now, request_id, model)]
+    def release(
+        self,
+        now: int,
+        request_id: str,
+        model: str = MODEL,
+        reconcile: Sequence[tuple[str, int, int, int]] = (),
+    ) -> list[int]:
+        """[released, granted, windows adjusted]; ``reconcile``: (id, window_ms, window
+        index, delta) each (limits.lua)."""
+        args: list[Any] = [now, request_id, model]
+        for window in reconcile:
+            args += list(window)
+        return [int(v) for v in self("release", *args)]
 
     def cancel(self, now: int, request_id: str, *, keep: bool = False, model: str = MODEL):
         return [_text(v) for v in self("cancel", now, request_id, model, "1" if keep else "0")]

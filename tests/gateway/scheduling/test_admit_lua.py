@@ -1,48 +1,54 @@
-"""admit.lua and reconcile.lua, called directly with the caller's clock."""
+"""The rate limits inside acquire.lua and release.lua (limits.lua), called directly with the
+caller's clock: an admitted request is enqueued (its pool has no replica here, so nothing is
+granted) and counted; a refused one writes nothing."""
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import Any, cast
 
 import pytest
 import valkey
 
-from gateway.admission.limiter import ADMIT_LUA, RECONCILE_LUA
 from gateway.scheduling import keys
+
+from .conftest import Lua
 
 W = 60_000
 WINDOW_START = 1_000 * W  # window index 1000 begins here
 
 
 @pytest.fixture
-def admit(db: valkey.Valkey):
-    script = db.register_script(ADMIT_LUA)
+def admit(lua: Lua):
+    ids = itertools.count()
 
     def call(now: int, *limits: tuple[str, str, int, int, int]) -> list[int]:
-        args: list[Any] = [now]
-        for limit in limits:
-            args += list(limit)
-        return [int(v) for v in script(keys=[keys.KEY_PREFIX], args=args)]
+        reply = lua.acquire(now, f"r{next(ids)}", replicas=(), limits=limits)
+        if int(reply[0]) in (0, 1):  # enqueued or granted: admitted by the limits
+            return [1]
+        assert reply[:2] == [-4, "rate_limited"], reply
+        return [0, int(reply[2]), int(reply[3])]
 
     return call
 
 
 @pytest.fixture
-def reconcile(db: valkey.Valkey):
-    script = db.register_script(RECONCILE_LUA)
-
+def reconcile(lua: Lua):
     def call(now: int, *windows: tuple[str, int, int, int]) -> int:
-        args: list[Any] = [now]
-        for window in windows:
-            args += list(window)
-        return int(script(keys=[keys.KEY_PREFIX], args=args))
+        released, _, adjusted = lua.release(now, "no-such-lease", reconcile=windows)
+        assert released == 0
+        return adjusted
 
     return call
 
 
 def counters(db: valkey.Valkey) -> dict[bytes, Any]:
-    """Every key with its value: the whole state a refusal must leave alone."""
-    return {key: db.get(key) for key in db.keys("*")}
+    """Every key, serialized, with its expiry time: the whole state a refusal must leave alone."""
+    return {key: (db.dump(key), db.pexpiretime(key)) for key in db.keys("*")}
+
+
+def windows(db: valkey.Valkey) -> list[Any]:
+    return cast(list[Any], db.keys(keys.KEY_PREFIX + "rl:*"))
 
 
 def test_an_admitted_request_counts_on_every_window(db, admit):
@@ -66,7 +72,7 @@ def test_a_refused_request_leaves_every_counter_unchanged(db, admit):
     refused = admit(now + 10, *limits, ("uc", "req", W, 2, 1))
 
     assert refused[:2] == [0, 3]
-    assert counters(db) == before
+    assert counters(db) == before  # nor the queue: a refusal writes nothing at all
     assert db.pttl(keys.rate_window("global", 1000)) <= ttl  # not even the TTL was touched
 
 
@@ -105,7 +111,7 @@ def test_token_retry_after_accounts_for_the_request_size(admit):
 
 def test_a_request_larger_than_the_limit_never_fits(db, admit):
     assert admit(WINDOW_START, ("tpm", "tok", W, 1_000, 1_001)) == [0, 1, -1]
-    assert db.keys("*") == []
+    assert db.keys("*") == []  # refused before anything was written
 
 
 def test_reconcile_refunds_and_charges_the_admission_windows(db, admit, reconcile):
@@ -131,7 +137,7 @@ def test_reconcile_never_goes_below_zero_nor_recreates_windows(db, admit, reconc
 
     db.delete(keys.rate_window("tpm", 1000))  # expired
     assert reconcile(now, ("tpm", W, 1000, -50)) == 0
-    assert db.keys("*") == []
+    assert windows(db) == []
 
 
 def test_reconcile_leaves_windows_that_no_longer_count(db, admit, reconcile):

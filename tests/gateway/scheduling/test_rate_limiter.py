@@ -1,20 +1,28 @@
-"""Rate limits through the Python API: which limits apply, admit, reconcile."""
+"""Rate limits through the Python API: which limits apply; counted by Scheduler.acquire and
+reconciled by Scheduler.release, in the same atomic calls as the queue."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import orjson
+import pytest
 import valkey.asyncio as avalkey
 
 from gateway.admission import (
     DAY_MS,
     MINUTE_MS,
     Limit,
-    RateLimiter,
     estimate_tokens,
+    estimated_tokens,
     limits_for,
+    reconcile_args,
 )
 from gateway.policy import Limits, Policy, Principal, parse_snapshot
-from gateway.scheduling import keys
+from gateway.scheduling import RateLimited, Scheduler, Ticket, fleet_entry, keys, write_fleet
+
+from .conftest import MODEL, R1
 
 NOW = 1_000 * MINUTE_MS + 10_000
 
@@ -152,62 +160,101 @@ def _limit(limit_id: str, kind: str, limit: int, cost: int) -> Limit:
     return Limit(limit_id, kind, MINUTE_MS, limit, cost, f"the {limit_id} limit")  # type: ignore[arg-type]
 
 
-async def test_admit_is_all_or_nothing_and_names_the_refusing_limit(valkey_client, valkey_url):
-    client = avalkey.Valkey.from_url(valkey_url)
-    limiter = RateLimiter(client)
+def _ticket(request_id: str, *limits: Limit) -> Ticket:
+    return Ticket(
+        request_id=request_id,
+        model=MODEL,
+        replicas=((R1, 1_000),),
+        rank=0,
+        priority_class="prod",
+        queue_timeout_s=5.0,
+        max_queue_length=100,
+        tenant="acme",
+        use_case_id=12,
+        cost=max(estimated_tokens(limits), 1),
+        limits=limits,
+    )
+
+
+@asynccontextmanager
+async def scheduler_at(url: str, clock: list[int]) -> AsyncIterator[Scheduler]:
+    """A started scheduler whose clock reads ``clock[0]``, with a replica fresh at NOW."""
+    client = avalkey.Valkey.from_url(url)
+    scheduler = Scheduler(client, clock=lambda: clock[0], stale_ms=60_000)
+    entry = fleet_entry(waiting=0, running=0, kv_usage=0.0, scraped_at_ms=NOW)
+    await write_fleet(client, MODEL, {R1: entry})
+    await scheduler.start()
+    try:
+        yield scheduler
+    finally:
+        await scheduler.close()
+        await client.aclose()
+
+
+async def test_acquire_counts_all_limits_or_none_and_names_the_refusing_one(
+    valkey_client, valkey_url
+):
+    clock = [NOW]
     roomy = _limit("roomy", "tok", 1_000_000, 5_000)
     tight = _limit("tight", "req", 2, 1)
-    try:
-        assert (await limiter.admit([roomy, tight], now_ms=NOW)).ok
-        assert (await limiter.admit([roomy, tight], now_ms=NOW)).ok
-        before = await client.get(keys.rate_window("roomy", NOW // MINUTE_MS))
+    async with scheduler_at(valkey_url, clock) as scheduler:
+        await scheduler.acquire(_ticket("a", roomy, tight))
+        await scheduler.acquire(_ticket("b", roomy, tight))
+        window = keys.rate_window("roomy", NOW // MINUTE_MS)
+        assert valkey_client.get(window) == b"10000"
+        clock[0] = NOW + 1
 
-        refused = await limiter.admit([roomy, tight], now_ms=NOW + 1)
+        with pytest.raises(RateLimited) as refused:
+            await scheduler.acquire(_ticket("c", roomy, tight))
 
-        assert not refused.ok
-        assert refused.refused == tight
+        assert refused.value.limit == tight
         # The rest of this minute (49.999 s), then until 2 * (1 - e/W) + 1 <= 2 (30 s).
-        assert (refused.retry_after_ms, refused.retry_after_s) == (79_999, 80)
-        assert not refused.never_fits
-        assert await client.get(keys.rate_window("roomy", NOW // MINUTE_MS)) == before == b"10000"
-    finally:
-        await client.aclose()
+        assert (refused.value.retry_after_ms, refused.value.retry_after_s) == (79_999, 80)
+        assert not refused.value.never_fits
+        assert refused.value.status == 429
+        assert refused.value.code == "rate_limit_exceeded"
+        assert "the tight limit" in refused.value.message
+        assert valkey_client.get(window) == b"10000"  # the roomy limit was not charged either
+        assert valkey_client.hget(keys.in_flight(MODEL), R1) == b"2"  # nor a slot taken
 
 
-async def test_no_limits_admits_without_a_round_trip(valkey_client, valkey_url):
-    client = avalkey.Valkey.from_url(valkey_url)
-    try:
-        assert (await RateLimiter(client).admit([], now_ms=NOW)).ok
-        assert await client.dbsize() == 0
-    finally:
-        await client.aclose()
+async def test_a_request_without_limits_is_only_scheduled(valkey_client, valkey_url):
+    async with scheduler_at(valkey_url, [NOW]) as scheduler:
+        await scheduler.release(await scheduler.acquire(_ticket("a")))
+    assert valkey_client.keys(keys.KEY_PREFIX + "rl:*") == []
 
 
-async def test_reconcile_refunds_what_the_request_did_not_use(valkey_client, valkey_url):
+async def test_release_refunds_what_the_request_did_not_use(valkey_client, valkey_url):
     """GIVEN a 10k tokens/min limit and a request estimated at 8k, WHEN it used only 1k,
-    THEN reconcile refunds 7k and a second 8k request fits in the same minute."""
-    client = avalkey.Valkey.from_url(valkey_url)
-    limiter = RateLimiter(client)
-    tokens = [_limit("tpm", "tok", 10_000, 8_000), _limit("rpm", "req", 100, 1)]
-    try:
-        first = await limiter.admit(tokens, now_ms=NOW)
-        assert first.ok
-        assert first.estimated_tokens == 8_000
-        assert not (await limiter.admit(tokens, now_ms=NOW + 1)).ok
+    THEN its release refunds 7k and a second 8k request fits in the same minute."""
+    clock = [NOW]
+    tokens = (_limit("tpm", "tok", 10_000, 8_000), _limit("rpm", "req", 100, 1))
+    async with scheduler_at(valkey_url, clock) as scheduler:
+        first = await scheduler.acquire(_ticket("a", *tokens))
+        assert first.admitted_ms == NOW
+        clock[0] = NOW + 1
+        with pytest.raises(RateLimited):
+            await scheduler.acquire(_ticket("b", *tokens))
 
-        assert await limiter.reconcile(first, actual_tokens=1_000, now_ms=NOW + 2) == 1
+        clock[0] = NOW + 2
+        corrections = reconcile_args(tokens, admitted_ms=first.admitted_ms, actual_tokens=1_000)
+        assert corrections == ["tpm", MINUTE_MS, NOW // MINUTE_MS, -7_000]
+        await scheduler.release(first, corrections)
 
-        assert await client.get(keys.rate_window("tpm", NOW // MINUTE_MS)) == b"1000"
-        assert await client.get(keys.rate_window("rpm", NOW // MINUTE_MS)) == b"1"
-        assert (await limiter.admit(tokens, now_ms=NOW + 3)).ok
-    finally:
-        await client.aclose()
+        assert valkey_client.get(keys.rate_window("tpm", NOW // MINUTE_MS)) == b"1000"
+        assert valkey_client.get(keys.rate_window("rpm", NOW // MINUTE_MS)) == b"1"
+        clock[0] = NOW + 3
+        await scheduler.acquire(_ticket("c", *tokens))
+
+
+def test_an_exact_estimate_needs_no_correction():
+    tokens = (_limit("tpm", "tok", 10_000, 800), _limit("rpm", "req", 100, 1))
+    assert reconcile_args(tokens, admitted_ms=NOW, actual_tokens=800) == []
 
 
 async def test_a_request_over_the_limit_itself_never_fits(valkey_client, valkey_url):
-    client = avalkey.Valkey.from_url(valkey_url)
-    try:
-        admission = await RateLimiter(client).admit([_limit("tpm", "tok", 100, 101)], now_ms=NOW)
-        assert admission.never_fits
-    finally:
-        await client.aclose()
+    async with scheduler_at(valkey_url, [NOW]) as scheduler:
+        with pytest.raises(RateLimited) as refused:
+            await scheduler.acquire(_ticket("a", _limit("tpm", "tok", 100, 101)))
+    assert refused.value.never_fits
+    assert "larger than the limit" in refused.value.message

@@ -88,10 +88,10 @@ def test_the_top_rank_is_granted_first_under_overload(lua):
         assert lua.acquire(T0 + n, f"low-{n}", rank=5, priority_class="dev")[0] == 0
     assert lua.acquire(T0 + 200, "top", rank=0, priority_class="prod-dr")[0] == 0
 
-    assert lua.release(T0 + 300, "holder") == [1, 1]
+    assert lua.release(T0 + 300, "holder") == [1, 1, 0]
 
     assert holder_of(lua) == "top"
-    assert lua.release(T0 + 400, "top") == [1, 1]
+    assert lua.release(T0 + 400, "top") == [1, 1, 0]
     assert holder_of(lua) == "low-0"
 
 
@@ -121,7 +121,7 @@ def test_fair_queueing_shares_tokens_between_a_heavy_and_a_light_tenant(lua):
     served = []
     current = "holder"
     for step in range(600):
-        assert lua.release(T0 + 10 + step, current) == [1, 1]
+        assert lua.release(T0 + 10 + step, current) == [1, 1, 0]
         current = holder_of(lua)
         served.append(current[0])
 
@@ -217,8 +217,8 @@ def test_a_cancel_that_arrives_before_its_acquire_makes_the_acquire_refuse(lua):
 
 def test_release_is_idempotent_and_never_goes_below_zero(lua):
     busy(lua, use_case="3", max_concurrent=5)
-    assert lua.release(T0 + 1, "holder") == [1, 0]
-    assert lua.release(T0 + 2, "holder") == [0, 0]
+    assert lua.release(T0 + 1, "holder") == [1, 0, 0]
+    assert lua.release(T0 + 2, "holder") == [0, 0, 0]
     assert lua.in_flight() == {}
     assert lua.client.exists(keys.concurrency("3")) == 0
 
@@ -251,12 +251,25 @@ def test_reap_and_pump_drop_waiters_past_their_deadline(lua):
 
 def test_renew_extends_a_lease_until_it_is_reaped(lua):
     busy(lua, lease_ms=1_000)
-    assert lua("renew", T0 + 900, "holder", MODEL, 1_000) == 1
+    assert lua("renew", T0 + 900, 1_000, "holder", MODEL) == [1]
     assert lua.client.zscore(keys.leases(MODEL), "holder") == T0 + 1_900
     assert lua("reap", T0 + 1_500) == [0, 0, 0]
 
     assert lua("reap", T0 + 1_900) == [1, 0, 0]
-    assert lua("renew", T0 + 2_000, "holder", MODEL, 1_000) == 0
+    assert lua("renew", T0 + 2_000, 1_000, "holder", MODEL) == [0]
+
+
+def test_one_renew_call_extends_every_lease_of_a_gateway_and_names_the_lost_ones(lua):
+    lua.fleet(T0, (R1, 0))
+    assert lua.acquire(T0, "a", replicas=((R1, 5),), lease_ms=1_000) == [1, R1]
+    assert lua.acquire(T0, "b", replicas=((R1, 5),), lease_ms=1_000) == [1, R1]
+
+    renewed = lua("renew", T0 + 500, 1_000, "a", MODEL, "gone", MODEL, "b", MODEL)
+
+    assert renewed == [1, 0, 1]
+    assert lua.client.zscore(keys.leases(MODEL), "a") == T0 + 1_500
+    assert lua.client.zscore(keys.leases(MODEL), "b") == T0 + 1_500
+    assert lua.client.zscore(keys.leases(MODEL), "gone") is None
 
 
 def test_prefix_affinity_prefers_the_same_replica_while_it_has_room(lua):

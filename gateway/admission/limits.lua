@@ -1,0 +1,92 @@
+-- limits.lua: sliding-window rate limits, as functions acquire.lua and release.lua call.
+-- (Prepended to them at load time, like common.lua; not a script of its own.)
+--
+-- Each limit is a sliding window made of two fixed windows: the estimate at `now` is
+-- prev * (1 - elapsed / W) + cur, where elapsed is the time since the current window began.
+-- Counters are KEYS[1] .. "rl:<limit-id>:<window-index>", window-index = floor(now_ms / W).
+--
+-- A limit comes as five ARGV values: id, kind ("req" | "tok"), window_ms, limit, cost.
+-- A reconciliation comes as four: id, window_ms, window index at admission, delta
+-- (actual - estimated tokens; negative refunds).
+
+-- Reads every counter the limits at argv[first ..] need (one MGET) and judges them, writing
+-- nothing. Returns (nil, state) when every limit has room for its cost, where state is what
+-- limits_commit needs; or ({i, retry_after_ms}) for the first limit i (1-based) that would
+-- overflow: retry_after_ms is the time until its estimate leaves room for the cost if no one
+-- else arrives meanwhile, or -1 when the cost exceeds the limit itself (it never fits).
+local function limits_check(now, argv, first)
+  local count = math.floor((#argv - first + 1) / 5)
+  local state = {names = {}, limits = {}}
+  if count == 0 then
+    return nil, state
+  end
+  local names, limits = state.names, state.limits
+  for i = 1, count do
+    local base = first + (i - 1) * 5
+    local window = tonumber(argv[base + 2])
+    local index = math.floor(now / window)
+    local stem = KEYS[1] .. "rl:" .. argv[base] .. ":"
+    names[2 * i - 1] = stem .. string.format("%d", index)
+    names[2 * i] = stem .. string.format("%d", index - 1)
+    limits[i] = {window = window, limit = tonumber(argv[base + 3]),
+      cost = tonumber(argv[base + 4]), elapsed = now - index * window}
+  end
+  local counts = redis.call("MGET", unpack(names))
+  for i = 1, count do
+    local l = limits[i]
+    local window, limit, cost, elapsed = l.window, l.limit, l.cost, l.elapsed
+    local cur = tonumber(counts[2 * i - 1] or "0")
+    local prev = tonumber(counts[2 * i] or "0")
+    local estimate = prev * (1 - elapsed / window) + cur
+    -- The epsilon keeps float rounding from refusing a request at exactly the retry time.
+    if estimate + cost > limit + 1e-9 then
+      local retry
+      if cost > limit then
+        retry = -1
+      elseif cur + cost <= limit then
+        -- Room comes in this window, as the previous window's weight fades.
+        retry = window * (1 - (limit - cur - cost) / prev) - elapsed
+      else
+        -- Not before the next window, where this window's count becomes the fading one.
+        retry = (window - elapsed) + window * (1 - (limit - cost) / cur)
+      end
+      if retry ~= -1 then
+        retry = math.max(1, math.ceil(retry))
+      end
+      return {i, retry}, state
+    end
+  end
+  return nil, state
+end
+
+-- Counts the request on every current window limits_check judged (all of them, or, by not
+-- being called, none). A window's first count creates it; its TTL (2 W) is set once.
+local function limits_commit(state)
+  for i, l in ipairs(state.limits) do
+    if l.cost > 0 and redis.call("INCRBY", state.names[2 * i - 1], l.cost) == l.cost then
+      redis.call("PEXPIRE", state.names[2 * i - 1], 2 * l.window)
+    end
+  end
+end
+
+-- Corrects the token windows a request was admitted into by what it really used. A window
+-- that no longer exists (expired) or no longer counts (older than the previous window) is
+-- left alone, no counter goes below zero, the TTL set at admission is kept. Returns how many
+-- windows were adjusted.
+local function limits_reconcile(now, argv, first)
+  local adjusted = 0
+  for base = first, #argv - 3, 4 do
+    local window = tonumber(argv[base + 1])
+    local index = tonumber(argv[base + 2])
+    local delta = tonumber(argv[base + 3])
+    if delta ~= 0 and index >= math.floor(now / window) - 1 then
+      local key = KEYS[1] .. "rl:" .. argv[base] .. ":" .. string.format("%d", index)
+      local value = redis.call("GET", key)
+      if value then
+        redis.call("SET", key, math.max(0, tonumber(value) + delta), "KEEPTTL")
+        adjusted = adjusted + 1
+      end
+    end
+  end
+  return adjusted
+end

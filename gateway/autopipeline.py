@@ -1,0 +1,302 @@
+"""One auto-pipelined connection to Valkey for the hot path's Lua calls.
+
+Why not valkey-py's client for these: measured at saturation (bench/RESULTS.md), its async
+command path — a pool checkout with an unread-data probe under ``asyncio.timeout``, argument
+encoding in Python, a retry wrapper, one socket write and one awaited read per command — cost
+more CPU than everything else the gateway does for a request. Here the protocol work is
+libvalkey's (its C ``pack_command`` and ``Reader``, the parser valkey-py itself uses) and the
+rest is a FIFO:
+
+- every command is packed and queued at once, and all commands queued in one turn of the
+  event loop go out in one write (requests in flight share round trips);
+- replies are matched to their callers in order as they arrive, in ``data_received``, with
+  no task or awaited read per command;
+- a command is on its way as soon as ``send`` returns, so a caller cancelled afterwards
+  (a client gone away) cannot stop it half-way: commands that must happen — a release,
+  an abandon — are issued with ``send`` and not awaited.
+
+Failure: a connection that fails, or that leaves a command unanswered for ``reply_timeout_s``
+(a hung server), is dropped; every command waiting on it fails with ``valkey.ConnectionError``
+(what the callers already treat as "Valkey unavailable"), and the next command reconnects.
+Scripts are sent by SHA; a server that does not know one (restarted, flushed) gets the source
+once and the command is retried, so no caller ever sees ``NOSCRIPT``.
+
+valkey-py stays the client for everything off the hot path (policy, pub/sub, accounting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, cast
+
+import libvalkey
+import valkey
+import valkey.asyncio as avalkey
+from valkey.asyncio.connection import SSLConnection, UnixDomainSocketConnection
+
+Arg = str | bytes | int | float
+
+_NOSCRIPT = "NOSCRIPT"
+
+
+class _Pending:
+    """A command written and not yet answered: who waits, and for a script the EVAL to send
+    instead if the server does not know its SHA (packed only then)."""
+
+    __slots__ = ("future", "retry")
+
+    def __init__(self, future: asyncio.Future[Any], retry: tuple[Arg, ...] | None) -> None:
+        self.future = future
+        self.retry = retry
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, owner: AutoPipeline) -> None:
+        self._owner = owner
+        self._reader = libvalkey.Reader()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        owner = self._owner
+        while (reply := self._reader.gets()) is not False:
+            owner._answer(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._owner._lost(self, exc)
+
+
+class AutoPipeline:
+    """Scripts and commands over one connection, pipelined automatically. One per process.
+
+    ``register`` a script's source once; ``await script(name, keys, args)`` runs it and
+    returns its reply; ``send_script`` writes it and returns the reply's future without
+    waiting (see the module docstring for when that matters).
+    """
+
+    def __init__(
+        self,
+        client: avalkey.Valkey,
+        *,
+        connect_timeout_s: float = 2.0,
+        reply_timeout_s: float = 2.0,
+    ) -> None:
+        # Where and how to connect, exactly as valkey-py parsed the URL (TCP, TLS or a Unix
+        # socket; username, password and database).
+        pool = client.connection_pool
+        self._connection_class = pool.connection_class
+        self._kwargs = dict(pool.connection_kwargs)
+        self._connect_timeout_s = connect_timeout_s
+        self._reply_timeout_s = reply_timeout_s
+        self._scripts: dict[str, tuple[bytes, bytes]] = {}  # name -> (sha, source)
+        self._protocol: _Protocol | None = None
+        self._connecting: asyncio.Future[_Protocol] | None = None
+        self._pending: deque[_Pending] = deque()
+        self._outbox: list[bytes] = []
+        self._flush_scheduled = False
+        self._last_progress = 0.0
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # --- the caller's side -----------------------------------------------------------------
+
+    def register(self, name: str, source: str) -> None:
+        # SHA-1 because that is how Valkey names scripts (EVALSHA), not for security.
+        sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        self._scripts[name] = (sha.encode(), source.encode())
+
+    async def script(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        return await (await self.send_script(name, keys, args))
+
+    async def send_script(
+        self, name: str, keys: Sequence[Arg], args: Sequence[Arg]
+    ) -> asyncio.Future[Any]:
+        """Write the script's call now; the returned future resolves with its reply.
+
+        Suspends only while (re)connecting: once it returns, the command is on its way."""
+        sha, source = self._scripts[name]
+        call = (len(keys), *keys, *args)
+        return await self._send(
+            libvalkey.pack_command(("EVALSHA", sha, *call)), ("EVAL", source, *call)
+        )
+
+    async def execute(self, *args: Arg) -> Any:
+        """One plain command (not a script), pipelined with the rest."""
+        return await (await self._send(libvalkey.pack_command(args), None))
+
+    async def execute_many(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Plain commands in one go; each one's reply, or the ResponseError it got.
+
+        Raises (valkey.ConnectionError) only when the connection failed."""
+        futures = [await self._send(libvalkey.pack_command(tuple(c)), None) for c in commands]
+        if futures:
+            await asyncio.wait(futures)
+        replies: list[Any] = []
+        for future in futures:
+            error = future.exception()
+            if isinstance(error, valkey.ConnectionError):
+                raise error
+            replies.append(error if error is not None else future.result())
+        return replies
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.close()
+        self._fail_all(valkey.ConnectionError("The connection to Valkey was closed."))
+
+    # --- internals --------------------------------------------------------------------------
+
+    async def _send(self, command: bytes, retry: tuple[Arg, ...] | None) -> asyncio.Future[Any]:
+        if self._protocol is None:
+            await self._connect()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self._pending:
+            self._last_progress = loop.time()
+        self._pending.append(_Pending(future, retry))
+        self._outbox.append(command)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        outbox, self._outbox = self._outbox, []
+        protocol = self._protocol
+        if protocol is None or protocol.transport is None:
+            # Lost between queueing and this turn: _lost failed the waiters already.
+            return
+        protocol.transport.writelines(outbox)
+
+    def _answer(self, reply: Any) -> None:
+        if not self._pending:
+            return  # nothing asked for it (the waiters failed already): ignore
+        entry = self._pending.popleft()
+        self._last_progress = asyncio.get_running_loop().time()
+        if isinstance(reply, libvalkey.ReplyError):
+            message = str(reply)
+            if message.startswith(_NOSCRIPT) and entry.retry is not None:
+                # The server lost its script cache: send the source, in the same order slot
+                # at the end of the queue, and answer this caller from that.
+                self._pending.append(_Pending(entry.future, None))
+                self._outbox.append(libvalkey.pack_command(entry.retry))
+                self._flush()
+                return
+            if not entry.future.done():
+                entry.future.set_exception(valkey.ResponseError(message))
+            return
+        if not entry.future.done():
+            entry.future.set_result(reply)
+
+    def _lost(self, protocol: _Protocol, exc: Exception | None) -> None:
+        if protocol is not self._protocol:
+            return
+        self._protocol = None
+        reason = f": {exc}" if exc else ""
+        self._fail_all(valkey.ConnectionError(f"The connection to Valkey was lost{reason}."))
+
+    def _fail_all(self, error: Exception) -> None:
+        pending, self._pending = self._pending, deque()
+        self._outbox = []
+        for entry in pending:
+            if not entry.future.done():
+                entry.future.set_exception(error)
+                # Fire-and-forget callers may never look: do not warn about it at exit.
+                entry.future.exception()
+
+    async def _connect(self) -> None:
+        if self._closed:
+            raise valkey.ConnectionError("The Valkey connection is closed.")
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._open())
+        connecting = self._connecting
+        try:
+            self._protocol = await asyncio.shield(connecting)
+        finally:
+            if connecting.done():
+                self._connecting = None
+
+    async def _open(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        kwargs = self._kwargs
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                if issubclass(self._connection_class, UnixDomainSocketConnection):
+                    _, protocol = await loop.create_unix_connection(
+                        lambda: _Protocol(self), kwargs["path"]
+                    )
+                else:
+                    _, protocol = await loop.create_connection(
+                        lambda: _Protocol(self),
+                        kwargs.get("host", "localhost"),
+                        int(kwargs.get("port", 6379)),
+                        ssl=self._ssl_context(),
+                    )
+        except (OSError, TimeoutError) as exc:
+            raise valkey.ConnectionError(f"Cannot connect to Valkey: {exc!r}") from exc
+        # Until the handshake is answered nobody else may use the connection: queue it first.
+        self._protocol = protocol
+        handshake: list[asyncio.Future[Any]] = []
+        password = kwargs.get("password")
+        if password:
+            username = kwargs.get("username")
+            auth = ("AUTH", username, password) if username else ("AUTH", password)
+            handshake.append(await self._send(libvalkey.pack_command(auth), None))
+        if int(kwargs.get("db") or 0):
+            handshake.append(
+                await self._send(libvalkey.pack_command(("SELECT", kwargs["db"])), None)
+            )
+        try:
+            for reply in handshake:
+                await reply
+        except valkey.ValkeyError as exc:
+            self._lost(protocol, exc)  # fails whatever was queued behind the handshake
+            assert protocol.transport is not None
+            protocol.transport.close()
+            raise
+        self._arm_watchdog()
+        return protocol
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not issubclass(self._connection_class, SSLConnection):
+            return None
+        tls_options = {k: v for k, v in self._kwargs.items() if k.startswith("ssl_")}
+        context: ssl.SSLContext = SSLConnection(**tls_options).ssl_context.get()
+        return context
+
+    def _arm_watchdog(self) -> None:
+        if self._watchdog is not None or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        interval = max(0.05, self._reply_timeout_s / 4)
+
+        def check() -> None:
+            self._watchdog = None
+            protocol = self._protocol
+            if (
+                protocol is not None
+                and self._pending
+                and loop.time() - self._last_progress > self._reply_timeout_s
+            ):
+                # A server that accepts commands but never answers: give up on it, so that
+                # callers fail over to "unavailable" instead of hanging.
+                self._lost(protocol, TimeoutError(f"no reply in {self._reply_timeout_s:g} s"))
+                if protocol.transport is not None:
+                    protocol.transport.abort()
+            if not self._closed:
+                self._watchdog = loop.call_later(interval, check)
+
+        self._watchdog = loop.call_later(interval, check)
