@@ -272,6 +272,11 @@ API_KEY_ROTATION_GRACE_SECONDS = env_int(
     "SWITCHYARD_API_KEY_ROTATION_GRACE_SECONDS", 86400, minimum=0
 )
 
+# --- Retention of the usage roll-ups and admission decisions (0 keeps them forever) -------
+# The audit trail, refusal summaries included, is append-only and never deleted.
+USAGE_RETENTION_DAYS = env_int("SWITCHYARD_USAGE_RETENTION_DAYS", 400, minimum=0)
+DECISION_RETENTION_DAYS = env_int("SWITCHYARD_DECISION_RETENTION_DAYS", 90, minimum=0)
+
 # --- The gateway's public address, shown in snippets and the portal -----------------------
 GATEWAY_PUBLIC_URL = env_str("SWITCHYARD_GATEWAY_PUBLIC_URL", "http://127.0.0.1:8080")
 

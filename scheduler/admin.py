@@ -53,6 +53,7 @@ class AdmissionDecisionAdmin(ReadOnlyAdmin):
         "queued_ms",
         "request_id",
         "policy_version",
+        "audit_sequence",
     )
     list_filter = ("decision", "reason", "tenant", "model")
     search_fields = ("request_id", "reason", "tenant")

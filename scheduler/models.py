@@ -41,7 +41,12 @@ class UsageMinute(models.Model):
 
 
 class AdmissionDecision(models.Model):
-    """A refusal or a queue wait: what an auditor reads to answer "why was this refused"."""
+    """A refusal or a queue wait: what an auditor reads to answer "why was this refused".
+
+    Refusals are also summarised, per use case × model × decision × reason × minute, in the
+    hash-chained audit trail (``audit_sequence`` names the event); these rows are the
+    per-request detail and are deleted after ``DECISION_RETENTION_DAYS``, the summaries never.
+    """
 
     class Kind(models.TextChoices):
         ADMITTED = "admitted"
@@ -62,6 +67,14 @@ class AdmissionDecision(models.Model):
     model = models.CharField(max_length=200)
     queued_ms = models.BigIntegerField(default=0)
     policy_version = models.BigIntegerField(null=True, blank=True)
+    audit_sequence = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "The audit event summarising this refusal (rejected or shed); set once, in the "
+            "transaction that stores the row, so a refusal is summarised exactly once."
+        ),
+    )
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "occurred_at"], name="decision_tenant_time")]

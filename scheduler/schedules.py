@@ -5,6 +5,7 @@ from __future__ import annotations
 from config.env import env_float
 
 _USAGE_PERSIST_SECONDS = env_float("SWITCHYARD_USAGE_PERSIST_SECONDS", 5.0, minimum=0.5)
+_RETENTION_SECONDS = 3600.0
 
 BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # Safety net: a snapshot lost with a Valkey restart, or a publish deferred while Valkey
@@ -19,5 +20,12 @@ BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "scheduler.persist_usage",
         "schedule": _USAGE_PERSIST_SECONDS,
         "options": {"expires": _USAGE_PERSIST_SECONDS},
+    },
+    # Usage roll-ups and admission decisions past SWITCHYARD_USAGE_RETENTION_DAYS /
+    # SWITCHYARD_DECISION_RETENTION_DAYS; each run deletes a bounded number of batches.
+    "apply-retention": {
+        "task": "scheduler.apply_retention",
+        "schedule": _RETENTION_SECONDS,
+        "options": {"expires": _RETENTION_SECONDS},
     },
 }

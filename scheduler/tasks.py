@@ -6,6 +6,7 @@ import time
 import valkey
 from celery import shared_task
 
+from scheduler.retention import retention_apply
 from scheduler.usage import usage_persist
 
 
@@ -25,3 +26,9 @@ def ping(payload: str = "") -> dict[str, object]:
 def persist_usage() -> dict[str, object]:
     """Drain the gateway's usage and decision streams into the database (idempotent)."""
     return usage_persist().as_dict()
+
+
+@shared_task(name="scheduler.apply_retention", ignore_result=True)
+def apply_retention() -> dict[str, object]:
+    """Delete usage roll-ups and admission decisions past retention, in bounded batches."""
+    return retention_apply().as_dict()

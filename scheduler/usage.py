@@ -17,6 +17,14 @@ Exactly-once effects over at-least-once delivery, in three parts:
 Roll-ups are one ``INSERT … ON CONFLICT DO UPDATE SET n = n + excluded.n`` per (use case,
 tenant, model, minute) — the same SQL on SQLite and PostgreSQL. Malformed entries are
 logged, acknowledged and skipped, so one bad record cannot wedge the stream.
+
+Refusals (``rejected``, ``shed``; never ``queued`` waits) also reach the hash-chained audit
+trail, aggregated so that a flood of refused requests cannot flood the serial chain: one
+``admission.refused`` event per (use case, model, decision, reason, minute) group of a
+batch, with the count, first and last time, policy versions and the first request ids. It
+is written in the batch's transaction, and each summarised row records the event's
+sequence (``AdmissionDecision.audit_sequence``): a row that already has one is never
+summarised again, so a redelivered batch — or a cursor reset — writes no second summary.
 """
 
 from __future__ import annotations
@@ -28,13 +36,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import valkey
 from django.conf import settings
 from django.db import connection, models, transaction
 
 from gateway.accounting import DECISIONS_STREAM, USAGE_STREAM
+from governance.audit import Actor, audit_record
+from governance.models import UseCase
 from scheduler.models import AdmissionDecision, StreamCursor, UsageMinute
 
 logger = logging.getLogger(__name__)
@@ -44,6 +54,12 @@ BATCH_SIZE = 1000
 _MAX_BIGINT = 2**63 - 1
 
 StreamEntry = tuple[bytes, dict[bytes, bytes]]
+
+# The audit trail's record of refused requests: one event per group of a batch.
+REFUSAL_ACTION = "admission.refused"
+REFUSAL_ACTOR = Actor.system("usage-persister")
+REFUSALS = (AdmissionDecision.Kind.REJECTED, AdmissionDecision.Kind.SHED)
+REFUSAL_REQUEST_IDS = 20  # request ids listed in a summary; the rest are counted
 
 
 @dataclass
@@ -55,6 +71,7 @@ class PersistReport:
     replayed: int = 0  # entries already committed, only acknowledged
     claimed: int = 0  # entries taken over from a consumer that died
     malformed: int = 0
+    refusal_summaries: int = 0  # audit events written for groups of refusals
     skipped_locked: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
@@ -64,6 +81,7 @@ class PersistReport:
             "replayed": self.replayed,
             "claimed": self.claimed,
             "malformed": self.malformed,
+            "refusal_summaries": self.refusal_summaries,
             "skipped_locked": self.skipped_locked,
         }
 
@@ -296,4 +314,95 @@ def _store_decisions(entries: Sequence[StreamEntry], report: PersistReport) -> i
             logger.warning("decision_entry_malformed stream=%s id=%s", DECISIONS_STREAM, entry_id)
     # The unique stream id makes a replay a no-op even if the cursor were ever reset.
     AdmissionDecision.objects.bulk_create(rows, ignore_conflicts=True)
+    report.refusal_summaries += _audit_refusals(
+        [row.stream_id for row in rows if row.decision in REFUSALS]
+    )
     return len(rows)
+
+
+class RefusalKey(NamedTuple):
+    """A group of refusals that one audit event summarises."""
+
+    tenant: str
+    use_case_id: int
+    model: str
+    decision: str
+    reason: str
+    minute: datetime
+
+
+def _audit_refusals(stream_ids: Sequence[str]) -> int:
+    """One audit event per (use case, model, decision, reason, minute) group of this batch's
+    refusals not yet summarised; each summarised row points at its event."""
+    if not stream_ids:
+        return 0
+    pending = (
+        AdmissionDecision.objects.filter(stream_id__in=stream_ids, audit_sequence__isnull=True)
+        .only(
+            "id",
+            "stream_id",
+            "request_id",
+            "occurred_at",
+            "decision",
+            "reason",
+            "tenant",
+            "use_case_id",
+            "model",
+            "policy_version",
+        )
+        .order_by("occurred_at", "stream_id")
+    )
+    groups: dict[RefusalKey, list[AdmissionDecision]] = {}
+    for row in pending:
+        key = RefusalKey(
+            tenant=row.tenant,
+            use_case_id=row.use_case_id,
+            model=row.model,
+            decision=row.decision,
+            reason=row.reason,
+            minute=row.occurred_at.astimezone(UTC).replace(second=0, microsecond=0),
+        )
+        groups.setdefault(key, []).append(row)
+    for key in sorted(groups):
+        rows = groups[key]
+        event = audit_record(
+            actor=REFUSAL_ACTOR,
+            action=REFUSAL_ACTION,
+            # The use case whose requests were refused, by the id the gateway saw (it may be
+            # unknown here, e.g. a standalone gateway's): never loaded, only named.
+            obj=UseCase(pk=key.use_case_id),
+            object_repr=_refusal_repr(key, len(rows)),
+            tenant_slug=key.tenant[:63],
+            after=_refusal_detail(key, rows),
+        )
+        AdmissionDecision.objects.filter(pk__in=[row.pk for row in rows]).update(
+            audit_sequence=event.sequence
+        )
+    return len(groups)
+
+
+def _refusal_repr(key: RefusalKey, count: int) -> str:
+    reason = key.reason or "no reason"
+    return f"{count} {key.decision} ({reason}) {key.model} @ {key.minute:%Y-%m-%d %H:%M}Z"
+
+
+def _refusal_detail(key: RefusalKey, rows: Sequence[AdmissionDecision]) -> dict[str, Any]:
+    versions = {row.policy_version for row in rows}
+    return {
+        "tenant": key.tenant,
+        "use_case_id": key.use_case_id,
+        "model": key.model,
+        "decision": key.decision,
+        "reason": key.reason,
+        "minute": key.minute.isoformat(),
+        "count": len(rows),
+        "first_at": rows[0].occurred_at.astimezone(UTC).isoformat(),
+        "last_at": rows[-1].occurred_at.astimezone(UTC).isoformat(),
+        # None: entries that carried no policy version.
+        "policy_versions": sorted(v for v in versions if v is not None)
+        + ([None] if None in versions else []),
+        "request_ids": [row.request_id for row in rows[:REFUSAL_REQUEST_IDS]],
+        "request_ids_omitted": max(0, len(rows) - REFUSAL_REQUEST_IDS),
+        "first_stream_id": rows[0].stream_id,
+        "last_stream_id": rows[-1].stream_id,
+    }

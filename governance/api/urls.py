@@ -2,7 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from governance.api import views
+from governance.api import decisions, views
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -17,6 +17,9 @@ router.register("priority-rules", views.PriorityRuleViewSet, basename="priorityr
 router.register("rate-limit-policies", views.RateLimitPolicyViewSet, basename="ratelimitpolicy")
 router.register("api-keys", views.ApiKeyViewSet, basename="apikey")
 router.register("audit-events", views.AuditEventViewSet, basename="auditevent")
+router.register(
+    "admission-decisions", decisions.AdmissionDecisionViewSet, basename="admissiondecision"
+)
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),
