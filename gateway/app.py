@@ -40,6 +40,7 @@ from gateway.http import (
     read_body,
     send_response,
 )
+from gateway.logcontext import REQUEST_ID
 from gateway.metrics import Decision, GatewayMetrics
 from gateway.multipart import FormError, encode_form, is_multipart, parse_form
 from gateway.policy import Model, Policy, Principal
@@ -238,6 +239,8 @@ class Gateway:
 
     async def handle_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = _request_id(scope)
+        # Every log line of this request (and of the tasks it starts) carries the id.
+        REQUEST_ID.set(request_id.decode())
         path: str = scope["path"]
         handler = self._routes.get((scope["method"], path))
         try:
@@ -262,7 +265,7 @@ class Gateway:
             # response makes the server drop the connection, which a client reads as a cut.
             return
         except Exception:
-            logger.exception("unhandled_error request_id=%s", request_id.decode())
+            logger.exception("unhandled_error")
             failure = GatewayError(
                 500, "Internal gateway error.", type="api_error", code="internal_error"
             )
@@ -313,7 +316,7 @@ class Gateway:
             except asyncio.CancelledError:
                 if call.interrupted == "client" and handler.uncancel() == 0:
                     call.status = 499
-                    logger.info("client_disconnected request_id=%s", call.request_id)
+                    logger.info("client_disconnected")
                     return
                 raise
             finally:
@@ -519,8 +522,7 @@ class Gateway:
             if started:
                 # Headers are out; the only honest signal left is to cut the stream.
                 logger.warning(
-                    "upstream_broke_mid_response request_id=%s replica=%s error=%s",
-                    call.request_id,
+                    "upstream_broke_mid_response replica=%s error=%s",
                     grant.replica,
                     exc.__class__.__name__,
                 )

@@ -103,6 +103,11 @@ def test_a_replica_dying_mid_stream_cuts_the_clients_stream(
     # The client got the tokens that were produced, then a visible cut — never a fake [DONE].
     assert received
     assert not any(c.choices and c.choices[0].finish_reason for c in received)
+    # The gateway's log line about it names the request, as every line of a request does.
+    request_id = stream.response.headers["x-request-id"]
+    assert wait_until(
+        lambda: f"request_id={request_id} upstream_broke_mid_response" in gateway.process.log_text()
+    ), gateway.process.log_tail()
 
 
 def test_a_client_leaving_mid_stream_frees_the_replica(
