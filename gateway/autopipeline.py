@@ -8,7 +8,8 @@ libvalkey's (its C ``pack_command`` and ``Reader``, the parser valkey-py itself 
 rest is a FIFO:
 
 - every command is packed and queued at once, and all commands queued in one turn of the
-  event loop go out in one write (requests in flight share round trips);
+  event loop go out in one write (requests in flight share round trips); a command sent
+  while nothing is in flight goes out at once;
 - replies are matched to their callers in order as they arrive, in ``data_received``, with
   no task or awaited read per command;
 - a command is on its way as soon as ``send`` returns, so a caller cancelled afterwards
@@ -163,9 +164,15 @@ class AutoPipeline:
             await self._connect()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        if not self._pending:
+        idle = not self._pending
+        if idle:
             self._last_progress = loop.time()
         self._pending.append(_Pending(future, retry))
+        protocol = self._protocol
+        if idle and not self._outbox and protocol is not None and protocol.transport is not None:
+            # Nothing in flight: no one to share a write with, so do not wait a loop turn.
+            protocol.transport.write(command)
+            return future
         self._outbox.append(command)
         if not self._flush_scheduled:
             self._flush_scheduled = True
