@@ -60,6 +60,7 @@ from gateway.scheduling import (
     wall_ms,
     write_fleet,
 )
+from gateway.service_accounts import KeysUnavailable, TokenRefused, TokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.upstream import ReplicaUnreachable, Upstream
 from gateway.usage import UsageMeter
@@ -89,7 +90,12 @@ def _request_id(scope: Scope) -> bytes:
     return f"{_ID_TAG}{next(_ID_SEQ):020x}".encode()  # 32 hex digits, like a UUID
 
 
-def authenticate(scope: Scope, policy: Policy) -> Principal:
+def authenticate(
+    scope: Scope, policy: Policy, tokens: TokenVerifier | None = None
+) -> Principal | None:
+    """The caller, from an API key or (with a realm configured) a Keycloak service-account
+    token; a GatewayError when refused. Never waits: None only for a token signed by a key
+    not fetched yet, when ``authenticate_after_key_fetch`` is what to await."""
     authorization = header(scope, b"authorization")
     if not authorization:
         raise errors.missing_key()
@@ -97,10 +103,58 @@ def authenticate(scope: Scope, policy: Policy) -> Principal:
     token = token.strip()
     if scheme.lower() != b"bearer" or not token:
         raise errors.missing_key()
+    if tokens is not None and token.count(b".") == 2:  # a JWT; keys never hold a dot
+        try:
+            verified = tokens.verify(token)
+        except (TokenRefused, KeysUnavailable) as exc:
+            raise _token_refused(exc) from None
+        return None if verified is None else _service_account(policy, verified.client_id)
     principal = policy.principal_for(hashlib.sha256(token).hexdigest())
     if principal is None or principal.expired(time.time()):
         raise errors.invalid_key()
     return principal
+
+
+async def authenticate_after_key_fetch(
+    scope: Scope, policy: Policy, tokens: TokenVerifier | None
+) -> Principal:
+    """The rare path: a token names a signing key the gateway has not fetched yet (Keycloak
+    rotated its keys). Refetch the realm's keys, at most every 30 s, and verify once more."""
+    authorization = header(scope, b"authorization") or b""
+    token = authorization.partition(b" ")[2].strip()
+    if tokens is None:
+        raise errors.invalid_key()
+    try:
+        verified = await tokens.verify_after_fetch(token)
+    except (TokenRefused, KeysUnavailable) as exc:
+        raise _token_refused(exc) from None
+    return _service_account(policy, verified.client_id)
+
+
+def _service_account(policy: Policy, client_id: str) -> Principal:
+    # Looked up on every request, not remembered with the token: a suspended use case's
+    # client stops at the next snapshot, as its keys do.
+    principal = policy.service_accounts.get(client_id)
+    if principal is None:
+        raise GatewayError(
+            401,
+            f"The service account of client {client_id!r} is bound to no approved use case.",
+            code="invalid_api_key",
+        )
+    return principal
+
+
+def _token_refused(exc: TokenRefused | KeysUnavailable) -> GatewayError:
+    if isinstance(exc, KeysUnavailable):
+        return errors.service_unavailable(
+            f"{exc} Retry shortly.", code="identity_provider_unavailable", retry_after_s=5
+        )
+    return GatewayError(
+        401,
+        str(exc),
+        code="invalid_api_key",
+        headers=[(b"www-authenticate", b'Bearer realm="switchyard", error="invalid_token"')],
+    )
 
 
 def resolve_model(policy: Policy, principal: Principal, name: object, capability: str) -> Model:
@@ -183,6 +237,10 @@ class Gateway:
         )
         # One connection for the hot path's scripts and the accounting streams.
         self.accounting = Accounting(self.valkey, metrics=self.metrics, pipe=self.scheduler.pipe)
+        # Keycloak service-account tokens on /v1, when a realm is configured.
+        self.tokens = (
+            TokenVerifier(settings.service_accounts) if settings.service_accounts else None
+        )
         self._background: list[asyncio.Task[None]] = []
         self._routes: dict[
             tuple[str, str], Callable[[Scope, Receive, Send, bytes], Awaitable[None]]
@@ -219,6 +277,8 @@ class Gateway:
         await self.upstream.start()
         await self.scheduler.start()
         await self.accounting.start()
+        if self.tokens is not None:
+            await self.tokens.start()
         try:
             await self.policy.refresh()
         except Exception as exc:
@@ -232,6 +292,8 @@ class Gateway:
         if self._background:
             # Bounded: a cancellation swallowed inside a client library must not hang shutdown.
             await asyncio.wait(self._background, timeout=self.settings.policy_refresh_s + 2)
+        if self.tokens is not None:
+            await self.tokens.close()
         await self.accounting.close()
         await self.scheduler.close()
         await self.upstream.close()
@@ -288,7 +350,9 @@ class Gateway:
         self, scope: Scope, receive: Receive, send: Send, request_id: bytes
     ) -> None:
         policy = self.policy.current()
-        principal = authenticate(scope, policy)
+        principal = authenticate(scope, policy, self.tokens)
+        if principal is None:  # a token signed by a key not fetched yet
+            principal = await authenticate_after_key_fetch(scope, policy, self.tokens)
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "switchyard"}
             for name in sorted(principal.models)
@@ -301,7 +365,9 @@ class Gateway:
         """Authenticate, validate, admit (limits and queue, one call), relay, account."""
         started = time.monotonic()
         policy = self.policy.current()
-        principal = authenticate(scope, policy)
+        principal = authenticate(scope, policy, self.tokens)
+        if principal is None:  # a token signed by a key not fetched yet
+            principal = await authenticate_after_key_fetch(scope, policy, self.tokens)
         call = await self._read_call(scope, receive, policy, principal, request_id.decode())
         try:
             self._ticket(call, policy)

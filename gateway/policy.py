@@ -81,12 +81,28 @@ class KeyEntry(TypedDict):
     priority_class: NotRequired[str | None]
 
 
+class ServiceAccountEntry(TypedDict):
+    """A Keycloak client bound to an approved use case (keyed by client id): what its
+    service-account tokens act as, the same fields as a key's less the key's own."""
+
+    tenant: str
+    tenant_id: int
+    environment: str
+    use_case: str
+    use_case_id: int
+    namespace: str
+    models: list[str]
+    priority_class: str | None
+
+
 class SnapshotDocument(TypedDict):
     schema: int
     version: int
     published_at: float
     models: dict[str, ModelEntry]
     keys: dict[str, KeyEntry]
+    # Absent from snapshots published before service accounts existed: none then.
+    service_accounts: NotRequired[dict[str, ServiceAccountEntry]]
     use_cases: NotRequired[dict[str, UseCaseEntry]]
     priority_classes: NotRequired[dict[str, PriorityClassEntry]]
     rate_limits: NotRequired[list[RateLimitEntry]]
@@ -94,9 +110,10 @@ class SnapshotDocument(TypedDict):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: everything the gateway needs to decide, resolved from one key hash."""
+    """Who is calling: everything the gateway needs to decide, resolved from one key hash or
+    one service account's client id (then ``key_id`` is None and ``key_prefix`` "sa:<client>")."""
 
-    key_id: int
+    key_id: int | None
     key_prefix: str
     tenant: str
     tenant_id: int
@@ -182,6 +199,7 @@ class Policy:
     loaded_at: float
     models: dict[str, Model] = field(default_factory=dict)
     principals: dict[str, Principal] = field(default_factory=dict)
+    service_accounts: Mapping[str, Principal] = field(default_factory=dict)  # by client id
     use_cases: dict[int, UseCase] = field(default_factory=dict)  # by UseCase id
     priority_classes: dict[str, PriorityClass] = field(default_factory=dict)  # by name
     rate_limits: tuple[RateLimit, ...] = ()
@@ -230,6 +248,10 @@ def parse_snapshot(raw: bytes) -> Policy:
         loaded_at=time.monotonic(),
         models=models,
         principals=principals,
+        service_accounts={
+            client_id: _service_account(client_id, entry)
+            for client_id, entry in document.get("service_accounts", {}).items()
+        },
         use_cases={
             int(use_case_id): UseCase(
                 id=int(use_case_id),
@@ -268,6 +290,22 @@ def parse_snapshot(raw: bytes) -> Policy:
             )
             for entry in document.get("rate_limits", [])
         ),
+    )
+
+
+def _service_account(client_id: str, entry: ServiceAccountEntry) -> Principal:
+    return Principal(
+        key_id=None,
+        key_prefix=f"sa:{client_id}",
+        tenant=entry["tenant"],
+        tenant_id=entry["tenant_id"],
+        environment=entry["environment"],
+        use_case=entry["use_case"],
+        use_case_id=entry["use_case_id"],
+        namespace=entry["namespace"],
+        models=frozenset(entry["models"]),
+        expires_at=None,  # the token's own expiry is checked when it is verified
+        priority_class=entry.get("priority_class"),
     )
 
 

@@ -4,8 +4,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from config.env import env_float, env_int, env_str
+from config.env import env_bool, env_float, env_int, env_list, env_str
 from config.valkey_urls import for_valkey_py
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceAccountSettings:
+    """Keycloak service-account tokens on /v1: the same variables, and so the same realm,
+    audience, clients and leeway, as /api/ (config/settings.py)."""
+
+    issuer: str
+    jwks_url: str
+    audience: str  # empty: not checked
+    clients: frozenset[str]  # empty: any client
+    leeway_s: int
+    verify_ssl: bool
+    timeout_s: float
+
+    @classmethod
+    def from_env(cls) -> ServiceAccountSettings | None:
+        """None when no realm is configured: then a JWT is just an unknown API key."""
+        issuer = env_str("SWITCHYARD_OIDC_ISSUER", "").rstrip("/")
+        if not issuer:
+            return None
+        return cls(
+            issuer=issuer,
+            jwks_url=env_str(
+                "SWITCHYARD_OIDC_JWKS_ENDPOINT", f"{issuer}/protocol/openid-connect/certs"
+            ),
+            audience=env_str("SWITCHYARD_OIDC_API_AUDIENCE", "switchyard-api"),
+            clients=frozenset(env_list("SWITCHYARD_OIDC_API_CLIENTS", [])),
+            leeway_s=env_int("SWITCHYARD_OIDC_API_LEEWAY_SECONDS", 30, minimum=0),
+            verify_ssl=env_bool("SWITCHYARD_OIDC_VERIFY_SSL", True),
+            timeout_s=float(env_int("SWITCHYARD_OIDC_TIMEOUT_SECONDS", 10, minimum=1)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +52,7 @@ class GatewaySettings:
     lease_s: float
     fleet_stale_s: float
     backpressure_waiting: int
+    service_accounts: ServiceAccountSettings | None = None
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -49,4 +82,5 @@ class GatewaySettings:
             # Fleet metrics older than this count a replica as saturated, never idle.
             fleet_stale_s=env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05),
             backpressure_waiting=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
+            service_accounts=ServiceAccountSettings.from_env(),
         )

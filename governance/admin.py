@@ -107,9 +107,17 @@ class DeploymentAdmin(AuditedAdmin):
 
 @admin.register(UseCase)
 class UseCaseAdmin(AuditedAdmin):
-    list_display = ("slug", "tenant", "kind", "status", "namespace", "data_classification")
+    list_display = (
+        "slug",
+        "tenant",
+        "kind",
+        "status",
+        "namespace",
+        "data_classification",
+        "service_account_client_id",
+    )
     list_filter = ("status", "kind", "namespace", "data_classification")
-    search_fields = ("slug", "name", "tenant__slug", "ticket_ref")
+    search_fields = ("slug", "name", "tenant__slug", "ticket_ref", "service_account_client_id")
     filter_horizontal = ("allowed_models",)
     readonly_fields = ("status", "status_changed_at", "status_changed_by", "status_reason")
     inlines = (GuardrailInline,)

@@ -33,6 +33,16 @@ model_id_validator = RegexValidator(
 application_id_validator = RegexValidator(
     r"^[A-Z][A-Z0-9]{1,9}-[0-9]{1,10}$", "Use the CMDB form, e.g. APP-1234."
 )
+client_id_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}$",
+    "Use the Keycloak client id: letters, digits and . _ : / @ - (max 255), "
+    "starting with a letter or digit.",
+)
+# One client acts as one use case: its tokens must resolve to exactly one principal.
+SERVICE_ACCOUNT_TAKEN = (
+    "Another use case is already bound to this Keycloak client; a client acts as one use "
+    "case only (unbind it there first)."
+)
 
 
 def _validate_string_list(value: Any, field: str, *, allowed: set[str] | None = None) -> None:
@@ -179,13 +189,31 @@ class UseCase(models.Model):
     tokens_per_day = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent = models.PositiveIntegerField(null=True, blank=True)
     ticket_ref = models.CharField(max_length=64, blank=True, help_text="e.g. a ServiceNow ticket")
+    service_account_client_id = models.CharField(
+        "service-account client",
+        max_length=255,
+        blank=True,
+        validators=[client_id_validator],
+        # DRF's generated uniqueness check reads its message from here.
+        error_messages={"unique": SERVICE_ACCOUNT_TAKEN},
+        help_text="Keycloak client whose service-account tokens call the gateway as this use "
+        "case (client-credentials grant); empty: none",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["tenant__slug", "slug"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "slug"], name="use_case_slug_per_tenant")
+            models.UniqueConstraint(fields=["tenant", "slug"], name="use_case_slug_per_tenant"),
+            models.UniqueConstraint(
+                fields=["service_account_client_id"],
+                condition=~models.Q(service_account_client_id=""),
+                name="one_use_case_per_service_account",
+                # Code "unique" on a one-field constraint: full_clean() reports it on the field.
+                violation_error_code="unique",
+                violation_error_message=SERVICE_ACCOUNT_TAKEN,
+            ),
         ]
 
     def __str__(self) -> str:

@@ -19,6 +19,7 @@ from gateway.policy import (
     ModelEntry,
     PriorityClassEntry,
     RateLimitEntry,
+    ServiceAccountEntry,
     SnapshotDocument,
     UseCaseEntry,
     snapshot_write,
@@ -123,6 +124,33 @@ def _rate_limits() -> list[RateLimitEntry]:
     ]
 
 
+def _service_accounts(matrix: dict[tuple[str, str], str]) -> dict[str, ServiceAccountEntry]:
+    """Keycloak clients bound to approved use cases: what their tokens act as at the gateway.
+
+    A suspended, retired or not yet approved use case is left out, so its client's tokens
+    stop at the next refresh exactly as its keys do.
+    """
+    bound = (
+        UseCase.objects.filter(status=UseCaseStatus.APPROVED)
+        .exclude(service_account_client_id="")
+        .select_related("tenant")
+        .prefetch_related("allowed_models")
+    )
+    return {
+        use_case.service_account_client_id: {
+            "tenant": use_case.tenant.slug,
+            "tenant_id": use_case.tenant_id,
+            "environment": use_case.tenant.environment,
+            "use_case": use_case.slug,
+            "use_case_id": use_case.pk,
+            "namespace": use_case.namespace,
+            "models": sorted(m.public_id for m in use_case.allowed_models.all()),
+            "priority_class": matrix.get((use_case.tenant.environment, use_case.namespace)),
+        }
+        for use_case in bound
+    }
+
+
 def snapshot_build(*, version: int) -> SnapshotDocument:
     priority_classes, matrix = _priority()
     keys: dict[str, KeyEntry] = {}
@@ -159,6 +187,7 @@ def snapshot_build(*, version: int) -> SnapshotDocument:
         "published_at": time.time(),
         "models": _models(),
         "keys": keys,
+        "service_accounts": _service_accounts(matrix),
         "use_cases": _use_cases(),
         "priority_classes": priority_classes,
         "rate_limits": _rate_limits(),
@@ -173,9 +202,10 @@ def snapshot_publish(*, client: valkey.Valkey | None = None) -> int:
         document = snapshot_build(version=version)
         snapshot_write(client, document)
     logger.info(
-        "policy_snapshot_published version=%s models=%s keys=%s",
+        "policy_snapshot_published version=%s models=%s keys=%s service_accounts=%s",
         version,
         len(document["models"]),
         len(document["keys"]),
+        len(document.get("service_accounts", {})),
     )
     return version

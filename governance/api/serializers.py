@@ -123,6 +123,7 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
             "tokens_per_day",
             "max_concurrent",
             "ticket_ref",
+            "service_account_client_id",
             "guardrails",
             "created_at",
             "updated_at",

@@ -58,6 +58,7 @@ from governance.services import (
 logger = logging.getLogger(__name__)
 
 _UPSERT = (Action.CREATE, Action.UPDATE)
+_CLIENT = "service_account_client_id"
 _LIMITS_PREFIX = "limits."
 
 
@@ -190,6 +191,8 @@ class _Applier:
             (Section.KEYS, (Action.MINT,), self.mint),
         ]
         for section, actions, step in steps:
+            if section is Section.USE_CASES and step == self.use_case_upsert:
+                self.vacate_service_accounts()
             if section is Section.PRIORITY_CLASSES and actions == _UPSERT:
                 self.vacate_ranks()
             for change in self.plan.of(section, *actions):
@@ -275,6 +278,23 @@ class _Applier:
             use_case = use_case_transition(
                 actor=self.actor, use_case=use_case, transition=transition, reason=reason
             )
+
+    def vacate_service_accounts(self) -> None:
+        """Unbind the clients that move to another use case of the file, before any use case
+        is written, so a binding moved (or swapped) between two use cases does not trip over
+        its uniqueness half way; each use case's own update then binds what the file says."""
+        upserts = self.plan.of(Section.USE_CASES, *_UPSERT)
+        wanted = {
+            c.after[_CLIENT]: c.key for c in upserts if c.after is not None and c.after[_CLIENT]
+        }
+        rebinding = {c.key for c in upserts if _CLIENT in c.changed()}
+        holders = UseCase.objects.filter(service_account_client_id__in=list(wanted))
+        for holder in holders.select_related("tenant").order_by("tenant__slug", "slug"):
+            key = (holder.tenant.slug, holder.slug)
+            if wanted[holder.service_account_client_id] == key or key not in rebinding:
+                continue  # stays bound here; or a clash the plan or the service reports
+            with _blame(record_path(Section.USE_CASES, key)):
+                use_case_update(actor=self.actor, use_case=holder, changes={_CLIENT: ""})
 
     def vacate_ranks(self) -> None:
         """Free the ranks classes move to, so a swap of two ranks does not trip uniqueness.

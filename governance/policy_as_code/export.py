@@ -132,6 +132,7 @@ def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
         "namespace": spec.namespace,
         "data_classification": spec.data_classification,
         **_some(ticket_ref=spec.ticket_ref),
+        **_some(service_account_client_id=spec.service_account_client_id),
         "purpose": spec.purpose,
         "models": _FlowList(sorted(spec.models)),
         **({"limits": limits} if limits else {}),

@@ -14,7 +14,12 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 
-from governance.models import application_id_validator, model_id_validator, slug_validator
+from governance.models import (
+    application_id_validator,
+    client_id_validator,
+    model_id_validator,
+    slug_validator,
+)
 from governance.policy_as_code.errors import Problem
 
 # --- reading one mapping of the file -----------------------------------------------------
@@ -199,6 +204,7 @@ def _django_check(validator: Callable[[str], None]) -> Callable[[str], str | Non
 check_slug = _django_check(slug_validator)
 check_model_id = _django_check(model_id_validator)
 check_application_id = _django_check(application_id_validator)
+check_client_id = _django_check(client_id_validator)
 check_email = _django_check(validate_email)
 
 

@@ -163,6 +163,7 @@ def _use_case_record(use_case: UseCaseSpec) -> Record:
         "data_classification": use_case.data_classification,
         "namespace": use_case.namespace,
         "ticket_ref": use_case.ticket_ref,
+        "service_account_client_id": use_case.service_account_client_id,
         "models": sorted(use_case.models),
         "limits.requests_per_minute": limits.requests_per_minute,
         "limits.tokens_per_minute": limits.tokens_per_minute,
@@ -352,6 +353,29 @@ class _Builder:
             reason=reason,
         )
 
+    def service_account_clashes(self) -> None:
+        """A client the file binds that a use case the file does not list holds: apply would
+        trip over its uniqueness, so say so at plan time, where the file can still change."""
+        wanted = self.want[Section.USE_CASES]
+        if wanted is None:
+            return
+        holders = {
+            record["service_account_client_id"]: key
+            for key, record in self.have[Section.USE_CASES].items()
+            if record["service_account_client_id"] and key not in wanted
+        }
+        for key, record in sorted(wanted.items()):
+            holder = holders.get(record["service_account_client_id"])
+            if holder is not None:
+                self.problems.append(
+                    Problem(
+                        f"{record_path(Section.USE_CASES, key)}.service_account_client_id",
+                        f"client {record['service_account_client_id']!r} is bound to use case "
+                        f"{holder[0]}/{holder[1]} in the database, which the file does not "
+                        "list; unbind it there first",
+                    )
+                )
+
     # -- records in the database that the file does not list
     def orphan_rate_limits_and_matrix(self) -> None:
         for key in self.orphans(Section.RATE_LIMITS):
@@ -480,6 +504,7 @@ class _Builder:
 
     def build(self) -> Plan:
         self.upserts()
+        self.service_account_clashes()
         self.orphan_rate_limits_and_matrix()
         self.orphan_use_cases()
         self.orphan_models()

@@ -31,6 +31,7 @@ from governance.policy_as_code.errors import PolicyInvalid, Problem
 from governance.policy_as_code.fields import (
     Reader,
     check_application_id,
+    check_client_id,
     check_email,
     check_model_id,
     check_replica_url,
@@ -114,6 +115,8 @@ class UseCaseSpec:
     data_classification: str = DataClassification.INTERNAL.value
     namespace: str = Namespace.DEV.value
     ticket_ref: str = ""
+    # The Keycloak client whose service-account tokens act as this use case; "" for none.
+    service_account_client_id: str = ""
     # The reason given to the lifecycle transition that reaches ``status``; it is recorded when
     # apply moves the status and not compared afterwards (the database keeps the last one).
     status_reason: str = ""
@@ -328,12 +331,14 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
         "data_classification",
         "namespace",
         "ticket_ref",
+        "service_account_client_id",
         "models",
         "limits",
         "guardrails",
     )
     use_cases: list[UseCaseSpec] = []
     seen: dict[str, str] = {}
+    clients: dict[str, str] = {}  # client id → the path of the use case bound to it
     for path, item in _records(raw, "use_cases", problems, "id"):
         r = Reader(item, path, problems, known)
         ident = r.text("id", max_length=127)
@@ -342,6 +347,17 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
             r.problem("id", "must be tenant/slug, both in lowercase letters, digits and hyphens")
         _once(seen, ident, path, problems)
         tenant, slug = parts or ("", "")
+        client = r.text(
+            "service_account_client_id", required=False, max_length=255, check=check_client_id
+        )
+        if client in clients:
+            r.problem(
+                "service_account_client_id",
+                f"client {client!r} is already bound to {clients[client]}; a client acts as "
+                "one use case only",
+            )
+        elif client:
+            clients[client] = path
         use_cases.append(
             UseCaseSpec(
                 tenant=tenant,
@@ -358,6 +374,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
                 ),
                 namespace=r.choice("namespace", Namespace.values, default=Namespace.DEV.value),
                 ticket_ref=r.text("ticket_ref", required=False, max_length=64),
+                service_account_client_id=client,
                 models=r.texts("models", check=check_model_id),
                 limits=_limits(r.mapping("limits"), path, problems),
                 guardrails=_guardrails(r.listing("guardrails"), path, problems),

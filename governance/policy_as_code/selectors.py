@@ -72,6 +72,7 @@ def _use_case(use_case: UseCase) -> UseCaseSpec:
         data_classification=use_case.data_classification,
         namespace=use_case.namespace,
         ticket_ref=use_case.ticket_ref,
+        service_account_client_id=use_case.service_account_client_id,
         models=tuple(sorted(m.public_id for m in use_case.allowed_models.all())),
         limits=LimitsSpec(
             requests_per_minute=use_case.requests_per_minute,

@@ -145,3 +145,60 @@ def test_a_publish_while_valkey_is_down_is_deferred_not_lost(
     # The key is committed (the periodic republish will carry it), and the failure is logged.
     assert ApiKey.objects.filter(pk=key.pk, status=ApiKeyStatus.ACTIVE).exists()
     assert "policy_snapshot_publish_deferred" in caplog.text
+
+
+# --- Keycloak service accounts ----------------------------------------------------------------
+def test_a_client_bound_to_an_approved_use_case_acts_as_it_like_a_key(acme_chatbot) -> None:
+    """GIVEN acme's approved chatbot bound to client acme-chatbot-worker, and a key of it
+    WHEN the snapshot is built
+    THEN the client resolves to the same principal as the key, less the key's own fields."""
+    UseCase.objects.filter(pk=acme_chatbot.pk).update(
+        service_account_client_id="acme-chatbot-worker"
+    )
+    _, plaintext = make_key(acme_chatbot)
+    document = snapshot_build(version=3)
+
+    entry = document["service_accounts"]["acme-chatbot-worker"]
+    assert entry == {
+        "tenant": "acme",
+        "tenant_id": acme_chatbot.tenant_id,
+        "environment": "prod",
+        "use_case": "chatbot",
+        "use_case_id": acme_chatbot.pk,
+        "namespace": "prod",
+        "models": ["llama", "undeployed"],
+        "priority_class": "critical",
+    }
+    policy = parse_snapshot(orjson.dumps(document))
+    service_account = policy.service_accounts["acme-chatbot-worker"]
+    key = policy.principals[hashlib.sha256(plaintext.encode()).hexdigest()]
+    assert service_account.key_id is None
+    assert service_account.key_prefix == "sa:acme-chatbot-worker"
+    assert service_account.expires_at is None
+    for name in ("tenant", "tenant_id", "environment", "use_case", "use_case_id", "namespace"):
+        assert getattr(service_account, name) == getattr(key, name), name
+    assert service_account.models == key.models
+    assert service_account.priority_class == key.priority_class
+
+
+@pytest.mark.parametrize(
+    "status",
+    [UseCaseStatus.DRAFT, UseCaseStatus.SUBMITTED, UseCaseStatus.SUSPENDED, UseCaseStatus.RETIRED],
+)
+def test_a_client_bound_to_a_use_case_that_is_not_approved_is_left_out(
+    acme_chatbot, status
+) -> None:
+    UseCase.objects.filter(pk=acme_chatbot.pk).update(
+        service_account_client_id="acme-chatbot-worker", status=status
+    )
+    assert snapshot_build(version=1)["service_accounts"] == {}
+
+
+def test_use_cases_without_a_client_are_not_service_accounts(acme_chatbot) -> None:
+    make_use_case(acme_chatbot.tenant, "search", service_account_client_id="acme-search")
+    assert set(snapshot_build(version=1)["service_accounts"]) == {"acme-search"}
+
+
+def test_a_snapshot_from_before_service_accounts_still_parses() -> None:
+    old = {"schema": 1, "version": 4, "published_at": 0.0, "models": {}, "keys": {}}
+    assert parse_snapshot(orjson.dumps(old)).service_accounts == {}

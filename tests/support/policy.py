@@ -21,6 +21,7 @@ from gateway.policy import (
     ModelEntry,
     PriorityClassEntry,
     RateLimitEntry,
+    ServiceAccountEntry,
     UseCaseEntry,
     snapshot_write,
 )
@@ -28,10 +29,12 @@ from gateway.policy import (
 
 @dataclass
 class PolicyBuilder:
-    """A tenant world for one test: models, and keys (plaintext kept for the test's use)."""
+    """A tenant world for one test: models, keys (plaintext kept for the test's use) and
+    Keycloak clients bound to use cases (service accounts)."""
 
     models: dict[str, ModelEntry] = field(default_factory=dict)
     keys: dict[str, KeyEntry] = field(default_factory=dict)
+    service_accounts: dict[str, ServiceAccountEntry] = field(default_factory=dict)
     priority_classes: dict[str, PriorityClassEntry] = field(default_factory=dict)
     use_cases: dict[str, UseCaseEntry] = field(default_factory=dict)
     rate_limits: list[RateLimitEntry] = field(default_factory=list)
@@ -87,6 +90,27 @@ class PolicyBuilder:
         }
         return plaintext
 
+    def service_account(self, client_id: str, *, like: str) -> PolicyBuilder:
+        """Bind a Keycloak client to the use case of the key ``like`` (a plaintext): its
+        service-account tokens then act as that use case, with the same tenant, models,
+        namespace and priority class, as the snapshot of an approved use case says."""
+        entry = self.keys[hashlib.sha256(like.encode()).hexdigest()]
+        self.service_accounts[client_id] = {
+            "tenant": entry["tenant"],
+            "tenant_id": entry["tenant_id"],
+            "environment": entry["environment"],
+            "use_case": entry["use_case"],
+            "use_case_id": entry["use_case_id"],
+            "namespace": entry["namespace"],
+            "models": list(entry["models"]),
+            "priority_class": entry.get("priority_class"),
+        }
+        return self
+
+    def unbind(self, client_id: str) -> None:
+        """What a suspended (or unbound) use case looks like to the gateway: no entry."""
+        del self.service_accounts[client_id]
+
     def priority_class(
         self,
         name: str,
@@ -137,6 +161,7 @@ class PolicyBuilder:
                 "published_at": time.time(),
                 "models": self.models,
                 "keys": self.keys,
+                "service_accounts": self.service_accounts,
                 "priority_classes": self.priority_classes,
                 "use_cases": self.use_cases,
                 "rate_limits": self.rate_limits,
