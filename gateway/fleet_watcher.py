@@ -3,8 +3,17 @@
 ``python -m gateway.fleet_watcher`` keeps the policy snapshot current (the models and their
 replicas), and every ``SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS`` scrapes every replica's
 ``/metrics`` at once over one pooled session. Each cycle rewrites ``sy:{sy}:fleet:<model>``
-(replica base URL → ``"<waiting>|<running>|<kv_usage>|<scraped_at_ms>"``) in one MULTI/EXEC,
-so readers never see a half-written model and replicas dropped from the policy disappear.
+(replica base URL → ``"<waiting>|<running>|<kv_usage>|<scraped_at_ms>|<in_flight>|<max_running>"``)
+in one MULTI/EXEC, so readers never see a half-written model and replicas dropped from the
+policy disappear.
+
+Two fields let the scheduler judge vLLM's queue between scrapes. ``in_flight``: the pool's
+requests in flight on the replica (``sy:{sy}:inflight:<model>``), read just before the
+scrape, so that the scripts count the grants and releases made since. ``max_running``: the
+replica's batch size as learned here, the most requests seen running while others waited
+(vLLM's ``max_num_seqs``, or what its KV cache holds), and any larger count seen after;
+0 until the replica has once been seen with a queue. It is kept across cycles and restarts
+(read back from the hash), and caps what the scheduler sends it to that plus the threshold.
 
 Failure is never mistaken for idleness: a replica that refuses, hangs past the scrape timeout,
 answers non-200 or serves no vLLM gauges is written as saturated (``UNREACHABLE_WAITING``
@@ -26,8 +35,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 import orjson
@@ -64,6 +73,10 @@ def fleet_key(model: str) -> str:
     return scheduling_keys.fleet(model)
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def now_ms() -> int:
     # Wall clock, not monotonic: gateways compare it with their own NTP-synchronised now_ms.
     return time.time_ns() // 1_000_000
@@ -77,6 +90,10 @@ class ReplicaLoad:
     running: int
     kv_usage: float
     scraped_at_ms: int
+    # The pool's requests in flight on the replica when the scrape began (None: not known).
+    in_flight_at_scrape: int | None = None
+    # The replica's batch size as learned by the watcher (0: not yet).
+    max_running: int = 0
 
     @classmethod
     def unreachable(cls, at_ms: int) -> ReplicaLoad:
@@ -84,10 +101,23 @@ class ReplicaLoad:
 
     @classmethod
     def decode(cls, raw: bytes | str) -> ReplicaLoad:
-        """Parse a fleet hash value; raises ValueError on anything malformed."""
+        """Parse a fleet hash value (four fields, or six; further ones are ignored as the
+        scripts do); raises ValueError on anything malformed."""
         text = raw.decode() if isinstance(raw, bytes) else raw
-        waiting, running, kv_usage, scraped_at = text.split("|")
-        return cls(int(waiting), int(running), float(kv_usage), int(scraped_at))
+        fields = text.split("|")
+        if len(fields) < 4:
+            raise ValueError(f"a fleet entry has at least four fields, not {text!r}")
+        waiting, running, kv_usage, scraped_at = fields[:4]
+        in_flight = fields[4] if len(fields) > 4 else ""
+        max_running = fields[5] if len(fields) > 5 else ""
+        return cls(
+            int(waiting),
+            int(running),
+            float(kv_usage),
+            int(scraped_at),
+            int(in_flight) if in_flight else None,
+            int(max_running) if max_running else 0,
+        )
 
     def encode(self) -> str:
         return fleet_entry(
@@ -95,6 +125,8 @@ class ReplicaLoad:
             running=self.running,
             kv_usage=self.kv_usage,
             scraped_at_ms=self.scraped_at_ms,
+            in_flight=self.in_flight_at_scrape,
+            max_running=self.max_running,
         )
 
     @property
@@ -104,9 +136,38 @@ class ReplicaLoad:
     def age_ms(self, now: int) -> int:
         return now - self.scraped_at_ms
 
-    def has_room(self, *, now: int, stale_ms: int, waiting_threshold: int) -> bool:
-        """The scheduler's test (acquire.lua): fresh, and vLLM's own queue below threshold."""
-        return self.age_ms(now) <= stale_ms and self.waiting < waiting_threshold
+    def waiting_now(self, in_flight: int | None) -> int:
+        """vLLM's queue as the scheduler estimates it with ``in_flight`` requests of the pool
+        on the replica now: a scrape that saw requests waiting saw every batch slot taken,
+        so each grant since waits too and each release frees a slot (common.lua)."""
+        if in_flight is None or self.in_flight_at_scrape is None or self.waiting == 0:
+            return self.waiting
+        return self.waiting + in_flight - self.in_flight_at_scrape
+
+    def cap(self, policy_cap: int, waiting_threshold: int) -> int:
+        """The most requests in flight the scheduler sends it: the policy's cap, and at most
+        the learned batch size plus the threshold."""
+        if self.max_running > 0:
+            return min(policy_cap, self.max_running + waiting_threshold)
+        return policy_cap
+
+    def has_room(
+        self,
+        *,
+        now: int,
+        stale_ms: int,
+        waiting_threshold: int,
+        in_flight: int | None = None,
+        policy_cap: int | None = None,
+    ) -> bool:
+        """The scheduler's test (common.lua ``has_room``): fresh, vLLM's own queue below the
+        threshold (counting grants and releases since the scrape when ``in_flight``, the
+        pool's requests on it now, is given) and, with ``policy_cap``, room under the cap."""
+        if self.age_ms(now) > stale_ms or self.waiting_now(in_flight) >= waiting_threshold:
+            return False
+        if policy_cap is None:
+            return True
+        return (in_flight or 0) < self.cap(policy_cap, waiting_threshold)
 
 
 class ScrapeError(Exception):
@@ -233,6 +294,10 @@ class FleetWatcher:
         self._on_drained = on_drained
         self._session: aiohttp.ClientSession | None = None
         self._reachable: dict[str, bool] = {}
+        # Replica → batch size learned (ReplicaLoad.max_running); read back from the fleet
+        # hash on the first cycle, so that a restarted watcher does not forget it.
+        self._max_running: dict[str, int] = {}
+        self._restored = False
         self._written_models: set[str] | None = None  # None: not yet reconciled with Valkey
         self._identity = f"{socket.gethostname()}:{os.getpid()}"
         self.last_cycle_at_ms: int | None = None
@@ -274,10 +339,17 @@ class FleetWatcher:
             return CycleReport(now_ms(), 0.0, written=False)
         models = {name: model.replicas for name, model in policy.models.items()}
         replicas = sorted({url for urls in models.values() for url in urls})
+        # Before the scrape: a grant made while it runs counts twice (in vLLM's gauges and
+        # as made since), never zero times.
+        in_flight = await self._in_flight(list(models))
         scraped = dict(
             zip(replicas, await asyncio.gather(*map(self.scrape, replicas)), strict=True)
         )
-        loads = {name: {url: scraped[url] for url in urls} for name, urls in models.items()}
+        self._learn(scraped)
+        loads = {
+            name: {url: self._entry(scraped[url], name, url, in_flight) for url in urls}
+            for name, urls in models.items()
+        }
         at = now_ms()
         written = await self._write(loads, at, policy.version, started)
         drained = self._drained(loads) if written else frozenset()
@@ -288,6 +360,62 @@ class FleetWatcher:
         if drained:
             await self._notify(drained)
         return report
+
+    async def _in_flight(self, models: Sequence[str]) -> dict[str, dict[str, int]] | None:
+        """Each model's requests in flight per replica (None when Valkey cannot say); on the
+        first cycle also the batch sizes a previous watcher learned."""
+        restore = not self._restored
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for model in models:
+                    pipe.hgetall(scheduling_keys.in_flight(model))
+                if restore:
+                    for model in models:
+                        pipe.hgetall(fleet_key(model))
+                replies = await pipe.execute()
+        except (valkey.ValkeyError, OSError) as exc:
+            logger.debug("in_flight_read_failed error=%r", exc)
+            return None
+        counts = {
+            model: {_text(url): int(n) for url, n in reply.items()}
+            for model, reply in zip(models, replies, strict=False)
+        }
+        if restore:
+            for reply in replies[len(models) :]:
+                for url, raw in reply.items():
+                    with contextlib.suppress(ValueError):
+                        self._raise_max_running(_text(url), ReplicaLoad.decode(raw).max_running)
+            self._restored = True
+        return counts
+
+    def _learn(self, scraped: dict[str, ReplicaLoad]) -> None:
+        """A replica seen with requests waiting runs its whole batch: the most running then
+        is its batch size; once known, any larger count seen raises it (a cap at the learned
+        size plus the threshold still lets the batch grow past it, by the threshold a
+        cycle)."""
+        for url, load in scraped.items():
+            if load.reachable and (load.waiting > 0 or self._max_running.get(url, 0) > 0):
+                self._raise_max_running(url, load.running)
+
+    def _raise_max_running(self, url: str, running: int) -> None:
+        if running > self._max_running.get(url, 0):
+            self._max_running[url] = running
+            logger.info("replica_batch_learned replica=%s max_running=%s", url, running)
+
+    def _entry(
+        self,
+        load: ReplicaLoad,
+        model: str,
+        url: str,
+        in_flight: dict[str, dict[str, int]] | None,
+    ) -> ReplicaLoad:
+        if not load.reachable:
+            return load
+        return replace(
+            load,
+            in_flight_at_scrape=None if in_flight is None else in_flight[model].get(url, 0),
+            max_running=self._max_running.get(url, 0),
+        )
 
     def _policy(self) -> Policy | None:
         try:

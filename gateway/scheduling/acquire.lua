@@ -12,11 +12,14 @@
 -- Returns  {1, replica}                                granted now
 --          {0, ahead, hold_ms, in_flight}               enqueued; `ahead` waiters before it
 --          {-1, "max_concurrent", in_flight_of_use_case, hold_ms}
---          {-2, "queue_full", ahead, hold_ms, in_flight}  the class's queue is full
+--          {-2, "queue_full", ahead, hold_ms, in_flight, higher_rate}  the class's queue
+--                                                       is full
 --          {-3, "cancelled"}                            cancel.lua ran first for this id
 --          {-4, "rate_limited", i, retry_after_ms}      limit i would overflow (limits.lua)
 --          hold_ms: the pool's moving average time a grant is held (-1: none yet);
---          in_flight: the pool's requests in flight; together, for a Retry-After estimate.
+--          in_flight: the pool's requests in flight; higher_rate: requests enqueued per
+--          1000 s lately at better ranks (common.lua higher_rate); together, for a
+--          Retry-After estimate (errors.py retry_after_s).
 
 local now = tonumber(ARGV[1])
 local id = ARGV[2]
@@ -86,10 +89,12 @@ end
 
 local qlen = P .. "qlen:" .. model .. ":" .. class
 if tonumber(redis.call("GET", qlen) or "0") >= max_queue then
-  return {-2, "queue_full", redis.call("ZCOUNT", q, "-inf", bound), hold_ms(model), room.total}
+  return {-2, "queue_full", redis.call("ZCOUNT", q, "-inf", bound), hold_ms(model), room.total,
+    higher_rate(model, rank, now)}
 end
 limits_commit(limits)
 w.start = start_tag(model, w.tenant, cost)
+count_arrival(model, rank, now)
 redis.call("ZADD", q, rank * RANK_SCALE + w.start, id)
 redis.call("ZADD", P .. "qdl:" .. model, deadline, id)
 redis.call("HSET", P .. "qi:" .. id, "tenant", w.tenant, "class", class, "rank", rank,

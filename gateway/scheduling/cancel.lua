@@ -4,7 +4,8 @@
 -- KEYS[1]  the key prefix "sy:{sy}:"
 -- ARGV     now_ms, request id, model, keep ("1": if it was granted meanwhile, keep the grant;
 --          "0": release it)
--- Returns  {1, ahead, hold_ms, in_flight}  it was still waiting; removed
+-- Returns  {1, ahead, hold_ms, in_flight, higher_rate}  it was still waiting; removed
+--                                           (higher_rate: as acquire.lua's queue_full)
 --          {2, replica}                     it had been granted and keeps it (keep = "1")
 --          {0, replica}                     it had been granted; released (and waiters pumped)
 --          {-1}                             nothing to cancel: dropped past its deadline,
@@ -18,12 +19,13 @@ local q = P .. "q:" .. model
 
 local ahead = redis.call("ZRANK", q, id)
 if ahead then
-  remove_waiter(model, id, redis.call("HGET", P .. "qi:" .. id, "class"))
+  local f = redis.call("HMGET", P .. "qi:" .. id, "class", "rank")
+  remove_waiter(model, id, f[1])
   local in_flight = 0
   for _, n in ipairs(redis.call("HVALS", P .. "inflight:" .. model)) do
     in_flight = in_flight + tonumber(n)
   end
-  return {1, ahead, hold_ms(model), in_flight}
+  return {1, ahead, hold_ms(model), in_flight, higher_rate(model, tonumber(f[2] or "0"), now)}
 end
 
 local replica = redis.call("HGET", P .. "li:" .. id, "replica")

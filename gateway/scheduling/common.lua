@@ -14,12 +14,15 @@
 --   li:<id>              hash   a lease (replica, model, tenant, use case, gateway, conc key)
 --   conc:<use-case>      int    the use case's requests in flight (only with a max set)
 --   grant:<id>           string replica granted to a waiter (the waiter's fallback poll)
---   fleet:<model>        hash   replica -> "waiting|running|kv_usage|scraped_at_ms"
+--   fleet:<model>        hash   replica -> "waiting|running|kv_usage|scraped_at_ms" and,
+--                               optionally, "|in_flight_at_scrape|max_running" (the watcher)
 --   pool:<model>         hash   replica -> cap, "_stale_ms", "_threshold", "_sig" (acquire)
 --   svc:<model>          hash   "hold_ms" = moving average of how long a grant is held
 --   pools                set    models with a pool hash (what reap walks)
 --   aff:<model>:<hash>   string replica that last served this prompt prefix
 --   gone:<id>            string a cancel that found nothing: a late acquire must not enqueue
+--   gws                  zset   gateway id -> heartbeat expiry (ms); missing or past: dead
+--   arr:<model>:<window> hash   rank -> requests enqueued in that window (ARRIVAL_WINDOW_MS)
 
 local P = KEYS[1]
 local RANK_SCALE = 1099511627776  -- 2^40
@@ -28,6 +31,8 @@ local AFFINITY_TTL_MS = 600000
 local GONE_TTL_MS = 60000
 local SKIP_LIMIT = 32             -- waiters at their use case's max concurrent to look past
 local CHANNEL = "sy:gw:"
+local GATEWAYS = P .. "gws"       -- gateway id -> heartbeat expiry (ms)
+local ARRIVAL_WINDOW_MS = 10000   -- the windows enqueued arrivals are counted in, per rank
 
 local function pool_from_hash(model)
   local flat = redis.call("HGETALL", P .. "pool:" .. model)
@@ -52,8 +57,17 @@ end
 
 -- Which replicas have room: a fresh scrape (stale or missing counts as saturated, never
 -- idle), vLLM's own queue below the threshold, and fewer in flight than the cap.
+--
+-- vLLM's queue as it is now, not only as the last scrape saw it: an entry may carry the
+-- pool's in-flight count for the replica when the scrape began ("base"). A scrape that saw
+-- requests waiting saw every batch slot taken, so each grant since then waits too and each
+-- release since then frees a slot: waiting + (in flight now - base) is compared with the
+-- threshold. A scrape that saw nobody waiting keeps the plain rule (the cap bounds it).
+-- An entry may also carry the replica's batch size as the watcher learned it (the most
+-- requests it saw running while others waited); the cap is then at most that plus the
+-- threshold, so a cap left at its default cannot pile requests up in vLLM's queue.
 local function load_room(model, pool, now)
-  local room = {inflight = {}, healthy = {}, total = 0}
+  local room = {inflight = {}, healthy = {}, total = 0, waiting = {}, base = {}, cap = {}}
   if #pool.replicas == 0 then
     return room
   end
@@ -63,20 +77,42 @@ local function load_room(model, pool, now)
     local n = tonumber(counts[i] or "0")
     room.inflight[replica] = n
     room.total = room.total + n
+    local cap = pool.caps[replica]
     local healthy = false
     if metrics[i] then
-      local waiting, _, _, at = string.match(metrics[i], "^([^|]*)|([^|]*)|([^|]*)|([^|]*)$")
-      waiting, at = tonumber(waiting), tonumber(at)
-      healthy = waiting ~= nil and at ~= nil and now - at <= pool.stale
-        and waiting < pool.threshold
+      -- Four fields, or six; any further ones are ignored (a newer watcher's).
+      local waiting, at, base, batch = string.match(metrics[i],
+        "^([^|]*)|[^|]*|[^|]*|([^|]*)|?([^|]*)|?([^|]*)")
+      waiting, at, base, batch = tonumber(waiting), tonumber(at), tonumber(base), tonumber(batch)
+      if waiting ~= nil and at ~= nil and now - at <= pool.stale then
+        if base ~= nil and waiting > 0 then
+          room.waiting[replica] = waiting
+          room.base[replica] = base
+          healthy = true  -- judged by has_room, as grants and releases move it
+        else
+          healthy = waiting < pool.threshold
+        end
+      end
+      if batch ~= nil and batch > 0 then
+        cap = math.min(cap, batch + pool.threshold)
+      end
     end
     room.healthy[replica] = healthy
+    room.cap[replica] = cap
   end
   return room
 end
 
 local function has_room(pool, room, replica)
-  return room.healthy[replica] and room.inflight[replica] < pool.caps[replica]
+  if not room.healthy[replica] then
+    return false
+  end
+  local n = room.inflight[replica]
+  local base = room.base[replica]
+  if base ~= nil and room.waiting[replica] + n - base >= pool.threshold then
+    return false
+  end
+  return n < room.cap[replica]
 end
 
 local function any_room(pool, room)
@@ -108,6 +144,49 @@ end
 
 local function hold_ms(model)
   return tonumber(redis.call("HGET", P .. "svc:" .. model, "hold_ms") or "-1")
+end
+
+-- Demand by rank, for Retry-After: every enqueued request is counted in its window. (Only
+-- the enqueued: a request granted at once found room, so it held up nobody waiting.)
+local function count_arrival(model, rank, now)
+  local key = P .. "arr:" .. model .. ":" .. math.floor(now / ARRIVAL_WINDOW_MS)
+  if redis.call("HINCRBY", key, rank, 1) == 1 then
+    redis.call("PEXPIRE", key, 3 * ARRIVAL_WINDOW_MS)
+  end
+end
+
+-- Requests per 1000 s enqueued at ranks better than `rank` lately: the sliding-window
+-- estimate over the last ARRIVAL_WINDOW_MS (previous window weighted by the part of it
+-- still inside, as limits.lua does), as an integer (replies truncate Lua numbers).
+local function higher_rate(model, rank, now)
+  if rank <= 0 then
+    return 0
+  end
+  local index = math.floor(now / ARRIVAL_WINDOW_MS)
+  local inside = 1 - (now - index * ARRIVAL_WINDOW_MS) / ARRIVAL_WINDOW_MS
+  local total = 0
+  for offset, weight in ipairs({1, inside}) do
+    local flat = redis.call("HGETALL", P .. "arr:" .. model .. ":" .. (index + 1 - offset))
+    for i = 1, #flat, 2 do
+      if tonumber(flat[i]) < rank then
+        total = total + weight * tonumber(flat[i + 1])
+      end
+    end
+  end
+  return math.floor(total * 1000000 / ARRIVAL_WINDOW_MS)
+end
+
+-- Whether a waiter's gateway is alive: its heartbeat (gws, refreshed every second by each
+-- Scheduler) has not expired. Cached per call: a pump meets few gateways.
+local alive_cache = {}
+local function gateway_alive(gw, now)
+  local alive = alive_cache[gw]
+  if alive == nil then
+    local expiry = redis.call("ZSCORE", GATEWAYS, gw)
+    alive = expiry ~= false and tonumber(expiry) >= now
+    alive_cache[gw] = alive
+  end
+  return alive
 end
 
 -- The pool's virtual time V, read once per call and written only when it moves.
@@ -205,17 +284,21 @@ local function release_lease(model, id, now, record_hold)
 end
 
 -- Grants queue heads while a replica has room: the dispatch loop of release, pump, reap
--- and acquire. Expired waiters met on the way are dropped; a waiter whose use case is at its
--- max concurrent is looked past (up to SKIP_LIMIT of them) and keeps its place. quiet_id is
--- the caller's own request (acquire): it learns of its grant from the return value.
+-- and acquire. Waiters met on the way are dropped when their deadline has passed or their
+-- gateway is dead (no heartbeat: nobody would take the grant, and its slot would be held
+-- until the lease expired); a waiter whose use case is at its max concurrent is looked past
+-- (up to SKIP_LIMIT of them) and keeps its place. quiet_id is the caller's own request
+-- (acquire): it learns of its grant from the return value, and its gateway is the caller.
+-- Returns the waiters granted, then the waiters dropped.
 local function pump(model, now, pool, room, quiet_id)
   local q = P .. "q:" .. model
   if redis.call("EXISTS", q) == 0 then
-    return 0  -- the common case after a release: nobody waits, nothing to load
+    return 0, 0  -- the common case after a release: nobody waits, nothing to load
   end
   pool = pool or pool_from_hash(model)
   room = room or load_room(model, pool, now)
   local granted = 0
+  local dropped = 0
   local skipped = 0
   while any_room(pool, room) do
     local head = redis.call("ZRANGE", q, skipped, skipped)
@@ -227,8 +310,9 @@ local function pump(model, now, pool, room, quiet_id)
       "lease", "gw", "prefix", "start")
     if not f[2] then
       remove_waiter(model, id, nil)
-    elseif tonumber(f[3]) <= now then
+    elseif tonumber(f[3]) <= now or (id ~= quiet_id and not gateway_alive(f[7], now)) then
       remove_waiter(model, id, f[2])
+      dropped = dropped + 1
     else
       local w = {tenant = f[1], uc = f[4], maxc = tonumber(f[5]), lease = tonumber(f[6]),
         gw = f[7], prefix = f[8], start = tonumber(f[9])}
@@ -249,5 +333,5 @@ local function pump(model, now, pool, room, quiet_id)
       end
     end
   end
-  return granted
+  return granted, dropped
 end

@@ -69,20 +69,38 @@ class QueueTimeout(SchedulingRefused):
 
 
 MAX_RETRY_AFTER_S = 3600
+# The least share of the pool a class is assumed to keep while better ranks arrive as fast
+# as the pool serves (or faster): such a burst does not last forever, and a Retry-After of
+# an hour would keep clients away long after it ended. 5 %: at most 20 times the plain
+# estimate.
+MIN_SHARE = 0.05
 
 
-def retry_after_s(*, ahead: int, hold_ms: int, in_flight: int, fallback_s: float) -> int:
+def retry_after_s(
+    *,
+    ahead: int,
+    hold_ms: int,
+    in_flight: int,
+    fallback_s: float,
+    higher_rate_per_s: float = 0.0,
+) -> int:
     """How long until ``ahead`` waiters (and this one) are likely through, in whole seconds.
 
     The pool's service rate comes from Little's law: requests in flight divided by how long
-    a grant is held on average (a moving average the release script keeps). With no
-    history yet, ``fallback_s`` (the class's queue timeout) stands in.
+    a grant is held on average (a moving average the release script keeps). ``ahead``
+    counts every waiter served before this one now (better ranks included); requests of
+    better ranks keep arriving meanwhile and overtake it, so this class is served only at
+    what they leave of the pool: ``service − higher_rate_per_s`` (their recent arrival
+    rate), at least ``MIN_SHARE`` of it. With no history yet, ``fallback_s`` (the class's
+    queue timeout) stands in.
     """
     if hold_ms < 0:
         return _clamp(fallback_s)
     per_second = max(in_flight, 1) / (max(hold_ms, 1) / 1000)
-    return _clamp((ahead + 1) / per_second)
+    left = max(per_second - max(higher_rate_per_s, 0.0), per_second * MIN_SHARE)
+    return _clamp((ahead + 1) / left)
 
 
 def _clamp(seconds: float) -> int:
-    return min(MAX_RETRY_AFTER_S, max(1, math.ceil(seconds)))
+    # Rounded up, but not for a float's last bits (6 / (0.5 - 0.4) is 60.000000000000014).
+    return min(MAX_RETRY_AFTER_S, max(1, math.ceil(seconds - 1e-9)))

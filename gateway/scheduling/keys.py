@@ -77,6 +77,16 @@ def affinity(model: str, prefix_hash: str, *, prefix: str = KEY_PREFIX) -> str:
     return f"{prefix}aff:{model}:{prefix_hash}"
 
 
+def gateways(*, prefix: str = KEY_PREFIX) -> str:
+    """Zset: gateway id -> heartbeat expiry (ms). Missing or past: the gateway is dead."""
+    return f"{prefix}gws"
+
+
+def arrivals(model: str, window_index: int, *, prefix: str = KEY_PREFIX) -> str:
+    """Hash: rank -> requests enqueued during that window (Retry-After's demand estimate)."""
+    return f"{prefix}arr:{model}:{window_index}"
+
+
 def rate_window(limit_id: str, window_index: int, *, prefix: str = KEY_PREFIX) -> str:
     return f"{prefix}rl:{limit_id}:{window_index}"
 

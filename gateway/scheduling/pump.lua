@@ -4,6 +4,8 @@
 --
 -- KEYS[1]  the key prefix "sy:{sy}:"
 -- ARGV     now_ms, model
--- Returns  the number of waiters granted (each told on its gateway's channel).
+-- Returns  the number of waiters granted (each told on its gateway's channel); waiters
+--          dropped on the way (deadline passed, gateway dead) are not counted.
 
-return pump(ARGV[2], tonumber(ARGV[1]))
+local granted = pump(ARGV[2], tonumber(ARGV[1]))
+return granted

@@ -12,8 +12,12 @@ round trips that it shares with every other request in flight, acquire and relea
 - ``release`` runs release.lua, which also reconciles the token windows and grants the next
   waiters (on whichever gateway).
 - One renewal task extends every lease this process holds, in one call every lease_ms / 3.
-- A reaper task runs reap.lua every ``reap_interval_s``: leases of a gateway that died are
-  released once expired, and waiters past their deadline are dropped.
+- A reaper task writes this gateway's heartbeat every second (``sy:{sy}:gws``: gateway id →
+  expiry, ``heartbeat_ms`` ahead) and runs reap.lua every ``reap_interval_s``: the leases
+  and waiters of a gateway whose heartbeat expired are released and dropped (a process
+  killed with requests in flight gives its capacity back within ``heartbeat_ms``, not the
+  lease), leases past their expiry are released, and waiters past their deadline dropped.
+  Pumps never grant a waiter whose gateway has no live heartbeat.
 """
 
 from __future__ import annotations
@@ -69,6 +73,11 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _per_second(reply: Sequence[Any], index: int) -> float:
+    """A rate the scripts give per 1000 s (replies carry integers); 0 when absent."""
+    return int(reply[index]) / 1000 if len(reply) > index else 0.0
+
+
 class Scheduler:
     """Admission to a model pool's capacity, shared by every gateway process through Valkey."""
 
@@ -82,6 +91,7 @@ class Scheduler:
         waiting_threshold: int = 3,
         poll_interval_s: float = 0.2,
         reap_interval_s: float = 1.0,
+        heartbeat_ms: int = 5_000,
         clock: Callable[[], int] = wall_ms,
         prefix: str = keys.KEY_PREFIX,
         pipe: AutoPipeline | None = None,
@@ -99,6 +109,9 @@ class Scheduler:
             self.pipe.register(name, lua_source(name))
         self._poll_s = poll_interval_s
         self._reap_s = reap_interval_s
+        self.heartbeat_ms = heartbeat_ms
+        # Refreshed five times per heartbeat: four refreshes may fail before it expires.
+        self._beat_s = min(reap_interval_s, heartbeat_ms / 5000)
         self._clock = clock
         self._prefix = prefix
         self._keys: list[Arg] = [prefix]
@@ -114,9 +127,12 @@ class Scheduler:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Subscribe to this gateway's channel, start the reaper and the renewals. Idempotent."""
+        """Announce this gateway (its heartbeat), subscribe to its channel, start the reaper
+        (which keeps the heartbeat) and the renewals. Idempotent."""
         if self._pubsub is not None:
             return
+        # Before any request can wait: a pump drops waiters of a gateway without heartbeat.
+        await self.heartbeat()
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(keys.gateway_channel(self.gateway_id))
         self._tasks = [
@@ -205,6 +221,7 @@ class Scheduler:
                         hold_ms=int(reply[3]),
                         in_flight=int(reply[4]),
                         fallback_s=ticket.queue_timeout_s,
+                        higher_rate_per_s=_per_second(reply, 5),
                     ),
                 )
             if status != 0:
@@ -279,6 +296,15 @@ class Scheduler:
         """Grant waiters of ``model`` while a replica has room; returns how many."""
         return int(await self.pipe.script("pump", self._keys, [self._clock(), model]))
 
+    async def heartbeat(self) -> None:
+        """Say this gateway is alive for the next ``heartbeat_ms`` (the reaper repeats it)."""
+        await self.pipe.execute(
+            "ZADD",
+            keys.gateways(prefix=self._prefix),
+            self._clock() + self.heartbeat_ms,
+            self.gateway_id,
+        )
+
     async def reap(self) -> tuple[int, int, int]:
         """One reaper pass: (leases released, waiters dropped, waiters granted)."""
         reply = await self.pipe.script("reap", self._keys, [self._clock()])
@@ -335,14 +361,20 @@ class Scheduler:
         )
         if int(reply[0]) == 2:  # granted at the last moment: better served than refused
             return _text(reply[1])
-        ahead, hold, in_flight = (
-            (int(reply[1]), int(reply[2]), int(reply[3])) if int(reply[0]) == 1 else (0, -1, 0)
+        ahead, hold, in_flight, higher = (
+            (int(reply[1]), int(reply[2]), int(reply[3]), _per_second(reply, 4))
+            if int(reply[0]) == 1
+            else (0, -1, 0, 0.0)
         )
         raise QueueTimeout(
             f"No capacity for {ticket.model} within the {ticket.priority_class} queue timeout "
             f"of {ticket.queue_timeout_s:g} s.",
             retry_after_s=retry_after_s(
-                ahead=ahead, hold_ms=hold, in_flight=in_flight, fallback_s=ticket.queue_timeout_s
+                ahead=ahead,
+                hold_ms=hold,
+                in_flight=in_flight,
+                fallback_s=ticket.queue_timeout_s,
+                higher_rate_per_s=higher,
             ),
         )
 
@@ -387,8 +419,19 @@ class Scheduler:
                 future.set_result(replica)
 
     async def _reap_forever(self) -> None:
+        """The heartbeat every ``_beat_s`` and a reaper pass every ``reap_interval_s``: one
+        task per process for both."""
+        loop = asyncio.get_running_loop()
+        reap_at = loop.time() + self._reap_s
         while True:
-            await asyncio.sleep(self._reap_s)
+            await asyncio.sleep(self._beat_s)
+            try:
+                await self.heartbeat()
+            except (valkey.ValkeyError, OSError) as exc:
+                logger.warning("scheduler_heartbeat_failed error=%r", exc)
+            if loop.time() + self._beat_s / 2 < reap_at:  # timers may fire a little early
+                continue
+            reap_at = loop.time() + self._reap_s
             try:
                 released, dropped, _ = await self.reap()
             except (valkey.ValkeyError, OSError) as exc:

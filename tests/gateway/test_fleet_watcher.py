@@ -15,6 +15,7 @@ import socket
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import valkey
@@ -31,6 +32,7 @@ from gateway.fleet_watcher import (
     now_ms,
     parse_vllm_metrics,
 )
+from gateway.scheduling import keys
 from tests.conftest import SimulatorFactory
 from tests.support.policy import PolicyBuilder
 
@@ -345,3 +347,60 @@ def test_the_load_encoding_round_trips_and_parses_a_real_exposition(
     replica = start_simulator(MODEL)
     real = replica_gauges(replica.base_url)
     assert (real.waiting, real.running, real.kv_usage) == (0, 0, 0.0)
+
+
+def test_each_entry_carries_the_pools_in_flight_and_the_batch_size_learned(
+    valkey_client, start_simulator: SimulatorFactory, start_watcher, streams
+) -> None:
+    """The two fields that let the scheduler judge vLLM's queue between scrapes: the pool's
+    requests in flight on the replica when the scrape began, and the batch size the replica
+    showed once it had a queue — kept while it idles and across a watcher restart."""
+    replica = start_simulator(MODEL, "--max-num-seqs", "2")
+    PolicyBuilder().model(MODEL, [replica.base_url]).publish(valkey_client)
+    valkey_client.hset(keys.in_flight(MODEL), replica.base_url, 5)  # what the gateways hold
+    watcher = start_watcher()
+
+    def entry() -> ReplicaLoad:
+        return fleet(valkey_client)[replica.base_url]
+
+    assert wait_until(lambda: entry().in_flight_at_scrape == 5, timeout=5)
+    assert entry().max_running == 0  # never seen with a queue: its batch is not known
+
+    # WHEN three long streams go to it: two run, one waits
+    streams += [Stream(replica.base_url) for _ in range(3)]
+    assert wait_until(lambda: (entry().waiting, entry().running) == (1, 2), timeout=5)
+    # THEN its batch is known
+    assert entry().max_running == 2
+    raw = valkey_client.hget(fleet_key(MODEL), replica.base_url).decode()
+    assert raw.split("|")[4:] == ["5", "2"]
+
+    for stream in streams:
+        stream.abandon()
+    assert wait_until(lambda: (entry().waiting, entry().running) == (0, 0), timeout=5)
+    assert entry().max_running == 2
+
+    # A restarted watcher reads it back instead of forgetting it.
+    assert watcher.stop(timeout=5) == 0
+    stopped_at = entry().scraped_at_ms
+    start_watcher()
+    assert wait_until(lambda: entry().scraped_at_ms > stopped_at, timeout=5)
+    assert (entry().waiting, entry().max_running) == (0, 2)
+
+
+def test_the_room_rule_in_python_matches_the_scripts() -> None:
+    now = 1_700_000_000_000
+    rule = {"now": now, "stale_ms": 1000, "waiting_threshold": 3}
+    seen_waiting = ReplicaLoad(2, 4, 0.5, now, in_flight_at_scrape=10, max_running=4)
+    assert seen_waiting.has_room(**rule)
+    assert seen_waiting.has_room(**rule, in_flight=10)
+    assert not seen_waiting.has_room(**rule, in_flight=11)  # granted one since: 3 waiting
+    assert seen_waiting.has_room(**rule, in_flight=9)  # released one since
+    assert seen_waiting.cap(64, 3) == 7
+    assert seen_waiting.cap(5, 3) == 5
+    idle = ReplicaLoad(0, 0, 0.0, now, in_flight_at_scrape=0, max_running=4)
+    assert idle.has_room(**rule, in_flight=6, policy_cap=64)
+    assert not idle.has_room(**rule, in_flight=7, policy_cap=64)
+    assert ReplicaLoad.decode(idle.encode()) == idle
+    assert idle.encode() == f"0|0|0.0000|{now}|0|4"
+    assert ReplicaLoad.decode(f"0|0|0.0000|{now}||4").in_flight_at_scrape is None
+    assert ReplicaLoad.decode(f"0|0|0.0000|{now}|1|4|later") == replace(idle, in_flight_at_scrape=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import httpx
@@ -34,6 +35,10 @@ def chat_body(*, max_tokens: int = 2, **extra: object) -> dict[str, object]:
 
 def leases(client) -> list[tuple[bytes, float]]:
     return client.zrange(keys.leases(MODEL), 0, -1, withscores=True)
+
+
+def queue_is(client, length: int) -> bool:
+    return int(client.zcard(keys.queue(MODEL))) == length
 
 
 def nothing_held(client) -> bool:
@@ -105,6 +110,96 @@ def test_a_gateway_killed_while_holding_capacity_gives_it_back_when_its_lease_ex
     assert wait_until(lambda: nothing_held(valkey_client), timeout=3), (
         valkey_client.hgetall(keys.in_flight(MODEL)),
         leases(valkey_client),
+    )
+
+
+def test_a_gateway_killed_with_requests_queued_frees_its_capacity_within_its_heartbeat(
+    valkey_client, start_simulator: SimulatorFactory, start_gateway: GatewayFactory
+) -> None:
+    """GIVEN a gateway holding the only slot on the default 30 s lease, with three requests
+    of its own queued ahead of another gateway's, WHEN it is killed (SIGKILL: no release, no
+    cancel), THEN its heartbeat expires within seconds, the reaper gives its slot back and
+    drops its waiters — none of them is ever granted (nothing is published to its channel,
+    no lease names it) — and the survivor's request is served, long before the lease."""
+    sim = start_simulator(MODEL)
+    policy = PolicyBuilder().model(MODEL, [sim.base_url], max_in_flight_per_replica=1)
+    key = policy.key()
+    policy.publish(valkey_client)
+    doomed = start_gateway()
+    survivor = start_gateway()
+    auth = {"Authorization": f"Bearer {key}"}
+    outcome: dict[str, Any] = {}
+
+    def via(gateway: RunningGateway, name: str) -> None:
+        try:
+            response = httpx.post(
+                gateway.base_url + "/v1/chat/completions",
+                json=chat_body(),
+                headers=auth,
+                timeout=30,
+            )
+        except httpx.HTTPError as exc:  # the doomed gateway's clients lose their connection
+            outcome[name] = exc
+        else:
+            outcome[name] = response
+        outcome[name + "-at"] = time.monotonic()
+
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream(
+            "POST",
+            doomed.base_url + "/v1/chat/completions",
+            json=chat_body(max_tokens=4000, ignore_eos=True, stream=True),
+            headers=auth,
+        ) as stream,
+    ):
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data: ")
+        [(lease_id, _)] = leases(valkey_client)
+        dead_gateway = valkey_client.hget(keys.lease(lease_id.decode()), "gw").decode()
+        listener = valkey_client.pubsub(ignore_subscribe_messages=True)
+        listener.subscribe(keys.gateway_channel(dead_gateway))
+
+        threads = [
+            threading.Thread(target=via, args=(doomed, f"doomed-{n}"), daemon=True)
+            for n in range(3)
+        ]
+        for n, thread in enumerate(threads, start=1):
+            thread.start()
+            assert wait_until(partial(queue_is, valkey_client, n), timeout=5)
+        waiter = threading.Thread(target=via, args=(survivor, "survivor"), daemon=True)
+        waiter.start()
+        assert wait_until(lambda: valkey_client.zcard(keys.queue(MODEL)) == 4, timeout=5)
+
+        doomed.process.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        assert wait_until(lambda: not doomed.process.alive(), timeout=5)
+
+        waiter.join(timeout=20)
+        assert not waiter.is_alive()
+    response = outcome["survivor"]
+    assert isinstance(response, httpx.Response)
+    assert response.status_code == 200, response.text
+    # The heartbeat (5 s, last written < 1 s before the kill) and a reaper pass (every
+    # second), far from the 30 s lease.
+    recovered = outcome["survivor-at"] - killed
+    assert 3.0 <= recovered <= 8.0, recovered
+
+    assert listener.get_message(timeout=0.5) is None  # no grant went to the dead gateway
+    listener.close()
+    for thread in threads:
+        thread.join(timeout=5)
+        assert not thread.is_alive()
+    assert all(isinstance(outcome[f"doomed-{n}"], httpx.HTTPError) for n in range(3))
+    assert valkey_client.zscore(keys.gateways(), dead_gateway) is None
+    assert not any(
+        valkey_client.hget(info, "gw") == dead_gateway.encode()
+        for info in valkey_client.keys(keys.lease("*"))
+    )
+    assert wait_until(lambda: nothing_held(valkey_client), timeout=3), (
+        valkey_client.hgetall(keys.in_flight(MODEL)),
+        leases(valkey_client),
+        valkey_client.zrange(keys.queue(MODEL), 0, -1),
     )
 
 

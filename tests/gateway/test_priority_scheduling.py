@@ -268,6 +268,73 @@ def test_a_replica_with_a_saturated_vllm_queue_gets_nothing_until_it_drains(
     direct.join(timeout=10)
 
 
+class DeepestQueue:
+    """The most requests seen waiting in a replica's own vLLM queue, sampled every 10 ms
+    from its /metrics while the block runs."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.deepest = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.is_set():
+                text = client.get(self.url + "/metrics").text
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        if sample.name == "vllm:num_requests_waiting":
+                            self.deepest = max(self.deepest, int(sample.value))
+                self.samples += 1
+                self._stop.wait(0.01)
+
+    def __enter__(self) -> DeepestQueue:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def burst(gateway: RunningGateway, key: str, count: int, max_tokens: int) -> list[int | str]:
+    sent = Background()
+    payload = body(max_tokens=max_tokens, ignore_eos=True)
+    for n in range(count):
+        sent.send(f"r{n}", partial(post, gateway.base_url, payload, key))
+    sent.join(timeout=60)
+    return [sent.status(f"r{n}") for n in range(count)]
+
+
+def test_a_burst_leaves_a_small_batch_replica_no_deeper_queue_than_the_threshold(
+    valkey_client, start_simulator: SimulatorFactory, start_gateway: GatewayFactory
+) -> None:
+    """GIVEN a replica that runs 2 sequences at a time behind the default cap of 64 in flight
+    (threshold 3), WHEN bursts of requests arrive faster than it serves them, THEN once the
+    fleet watcher has seen it with a queue (and learned its batch), its own vLLM queue
+    never holds more than the threshold: the rest wait in the gateway's queue, in priority
+    order, instead of in vLLM's."""
+    sim = start_simulator(MODEL, "--max-num-seqs", "2")
+    policy = PolicyBuilder().model(MODEL, [sim.base_url])
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+
+    # The first burst is what shows the watcher the batch size (nothing could know it before).
+    assert burst(gateway, key, 6, max_tokens=40) == [200] * 6
+    fleet_entry = partial(valkey_client.hget, keys.fleet(MODEL), sim.base_url)
+    assert wait_until(lambda: ReplicaLoad.decode(fleet_entry()).max_running == 2, timeout=5)
+
+    with DeepestQueue(sim.base_url) as vllm_queue:
+        assert burst(gateway, key, 30, max_tokens=16) == [200] * 30
+
+    assert vllm_queue.samples > 20
+    assert 1 <= vllm_queue.deepest <= 3, vllm_queue.deepest
+    assert wait_until(lambda: queued(valkey_client) == 0, timeout=3)
+
+
 # --- queue limits -----------------------------------------------------------------------
 
 

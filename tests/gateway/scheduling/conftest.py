@@ -106,15 +106,35 @@ class Lua:
     def cancel(self, now: int, request_id: str, *, keep: bool = False, model: str = MODEL):
         return [_text(v) for v in self("cancel", now, request_id, model, "1" if keep else "0")]
 
-    def fleet(self, now: int, *entries: tuple[str, int], model: str = MODEL) -> None:
-        """Fresh metrics for each (replica, waiting) at ``now``."""
+    def fleet(
+        self,
+        now: int,
+        *entries: tuple[str, int],
+        model: str = MODEL,
+        in_flight: int | None = None,
+        max_running: int = 0,
+    ) -> None:
+        """Fresh metrics for each (replica, waiting) at ``now``; ``in_flight``: the pool's
+        count on the replica when the scrape began, ``max_running``: its learned batch size
+        (as the fleet watcher writes them)."""
         self.client.hset(
             keys.fleet(model),
             mapping={
-                url: fleet_entry(waiting=waiting, running=0, kv_usage=0.1, scraped_at_ms=now)
+                url: fleet_entry(
+                    waiting=waiting,
+                    running=0,
+                    kv_usage=0.1,
+                    scraped_at_ms=now,
+                    in_flight=in_flight,
+                    max_running=max_running,
+                )
                 for url, waiting in entries
             },
         )
+
+    def heartbeat(self, gateway: str, expiry_ms: int) -> None:
+        """What Scheduler.heartbeat writes: ``gateway`` is alive until ``expiry_ms``."""
+        self.client.zadd(keys.gateways(), {gateway: expiry_ms})
 
     def in_flight(self, model: str = MODEL) -> dict[str, int]:
         return {_text(k): int(v) for k, v in self.client.hgetall(keys.in_flight(model)).items()}
@@ -130,6 +150,10 @@ def _text(value: Any) -> Any:
 @pytest.fixture
 def lua(db: valkey.Valkey) -> Lua:
     return Lua(db)
+
+
+# A heartbeat that never expires within a test driven by the caller's clock.
+FOREVER_MS = 2**52
 
 
 async def write_fresh_fleet(

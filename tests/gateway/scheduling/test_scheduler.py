@@ -279,6 +279,52 @@ def test_retry_after_follows_the_depth_and_the_service_rate():
     assert retry_after_s(ahead=5, hold_ms=-1, in_flight=0, fallback_s=12.5) == 13
 
 
+def test_retry_after_counts_what_better_ranks_keep_taking_of_the_pool():
+    """The pool serves 10/s; better ranks arriving at 8/s leave 2/s to this class: the 99
+    ahead (better ranks included) and this one take 50 s, not 10 s."""
+    plain = {"ahead": 99, "hold_ms": 1_000, "in_flight": 10, "fallback_s": 30}
+    assert retry_after_s(**plain, higher_rate_per_s=0) == 10
+    assert retry_after_s(**plain, higher_rate_per_s=8) == 50
+    # Better ranks arriving as fast as the pool serves, or faster: the class is assumed to
+    # keep 5 % of it (20 × the plain estimate), never "never".
+    assert retry_after_s(**plain, higher_rate_per_s=10) == 200
+    assert retry_after_s(**plain, higher_rate_per_s=500) == 200
+    # Never less than the plain estimate, which already waits for everyone ahead.
+    assert retry_after_s(**plain, higher_rate_per_s=-3) == 10
+    assert retry_after_s(ahead=10**6, hold_ms=10_000, in_flight=1, fallback_s=1) == 3600
+    assert retry_after_s(ahead=5, hold_ms=-1, in_flight=0, fallback_s=7, higher_rate_per_s=9) == 7
+
+
+async def test_a_lower_class_refused_while_better_ranks_keep_arriving_waits_for_them_too(
+    client_url,
+):
+    """GIVEN one slot turning over every 2 s, 4 prod requests (rank 0) enqueued in the last
+    seconds and a dev queue (rank 5) of length 1 already full, WHEN another dev request is
+    refused, THEN its Retry-After counts the 5 ahead of it and prod's arrivals (0.4/s of the
+    pool's 0.5/s): 60 s, where the queue depth alone would say 12 s."""
+    now = (wall_ms() // 10_000) * 10_000 + 5_000  # mid-window, however long the test takes
+    async with running_schedulers(client_url, clock=lambda: now) as [gateway]:
+        client = gateway._client
+        await write_fresh_fleet(client, [R1])
+        await write_hash(client, keys.service(MODEL), {"hold_ms": "2000"})
+        holder = await gateway.acquire(ticket("holder"))
+        prod = {"rank": 0, "priority_class": "prod"}
+        dev = {"rank": 5, "priority_class": "dev", "max_queue_length": 1}
+        waiters = [asyncio.create_task(gateway.acquire(ticket(f"p{n}", **prod))) for n in range(4)]
+        waiters.append(asyncio.create_task(gateway.acquire(ticket("d0", **dev))))
+        await queued(client, 5)
+
+        with pytest.raises(QueueFull) as refused:
+            await gateway.acquire(ticket("d1", **dev))
+
+        assert refused.value.retry_after_s == 60
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        await gateway.release(holder)
+        assert await leaked(client) == NOTHING
+
+
 async def test_a_queue_timeout_removes_the_waiter(client_url):
     async with running_schedulers(client_url) as [gateway]:
         client = gateway._client
@@ -387,6 +433,46 @@ async def test_a_crashed_gateways_leases_are_reaped_and_the_capacity_returns(cli
 
         waited = time.monotonic() - crashed_at
         assert 0.3 < waited < 0.4 + 0.3, waited
+        await b.release(grant)
+        assert await leaked(client) == NOTHING
+
+
+async def kill(scheduler: Any) -> None:
+    """As if its process died: no heartbeat, no renewals, no listener from now on (its
+    requests still waiting go on polling, as a process frozen and not yet gone would)."""
+    for task in scheduler._tasks:
+        task.cancel()
+    await asyncio.gather(*scheduler._tasks, return_exceptions=True)
+
+
+async def test_a_dead_gateways_waiters_are_never_granted_and_its_capacity_returns_in_seconds(
+    client_url,
+):
+    """GIVEN gateway A holding the only slot on a 30 s lease, with a request of its own
+    queued before gateway B's, WHEN A dies (heartbeat every 60 ms, expiring after 300 ms),
+    THEN B is granted within about the heartbeat — not the 30 s lease — and A's waiter is
+    never granted (it times out in the queue it was dropped from)."""
+    options: dict[str, Any] = {"lease_ms": 30_000, "reap_interval_s": 0.05, "heartbeat_ms": 300}
+    async with running_schedulers(client_url, 2, **options) as [a, b]:
+        client = b._client
+        assert await client.zscore(keys.gateways(), "gw-0") > wall_ms()  # start() announced it
+        await write_fresh_fleet(client, [R1])
+        await a.acquire(ticket("held-by-a"))
+        a_waiter = asyncio.create_task(a.acquire(ticket("a-waiter", queue_timeout_s=2.0)))
+        await queued(client, 1)
+        b_waiter = asyncio.create_task(b.acquire(ticket("b-waiter")))
+        await queued(client, 2)
+
+        await kill(a)
+        died_at = time.monotonic()
+        grant = await b_waiter
+
+        waited = time.monotonic() - died_at
+        assert waited < 1.5, waited
+        assert not a_waiter.done()
+        with pytest.raises(QueueTimeout):
+            await a_waiter
+        assert await client.zscore(keys.gateways(), "gw-0") is None
         await b.release(grant)
         assert await leaked(client) == NOTHING
 

@@ -7,10 +7,20 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
+import pytest
+
 from gateway.scheduling import keys
-from tests.gateway.scheduling.conftest import MODEL, R1, R2, Lua
+from tests.gateway.scheduling.conftest import FOREVER_MS, MODEL, R1, R2, Lua
 
 T0 = 1_800_000_000_000
+
+
+@pytest.fixture(autouse=True)
+def live_gateways(lua: Lua) -> None:
+    """The gateways these tests enqueue for are running: their heartbeats are fresh (a pump
+    drops the waiters of a gateway without one)."""
+    for gateway in ("gw-a", "gw-b"):
+        lua.heartbeat(gateway, FOREVER_MS)
 
 
 def jain(values: Sequence[float]) -> float:
@@ -309,3 +319,173 @@ def test_the_pool_is_recorded_for_the_scripts_that_are_not_given_it(lua):
         b"_threshold",
         b"_sig",
     }
+
+
+# --- backpressure between scrapes --------------------------------------------------------
+
+
+def grants(lua: Lua, now: int, prefix: str, count: int, **options: Any) -> int:
+    """Send ``count`` acquires; how many were granted at once (the rest wait)."""
+    return sum(lua.acquire(now, f"{prefix}{n}", **options)[0] == 1 for n in range(count))
+
+
+def test_a_replica_seen_with_a_queue_gets_what_the_threshold_leaves_until_the_next_scrape(lua):
+    """GIVEN a scrape that saw 2 requests waiting in vLLM (threshold 3, cap 64), WHEN requests
+    keep coming before the next scrape, THEN one more is granted (the one that makes 3
+    waiting), not 62; a release frees a slot for one more, and a new scrape starts over."""
+    options: dict[str, Any] = {"replicas": [(R1, 64)], "threshold": 3}
+    lua.fleet(T0, (R1, 2), in_flight=0)
+
+    assert grants(lua, T0 + 10, "burst-", 20, **options) == 1
+    assert lua.in_flight() == {R1: 1}
+    assert len(lua.queue()) == 19
+
+    # A request finished since the scrape: one of the waiting ones runs, one more may wait.
+    assert lua.release(T0 + 20, "burst-0") == [1, 1, 0]
+    assert lua.in_flight() == {R1: 1}
+    assert len(lua.queue()) == 18
+
+    # The next scrape sees vLLM's queue drained to 0 (in flight 1 when it began).
+    lua.fleet(T0 + 250, (R1, 0), in_flight=1)
+    assert lua("pump", T0 + 250, MODEL) == 18
+    assert lua.in_flight() == {R1: 19}
+
+
+def test_grants_made_before_the_scrape_are_not_counted_again(lua):
+    lua.fleet(T0, (R1, 0))
+    assert grants(lua, T0, "early-", 5, replicas=[(R1, 64)]) == 5
+    # The scrape saw those 5 (3 running, 2 waiting) with 5 of the pool in flight.
+    lua.fleet(T0 + 250, (R1, 2), in_flight=5)
+    assert grants(lua, T0 + 260, "late-", 5, replicas=[(R1, 64)]) == 1
+    assert lua.in_flight() == {R1: 6}
+
+
+def test_a_pump_counts_its_own_grants_against_vllms_queue(lua):
+    lua.fleet(T0, (R1, 9))
+    for n in range(6):
+        assert lua.acquire(T0, f"w{n}", replicas=[(R1, 64)])[0] == 0
+    lua.fleet(T0 + 250, (R1, 1), in_flight=0)
+
+    assert lua("pump", T0 + 250, MODEL) == 2  # 1 waiting + 2 granted = the threshold
+    assert len(lua.queue()) == 4
+
+
+def test_a_scrape_that_saw_an_empty_queue_keeps_the_plain_rule(lua):
+    lua.fleet(T0, (R1, 0), in_flight=0)
+    assert grants(lua, T0, "r", 10, replicas=[(R1, 8)]) == 8
+
+
+def test_an_entry_without_the_in_flight_field_keeps_the_plain_rule(lua):
+    """Entries written by older watchers, or by the gateway for a failed replica."""
+    lua.client.hset(keys.fleet(MODEL), R1, f"2|0|0.1000|{T0}")
+    assert grants(lua, T0, "r", 10, replicas=[(R1, 8)]) == 8
+
+
+def test_a_learned_batch_size_caps_what_a_replica_is_sent(lua):
+    """GIVEN a replica whose batch the watcher learned as 4 and the default cap of 64, WHEN a
+    burst arrives while its last scrape saw it idle, THEN it is sent 4 + threshold requests
+    (vLLM's queue reaches the threshold, as after a grant to a replica seen with 2 waiting),
+    not 64; the policy's cap still applies when it is the smaller."""
+    lua.fleet(T0, (R1, 0), in_flight=0, max_running=4)
+    assert grants(lua, T0, "burst-", 20, replicas=[(R1, 64)], threshold=3) == 7
+    assert lua.in_flight() == {R1: 7}
+
+    lua.client.delete(keys.in_flight(MODEL), keys.queue(MODEL))
+    assert grants(lua, T0, "small-cap-", 10, replicas=[(R1, 2)], threshold=3) == 2
+
+
+# --- gateway heartbeats -------------------------------------------------------------------
+
+
+def test_a_waiter_of_a_gateway_without_heartbeat_is_dropped_not_granted(lua):
+    """GIVEN waiters of a gateway whose heartbeat expired and of one that never had one,
+    queued before a live gateway's waiter, WHEN the slot frees, THEN the dead gateways'
+    waiters are dropped (no grant, no message, their class count given back) and the live
+    gateway's waiter is granted."""
+    listener = lua.client.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe("sy:gw:gw-dead", "sy:gw:gw-never", "sy:gw:gw-a")
+    lua.heartbeat("gw-dead", T0 + 500)
+    busy(lua)
+    for n, gateway in enumerate(("gw-dead", "gw-never", "gw-a")):
+        assert lua.acquire(T0 + n, f"w-{gateway}", gateway=gateway, priority_class="dev")[0] == 0
+
+    assert lua.release(T0 + 1_000, "holder") == [1, 1, 0]
+
+    assert holder_of(lua) == "w-gw-a"
+    assert lua.queue() == []
+    assert lua.client.exists(keys.grant("w-gw-dead"), keys.grant("w-gw-never")) == 0
+    assert lua.client.exists(keys.waiter("w-gw-dead"), keys.waiter("w-gw-never")) == 0
+    assert lua.client.exists(keys.queue_length(MODEL, "dev")) == 0
+    messages = []
+    for _ in range(10):
+        message = listener.get_message(timeout=0.2)
+        if message is not None:
+            messages.append((message["channel"], message["data"]))
+        if messages:
+            break
+    assert messages == [(b"sy:gw:gw-a", f"w-gw-a {R1}".encode())]
+    listener.close()
+
+
+def test_a_heartbeat_counts_until_its_expiry(lua):
+    lua.heartbeat("gw-c", T0 + 1_000)
+    busy(lua)
+    assert lua.acquire(T0, "w", gateway="gw-c")[0] == 0
+    assert lua.release(T0 + 1_000, "holder") == [1, 1, 0]  # still alive at its expiry
+    assert holder_of(lua) == "w"
+
+
+def test_reap_releases_the_leases_and_drops_the_waiters_of_a_gateway_whose_heartbeat_expired(
+    lua,
+):
+    """GIVEN gateway c (heartbeat until T0+5 s) holding the only slot on a 30 s lease and with
+    a request queued, and a live gateway's request queued behind it, WHEN a reaper passes
+    after c's heartbeat expired, THEN c's lease is released, its waiter dropped, the live
+    waiter granted, and c leaves the registry: its capacity came back 25 s early."""
+    lua.heartbeat("gw-c", T0 + 5_000)
+    busy(lua, gateway="gw-c", lease_ms=30_000)
+    assert lua.acquire(T0 + 1, "c-waiter", gateway="gw-c")[0] == 0
+    assert lua.acquire(T0 + 2, "a-waiter", gateway="gw-a")[0] == 0
+
+    lua.fleet(T0 + 5_000, (R1, 0))
+    assert lua("reap", T0 + 5_000) == [0, 0, 0]
+    assert lua("reap", T0 + 5_001) == [1, 1, 1]
+
+    assert holder_of(lua) == "a-waiter"
+    assert lua.queue() == []
+    assert lua.client.exists(keys.lease("holder"), keys.waiter("c-waiter")) == 0
+    assert lua.client.zscore(keys.gateways(), "gw-c") is None
+    assert lua.client.zscore(keys.gateways(), "gw-a") is not None
+    assert lua("reap", T0 + 6_000) == [0, 0, 0]
+
+
+def test_a_lease_of_a_gateway_alive_is_left_to_its_expiry(lua):
+    lua.heartbeat("gw-c", T0 + 60_000)
+    busy(lua, gateway="gw-c", lease_ms=1_000)
+    assert lua("reap", T0 + 500) == [0, 0, 0]
+    assert lua("reap", T0 + 1_000) == [1, 0, 0]
+
+
+# --- Retry-After: demand of better ranks -------------------------------------------------
+
+
+def test_queue_full_and_cancel_report_the_recent_arrival_rate_of_better_ranks(lua):
+    """GIVEN 20 prod (rank 0) requests enqueued in the last 10 s and dev (rank 5) requests
+    queued behind them, WHEN a dev request is refused for a full queue, or a dev waiter
+    gives up, THEN the reply carries prod's arrival rate (2/s, as 2000 per 1000 s) and
+    counts the prod waiters ahead; dev's own arrivals are not in the rate."""
+    busy(lua)
+    for n in range(20):
+        assert lua.acquire(T0 + 100 * n, f"prod-{n}", rank=0)[0] == 0
+    dev: dict[str, Any] = {"rank": 5, "priority_class": "dev", "max_queue": 2}
+    assert lua.acquire(T0 + 3_000, "dev-0", **dev)[0] == 0
+    assert lua.acquire(T0 + 3_000, "dev-1", **dev)[0] == 0
+
+    refused = lua.acquire(T0 + 5_000, "dev-2", **dev)
+    assert refused[:3] == [-2, "queue_full", 22]
+    assert int(refused[5]) == 2_000
+
+    # Half a window later, the first window counts half: 1/s.
+    assert lua.cancel(T0 + 15_000, "dev-1") == [1, 21, -1, 1, 1_000]
+    # A prod request sees no better rank.
+    assert lua.cancel(T0 + 15_000, "prod-19")[4] == 0
