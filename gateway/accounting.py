@@ -118,6 +118,7 @@ class Accounting:
         self._immediate = record_immediate_admissions
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._writing = False  # a batch's commands are out and their replies awaited
         self.dropped: dict[str, int] = {USAGE_STREAM: 0, DECISIONS_STREAM: 0}
         self.written = 0
         self._healthy = True
@@ -218,12 +219,15 @@ class Accounting:
     async def close(self, timeout_s: float = 2.0) -> None:
         """Stop taking records, flush what Valkey takes within the timeout, drop the rest."""
         self._closing = True
-        if self._task is not None:
-            self._task.cancel()
-            # Bounded, and the loop also checks _closing: valkey-py can swallow a cancellation
-            # that lands inside a command, and closing must not hang on it.
-            await asyncio.wait({self._task}, timeout=timeout_s)
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            if self._writing:
+                # A batch is out: Valkey applies it whatever happens here, so cancelling the
+                # wait for its replies would put records it has back in the buffer, to be
+                # written twice. Let it finish (the loop stops after it), within the bound.
+                await asyncio.wait({task}, timeout=timeout_s)
+            task.cancel()
+            await asyncio.wait({task}, timeout=timeout_s)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 while self._buffer and await self.flush_once():
@@ -240,6 +244,7 @@ class Accounting:
         if not batch:
             return True
         try:
+            self._writing = True
             async with asyncio.timeout(self._write_timeout_s):
                 await self._write(batch)
         except (valkey.ValkeyError, OSError, TimeoutError) as exc:
@@ -257,6 +262,8 @@ class Accounting:
             for stream, _ in batch:
                 self._drop(stream, 1)
             return True
+        finally:
+            self._writing = False
         self.written += len(batch)
         if not self._healthy:
             logger.info("accounting_write_ok dropped=%s", sum(self.dropped.values()))
@@ -292,6 +299,6 @@ class Accounting:
         while not self._closing:
             await asyncio.sleep(backoff)
             ok = True
-            while self._buffer and ok:
+            while self._buffer and ok and not self._closing:
                 ok = await self.flush_once()
             backoff = self._flush_interval_s if ok else min(1.0, max(backoff * 2, 0.05))
