@@ -232,6 +232,7 @@ class Gateway:
         self.scheduler = Scheduler(
             self.valkey,
             lease_ms=int(settings.lease_s * 1000),
+            heartbeat_ms=int(settings.heartbeat_s * 1000),
             stale_ms=int(settings.fleet_stale_s * 1000),
             waiting_threshold=settings.backpressure_waiting,
         )

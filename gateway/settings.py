@@ -50,6 +50,7 @@ class GatewaySettings:
     upstream_connect_timeout_s: float
     upstream_max_connections: int
     lease_s: float
+    heartbeat_s: float
     fleet_stale_s: float
     backpressure_waiting: int
     service_accounts: ServiceAccountSettings | None = None
@@ -79,6 +80,9 @@ class GatewaySettings:
             ),
             # A crashed gateway's capacity comes back within this; running requests renew.
             lease_s=env_float("SWITCHYARD_GATEWAY_LEASE_SECONDS", 30.0, minimum=1.0),
+            # A gateway silent this long counts as dead: its queued requests are dropped and
+            # its leases released at once (kill -9 gives capacity back within it).
+            heartbeat_s=env_float("SWITCHYARD_GATEWAY_HEARTBEAT_SECONDS", 5.0, minimum=2.0),
             # Fleet metrics older than this count a replica as saturated, never idle.
             fleet_stale_s=env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05),
             backpressure_waiting=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
