@@ -10,9 +10,9 @@ policy disappear.
 Two fields let the scheduler judge vLLM's queue between scrapes. ``in_flight``: the pool's
 requests in flight on the replica (``sy:{sy}:inflight:<model>``), read just before the
 scrape, so that the scripts count the grants and releases made since. ``max_running``: the
-replica's batch size as learned here, the most requests seen running while others waited
-(vLLM's ``max_num_seqs``, or what its KV cache holds), and any larger count seen after;
-0 until the replica has once been seen with a queue. It is kept across cycles and restarts
+replica's batch size as learned here, the most requests seen running while it kept a queue
+(the backpressure threshold reached on two scrapes in a row: vLLM's ``max_num_seqs``, or
+what its KV cache holds), and any larger count seen after; 0 until then. It is kept across cycles and restarts
 (read back from the hash), and caps what the scheduler sends it to that plus the threshold.
 
 Failure is never mistaken for idleness: a replica that refuses, hangs past the scrape timeout,
@@ -297,6 +297,7 @@ class FleetWatcher:
         # Replica → batch size learned (ReplicaLoad.max_running); read back from the fleet
         # hash on the first cycle, so that a restarted watcher does not forget it.
         self._max_running: dict[str, int] = {}
+        self._queued_before: set[str] = set()  # replicas at the threshold at the last scrape
         self._restored = False
         self._written_models: set[str] | None = None  # None: not yet reconciled with Valkey
         self._identity = f"{socket.gethostname()}:{os.getpid()}"
@@ -389,13 +390,24 @@ class FleetWatcher:
         return counts
 
     def _learn(self, scraped: dict[str, ReplicaLoad]) -> None:
-        """A replica seen with requests waiting runs its whole batch: the most running then
-        is its batch size; once known, any larger count seen raises it (a cap at the learned
-        size plus the threshold still lets the batch grow past it, by the threshold a
-        cycle)."""
+        """A replica that keeps a queue runs its whole batch: the most running then is its
+        batch size; once known, any larger count seen raises it (a cap at the learned size
+        plus the threshold still lets the batch grow past it, by the threshold a cycle).
+
+        "Keeps a queue" is the backpressure threshold reached on two scrapes in a row: a
+        request that arrived between two engine steps waits until the next one, and a
+        scrape that catches it says nothing about the batch — learning from it would cap a
+        256-sequence replica at a handful."""
+        threshold = self.settings.waiting_threshold
+        queued = {
+            url for url, load in scraped.items() if load.reachable and load.waiting >= threshold
+        }
         for url, load in scraped.items():
-            if load.reachable and (load.waiting > 0 or self._max_running.get(url, 0) > 0):
+            if not load.reachable:
+                continue
+            if (url in queued and url in self._queued_before) or self._max_running.get(url, 0):
                 self._raise_max_running(url, load.running)
+        self._queued_before = queued
 
     def _raise_max_running(self, url: str, running: int) -> None:
         if running > self._max_running.get(url, 0):

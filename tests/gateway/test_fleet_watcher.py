@@ -366,11 +366,17 @@ def test_each_entry_carries_the_pools_in_flight_and_the_batch_size_learned(
     assert wait_until(lambda: entry().in_flight_at_scrape == 5, timeout=5)
     assert entry().max_running == 0  # never seen with a queue: its batch is not known
 
-    # WHEN three long streams go to it: two run, one waits
+    # WHEN one more long stream than it runs goes to it: a queue below the threshold says
+    # nothing about its batch (a request between two engine steps waits too)
     streams += [Stream(replica.base_url) for _ in range(3)]
     assert wait_until(lambda: (entry().waiting, entry().running) == (1, 2), timeout=5)
+    time.sleep(0.6)  # two more scrapes
+    assert entry().max_running == 0
+    # WHEN it keeps a queue at the threshold (3) over two scrapes
+    streams += [Stream(replica.base_url) for _ in range(2)]
+    assert wait_until(lambda: (entry().waiting, entry().running) == (3, 2), timeout=5)
     # THEN its batch is known
-    assert entry().max_running == 2
+    assert wait_until(lambda: entry().max_running == 2, timeout=2)
     raw = valkey_client.hget(fleet_key(MODEL), replica.base_url).decode()
     assert raw.split("|")[4:] == ["5", "2"]
 
