@@ -12,8 +12,9 @@ requests in flight on the replica (``sy:{sy}:inflight:<model>``), read just befo
 scrape, so that the scripts count the grants and releases made since. ``max_running``: the
 replica's batch size as learned here, the most requests seen running while it kept a queue
 (the backpressure threshold reached on two scrapes in a row: vLLM's ``max_num_seqs``, or
-what its KV cache holds), and any larger count seen after; 0 until then. It is kept across cycles and restarts
-(read back from the hash), and caps what the scheduler sends it to that plus the threshold.
+what its KV cache holds), and any larger count seen after; 0 until then. It is kept across
+cycles and restarts (read back from the hash), and caps what the scheduler sends it to that
+plus the threshold.
 
 Failure is never mistaken for idleness: a replica that refuses, hangs past the scrape timeout,
 answers non-200 or serves no vLLM gauges is written as saturated (``UNREACHABLE_WAITING``

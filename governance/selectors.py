@@ -10,6 +10,7 @@ from django.db.models import Q, QuerySet
 
 from governance.models import ApiKey, AuditEvent, GuardrailSelection, RateLimitPolicy, UseCase
 from governance.roles import AnyUser, can_read_everything, visible_tenants
+from scheduler.models import AdmissionDecision
 
 
 def use_cases_visible(user: AnyUser) -> QuerySet[UseCase]:
@@ -39,3 +40,12 @@ def audit_events_visible(user: AnyUser) -> QuerySet[AuditEvent]:
         return AuditEvent.objects.all()
     slugs = visible_tenants(user).values_list("slug", flat=True)
     return AuditEvent.objects.filter(tenant_slug__in=list(slugs)).exclude(tenant_slug="")
+
+
+def admission_decisions_visible(user: AnyUser) -> QuerySet[AdmissionDecision]:
+    """The gateway's admission decisions a user may read: every tenant's for officers,
+    auditors and admins, their own tenants' for developers (as with the audit trail)."""
+    if can_read_everything(user):
+        return AdmissionDecision.objects.all()
+    slugs = visible_tenants(user).values_list("slug", flat=True)
+    return AdmissionDecision.objects.filter(tenant__in=list(slugs))

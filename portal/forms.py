@@ -3,14 +3,17 @@ its field. The services stay the authority and check everything again."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.db.models import QuerySet
 from django.utils import timezone
 
+from governance.models import UseCase
 from governance.services import USE_CASE_TRANSITIONS
+from scheduler.models import AdmissionDecision
 
 
 class PortalForm(forms.Form):
@@ -74,3 +77,53 @@ class KeyDecisionForm(ReasonForm):
 
 class UseCaseTransitionForm(ReasonForm):
     transition = forms.ChoiceField(choices=[(name, name) for name in USE_CASE_TRANSITIONS])
+
+
+class UTCDateTimeField(forms.DateTimeField):
+    """A ``datetime-local`` input read as UTC, whatever ``SWITCHYARD_TIME_ZONE`` says."""
+
+    widget = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
+
+    def to_python(self, value: Any) -> datetime | None:
+        with timezone.override(UTC):
+            result: datetime | None = super().to_python(value)
+        return result
+
+
+class DecisionSearchForm(PortalForm):
+    """The admission-decisions page's search (a GET form: every field optional)."""
+
+    request_id = forms.CharField(
+        required=False,
+        max_length=128,
+        label="Request id",
+        help_text="Exact, as in the response's x-request-id header.",
+    )
+    use_case = forms.ModelChoiceField(
+        queryset=UseCase.objects.none(), required=False, empty_label="Any use case"
+    )
+    decision = forms.ChoiceField(
+        required=False,
+        choices=[
+            ("", "Any decision"),
+            (AdmissionDecision.Kind.REJECTED, "Rejected"),
+            (AdmissionDecision.Kind.SHED, "Shed"),
+            (AdmissionDecision.Kind.QUEUED, "Queued"),
+        ],
+    )
+    occurred_from = UTCDateTimeField(
+        required=False, label="From (UTC)", help_text="Inclusive, in UTC."
+    )
+    occurred_to = UTCDateTimeField(required=False, label="To (UTC)", help_text="Exclusive, in UTC.")
+
+    def __init__(self, *args: Any, use_cases: QuerySet[UseCase], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field: Any = self.fields["use_case"]
+        field.queryset = use_cases.order_by("tenant__slug", "slug")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        start, end = cleaned.get("occurred_from"), cleaned.get("occurred_to")
+        if start is not None and end is not None and end <= start:
+            self.add_error("occurred_to", "Choose a time after “From”.")
+        return cleaned

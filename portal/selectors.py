@@ -8,10 +8,12 @@ action, whatever the page offered.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import QuerySet
+from django.urls import reverse
 from django.utils import timezone
 
 from governance.choices import ApiKeyStatus, UseCaseStatus
@@ -23,6 +25,8 @@ from governance.roles import (
     has_role,
     visible_tenants,
 )
+from governance.selectors import admission_decisions_visible
+from scheduler.models import AdmissionDecision
 
 
 @dataclass(frozen=True)
@@ -211,3 +215,95 @@ def quickstart(key: ApiKey, gateway_url: str) -> Quickstart:
         "print(reply.choices[0].message.content)"
     )
     return Quickstart(base_url=base_url, model=model, key_hint=hint, curl=curl, python=python)
+
+
+# --- admission decisions: "why was request X refused at 14:02?" ----------------------------
+DECISIONS_PER_PAGE = 50
+
+# The reasons the gateway writes besides ``rate_limit:<limit name>`` (gateway/app.py).
+DECISION_REASONS = {
+    "max_concurrent_exceeded": "max concurrent requests exceeded",
+    "queue_full": "queue full",
+    "queue_timeout": "queue deadline passed",
+}
+
+
+def decision_reason_text(decision: str, reason: str) -> str:
+    """A decision's reason in words: ``rate_limit:tenant acme tokens per minute`` reads
+    "rate limit: tenant acme tokens per minute"; a queue wait names its priority class."""
+    if not reason:
+        return ""
+    kind, sep, name = reason.partition(":")
+    if sep:
+        return f"{kind.replace('_', ' ')}: {name}"
+    if decision == AdmissionDecision.Kind.QUEUED:
+        return f"priority class: {reason}"
+    return DECISION_REASONS.get(reason, reason.replace("_", " "))
+
+
+def wait_text(milliseconds: int) -> str:
+    if milliseconds < 1000:
+        return f"{milliseconds} ms"
+    return f"{milliseconds / 1000:.1f} s"
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    """One decision as the page shows it; ``use_case`` only when it exists and is visible."""
+
+    decision: AdmissionDecision
+    reason_text: str
+    wait_text: str
+    use_case: UseCase | None
+    audit_url: str | None
+
+
+def admission_decisions_search(
+    user: AnyUser,
+    *,
+    request_id: str = "",
+    use_case_id: int | None = None,
+    decision: str = "",
+    occurred_from: datetime | None = None,
+    occurred_to: datetime | None = None,
+) -> QuerySet[AdmissionDecision]:
+    """The person's decisions (the API's scope), filtered, newest first; ``occurred_to`` is
+    exclusive, like the API's ``occurred_at__lt``."""
+    rows = admission_decisions_visible(user)
+    if request_id:
+        rows = rows.filter(request_id=request_id)
+    if use_case_id is not None:
+        rows = rows.filter(use_case_id=use_case_id)
+    if decision:
+        rows = rows.filter(decision=decision)
+    if occurred_from is not None:
+        rows = rows.filter(occurred_at__gte=occurred_from)
+    if occurred_to is not None:
+        rows = rows.filter(occurred_at__lt=occurred_to)
+    return rows.order_by("-occurred_at", "-id")
+
+
+def decision_rows(user: AnyUser, decisions: Iterable[AdmissionDecision]) -> list[DecisionRow]:
+    """Dress one page of decisions: reason in words, use case to link, audit summary's URL.
+
+    The portal has no audit page, so the summary links to the API's audit event, which the
+    same person may read (it carries the decision's tenant)."""
+    decisions = list(decisions)
+    ids = {row.use_case_id for row in decisions}
+    use_cases = {
+        uc.pk: uc for uc in use_cases_visible(user).filter(pk__in=ids).prefetch_related(None)
+    }
+    return [
+        DecisionRow(
+            decision=row,
+            reason_text=decision_reason_text(row.decision, row.reason),
+            wait_text=wait_text(row.queued_ms),
+            use_case=use_cases.get(row.use_case_id),
+            audit_url=(
+                reverse("auditevent-detail", kwargs={"sequence": row.audit_sequence})
+                if row.audit_sequence is not None
+                else None
+            ),
+        )
+        for row in decisions
+    ]

@@ -11,6 +11,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("dashboard/", views.dashboard, name="dashboard"),
     path("review/", views.review, name="review"),
+    path("admission-decisions/", views.admission_decisions, name="admission_decisions"),
     path("use-cases/<int:pk>/", views.use_case_detail, name="use_case_detail"),
     path(
         "use-cases/<int:pk>/transition/",

@@ -21,6 +21,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -33,7 +34,7 @@ from django.views.decorators.http import require_POST
 from governance.audit import Actor
 from governance.errors import GovernanceError
 from governance.models import ApiKey, UseCase
-from governance.roles import Role, can_govern, can_read_everything, has_role
+from governance.roles import Role, can_govern, can_read_everything, has_role, roles_of
 from governance.services import (
     api_key_decide,
     api_key_request,
@@ -43,7 +44,13 @@ from governance.services import (
     use_case_transition,
 )
 from portal import selectors
-from portal.forms import KeyDecisionForm, KeyRequestForm, ReasonForm, UseCaseTransitionForm
+from portal.forms import (
+    DecisionSearchForm,
+    KeyDecisionForm,
+    KeyRequestForm,
+    ReasonForm,
+    UseCaseTransitionForm,
+)
 
 P = ParamSpec("P")
 View = Callable[Concatenate[HttpRequest, P], HttpResponse]
@@ -196,6 +203,49 @@ def review(request: HttpRequest) -> HttpResponse:
         {
             "queue": selectors.review_queue(request.user),
             "can_decide": can_govern(request.user),
+        },
+    )
+
+
+@login_required
+def admission_decisions(request: HttpRequest) -> HttpResponse:
+    """Refusals and queue waits, newest first: "why was request X refused at 14:02?".
+
+    The same scope as ``/api/admission-decisions/``: officers, auditors and admins see every
+    tenant's rows, developers their own tenants'; an account without a role is refused.
+    """
+    user = request.user
+    if not roles_of(user):
+        return _refusal(
+            request,
+            PermissionDenied("Your account has no Switchyard role yet; ask the platform team."),
+            reverse("portal:home"),
+        )
+    use_cases = selectors.use_cases_visible(user).prefetch_related(None)
+    form = DecisionSearchForm(request.GET, use_cases=use_cases)
+    page = None
+    rows: list[selectors.DecisionRow] = []
+    if form.is_valid():
+        data = form.cleaned_data
+        found = selectors.admission_decisions_search(
+            user,
+            request_id=data["request_id"],
+            use_case_id=data["use_case"].pk if data["use_case"] else None,
+            decision=data["decision"],
+            occurred_from=data["occurred_from"],
+            occurred_to=data["occurred_to"],
+        )
+        page = Paginator(found, selectors.DECISIONS_PER_PAGE).get_page(request.GET.get("page"))
+        rows = selectors.decision_rows(user, page.object_list)
+    return render(
+        request,
+        "portal/admission_decisions.html",
+        {
+            "form": form,
+            "page": page,
+            "rows": rows,
+            "searched": any(form.data.get(name) for name in form.fields),
+            "sees_everything": can_read_everything(user),
         },
     )
 

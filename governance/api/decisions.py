@@ -19,15 +19,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers, viewsets
 
 from governance.api.views import HasSwitchyardRole
-from governance.roles import AnyUser, can_read_everything, visible_tenants
+from governance.selectors import admission_decisions_visible
 from scheduler.models import AdmissionDecision
-
-
-def admission_decisions_visible(user: AnyUser) -> QuerySet[AdmissionDecision]:
-    if can_read_everything(user):
-        return AdmissionDecision.objects.all()
-    slugs = visible_tenants(user).values_list("slug", flat=True)
-    return AdmissionDecision.objects.filter(tenant__in=list(slugs))
 
 
 class AdmissionDecisionSerializer(serializers.ModelSerializer[AdmissionDecision]):
