@@ -145,15 +145,7 @@ class TokenVerifier:
         return verified
 
     def _signing_key(self, token: bytes, *, may_fetch: bool) -> jwt.PyJWK | None:
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.DecodeError as exc:
-            raise TokenRefused("The bearer token is not a well-formed JWT.") from exc
-        if header.get("alg") != ALGORITHM:
-            raise TokenRefused(f"The bearer token must be signed with {ALGORITHM}.")
-        kid = header.get("kid")
-        if not isinstance(kid, str) or not kid:
-            raise TokenRefused("The bearer token names no signing key (kid).")
+        kid = signing_kid(token)
         key = self._keys.get(kid)
         if key is not None:
             return key
@@ -252,6 +244,21 @@ def signing_keys(document: object) -> dict[str, jwt.PyJWK]:
     if not keys:
         raise KeySetError(f"no {ALGORITHM} signing key in the key set")
     return keys
+
+
+def signing_kid(token: bytes | str) -> str:
+    """The ``kid`` of the key a token says it is signed with, once its header shows an RS256
+    JWT; TokenRefused otherwise. Shared with /api/, like decode_claims."""
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.DecodeError as exc:
+        raise TokenRefused("The bearer token is not a well-formed JWT.") from exc
+    if header.get("alg") != ALGORITHM:
+        raise TokenRefused(f"The bearer token must be signed with {ALGORITHM}.")
+    kid = header.get("kid")
+    if not isinstance(kid, str) or not kid:
+        raise TokenRefused("The bearer token names no signing key (kid).")
+    return kid
 
 
 def decode_claims(
