@@ -97,13 +97,7 @@ def authenticate(
     """The caller, from an API key or (with a realm configured) a Keycloak service-account
     token; a GatewayError when refused. Never waits: None only for a token signed by a key
     not fetched yet, when ``authenticate_after_key_fetch`` is what to await."""
-    authorization = header(scope, b"authorization")
-    if not authorization:
-        raise errors.missing_key()
-    scheme, _, token = authorization.partition(b" ")
-    token = token.strip()
-    if scheme.lower() != b"bearer" or not token:
-        raise errors.missing_key()
+    token = _bearer_token(scope)
     if tokens is not None and token.count(b".") == 2:  # a JWT; keys never hold a dot
         try:
             verified = tokens.verify(token)
@@ -116,13 +110,24 @@ def authenticate(
     return principal
 
 
+def _bearer_token(scope: Scope) -> bytes:
+    """The credential of ``Authorization: Bearer <credential>``; 401 without one."""
+    authorization = header(scope, b"authorization")
+    if not authorization:
+        raise errors.missing_key()
+    scheme, _, token = authorization.partition(b" ")
+    token = token.strip()
+    if scheme.lower() != b"bearer" or not token:
+        raise errors.missing_key()
+    return token
+
+
 async def authenticate_after_key_fetch(
     scope: Scope, policy: Policy, tokens: TokenVerifier | None
 ) -> Principal:
     """The rare path: a token names a signing key the gateway has not fetched yet (Keycloak
     rotated its keys). Refetch the realm's keys, at most every 30 s, and verify once more."""
-    authorization = header(scope, b"authorization") or b""
-    token = authorization.partition(b" ")[2].strip()
+    token = _bearer_token(scope)
     if tokens is None:
         raise errors.invalid_key()
     try:

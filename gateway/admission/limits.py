@@ -86,41 +86,29 @@ def limits_for(
     return applicable
 
 
+# (limits field, id suffix, kind, window, words for people)
+_WINDOWS: tuple[tuple[str, str, LimitKind, int, str], ...] = (
+    ("requests_per_minute", "rpm", "req", MINUTE_MS, "requests per minute"),
+    ("tokens_per_minute", "tpm", "tok", MINUTE_MS, "tokens per minute"),
+    ("tokens_per_day", "tpd", "tok", DAY_MS, "tokens per day"),
+)
+
+
 def _windows(base: str, who: str, limits: Limits, tokens: int) -> list[Limit]:
     windows: list[Limit] = []
-    if limits.requests_per_minute:
-        windows.append(
-            Limit(
-                id=f"{base}:rpm",
-                kind="req",
-                window_ms=MINUTE_MS,
-                limit=limits.requests_per_minute,
-                cost=1,
-                name=f"{who} requests per minute",
+    for field, suffix, kind, window_ms, words in _WINDOWS:
+        limit = getattr(limits, field)
+        if limit:
+            windows.append(
+                Limit(
+                    id=f"{base}:{suffix}",
+                    kind=kind,
+                    window_ms=window_ms,
+                    limit=limit,
+                    cost=1 if kind == "req" else tokens,
+                    name=f"{who} {words}",
+                )
             )
-        )
-    if limits.tokens_per_minute:
-        windows.append(
-            Limit(
-                id=f"{base}:tpm",
-                kind="tok",
-                window_ms=MINUTE_MS,
-                limit=limits.tokens_per_minute,
-                cost=tokens,
-                name=f"{who} tokens per minute",
-            )
-        )
-    if limits.tokens_per_day:
-        windows.append(
-            Limit(
-                id=f"{base}:tpd",
-                kind="tok",
-                window_ms=DAY_MS,
-                limit=limits.tokens_per_day,
-                cost=tokens,
-                name=f"{who} tokens per day",
-            )
-        )
     return windows
 
 

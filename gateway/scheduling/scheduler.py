@@ -256,13 +256,6 @@ class Scheduler:
         )
         return int(reply[1])
 
-    async def renew(self, grant: Grant) -> bool:
-        """Extend the lease by lease_ms now; False when it was already reaped or released."""
-        renewed = await self.pipe.script(
-            "renew", self._keys, [self._clock(), grant.lease_ms, grant.lease_id, grant.model]
-        )
-        return int(renewed[0]) == 1
-
     @contextlib.asynccontextmanager
     async def hold(self, ticket: Ticket) -> AsyncIterator[Grant]:
         """``async with scheduler.hold(ticket) as grant:`` acquire, keep alive, always release."""

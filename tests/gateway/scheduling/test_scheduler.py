@@ -494,15 +494,18 @@ async def test_hold_renews_a_long_request_and_always_releases(client_url):
         assert await leaked(client) == NOTHING
 
 
-async def test_renew_reports_a_lost_lease(client_url):
-    async with running_schedulers(client_url, lease_ms=100) as [gateway]:
+async def test_renewal_reports_a_lost_lease(client_url):
+    # The default lease: its background renewals (every 10 s) stay out of the way.
+    async with running_schedulers(client_url) as [gateway]:
         client = gateway._client
         await write_fresh_fleet(client, [R1])
         grant = await gateway.acquire(ticket("r"))
-        assert await gateway.renew(grant)
-        await client.zadd(keys.leases(MODEL), {grant.lease_id: 0})  # as if long expired
-        assert await gateway.reap() == (1, 0, 0)
-        assert not await gateway.renew(grant)
+        async with gateway.keep_alive(grant):
+            assert await gateway.renew_held() == 0  # renewed, none lost
+            await client.zadd(keys.leases(MODEL), {grant.lease_id: 0})  # as if long expired
+            assert await gateway.reap() == (1, 0, 0)
+            assert await gateway.renew_held() == 1  # reaped: reported lost, and forgotten
+            assert await gateway.renew_held() == 0
 
 
 async def test_unreachable_stale_or_busy_replicas_hold_requests_until_one_drains(client_url):
