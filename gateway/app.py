@@ -21,14 +21,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 import valkey
 import valkey.asyncio as avalkey
 
 from gateway import errors
 from gateway.accounting import Accounting
-from gateway.admission import estimate_tokens, estimated_tokens, limits_for, reconcile_args
+from gateway.admission import estimate_tokens, estimated_tokens, reconcile_args
 from gateway.autopipeline import Arg
 from gateway.errors import GatewayError
 from gateway.http import (
@@ -55,15 +54,15 @@ from gateway.scheduling import (
     Scheduler,
     SchedulingRefused,
     Ticket,
+    TicketPlans,
     prefix_hash,
     saturated_entry,
-    ticket_for,
     wall_ms,
     write_fleet,
 )
 from gateway.service_accounts import KeysUnavailable, TokenRefused, TokenVerifier
 from gateway.settings import GatewaySettings
-from gateway.upstream import ReplicaUnreachable, Upstream
+from gateway.upstream import ReplicaUnreachable, Upstream, UpstreamError
 from gateway.usage import UsageMeter
 
 logger = logging.getLogger("gateway")
@@ -235,6 +234,7 @@ class Gateway:
             max_connections=settings.upstream_max_connections,
         )
         self.metrics = GatewayMetrics()
+        self._plans = TicketPlans()
         self.scheduler = Scheduler(
             self.valkey,
             lease_ms=int(settings.lease_s * 1000),
@@ -380,7 +380,7 @@ class Gateway:
         principal = authenticate(scope, policy, self.tokens)
         if principal is None:  # a token signed by a key not fetched yet
             principal = await authenticate_after_key_fetch(scope, policy, self.tokens)
-        call = await self._read_call(scope, receive, policy, principal, request_id.decode())
+        call = await self._read_call(scope, receive, policy, principal, request_id)
         try:
             self._ticket(call, policy)
             # One watcher per request: a client that goes away cancels this task, which
@@ -406,7 +406,12 @@ class Gateway:
             self._account(call, policy, started)
 
     async def _read_call(
-        self, scope: Scope, receive: Receive, policy: Policy, principal: Principal, request_id: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        policy: Policy,
+        principal: Principal,
+        request_id: bytes,
     ) -> Call:
         path: str = scope["path"]
         document: dict[str, Any] | None = None
@@ -422,7 +427,8 @@ class Gateway:
                 document["model"] = model.served_name
                 body = orjson.dumps(document)
         return Call(
-            request_id=request_id,
+            request_id=request_id.decode(),
+            request_id_bytes=request_id,
             principal=principal,
             model=model,
             path=path,
@@ -462,15 +468,11 @@ class Gateway:
             max_tokens=_max_tokens(call.document),
             model_max_tokens=call.model.max_tokens,
         )
-        call.ticket = ticket_for(
-            policy,
-            call.principal,
-            call.model,
+        call.ticket = self._plans.plan(policy, call.principal, call.model).ticket(
             request_id=call.request_id,
             # Fair sharing weighs requests by tokens whether or not a token limit applies.
             cost=estimated,
             prefix_hash=prefix_hash(_prefix_text(call.document)),
-            limits=limits_for(policy, call.principal, call.model.public_id, estimated),
         )
 
     async def _serve(self, call: Call, send: Send) -> None:
@@ -550,7 +552,7 @@ class Gateway:
             # The class's priority, for replicas running vLLM's priority scheduler (others
             # accept and ignore it); clients cannot set it (validate_request refuses).
             body = with_priority(body, grant.vllm_priority)
-        headers = {"content-type": call.content_type.decode(), "x-request-id": call.request_id}
+        headers = ((b"content-type", call.content_type), (b"x-request-id", call.request_id_bytes))
         meter = UsageMeter(streaming=call.streaming)
         started = False
         self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=1)
@@ -562,27 +564,37 @@ class Gateway:
             response = await self.upstream.post(grant.replica, call.path, body, headers)
             call.meter = meter  # a replica answers: from here on its usage counts
             try:
-                content_type = response.headers.get("content-type", "application/json")
                 call.status = response.status
+                response_headers = [
+                    (b"content-type", response.content_type),
+                    (b"x-request-id", call.request_id_bytes),
+                ]
+                if response.content_length is not None:
+                    # The body goes through unchanged: its length too, so the client gets
+                    # it in one write instead of HTTP chunks.
+                    response_headers.append((b"content-length", response.content_length))
                 await send(
                     {
                         "type": "http.response.start",
                         "status": response.status,
-                        "headers": [
-                            (b"content-type", content_type.encode()),
-                            (b"x-request-id", call.request_id.encode()),
-                        ],
+                        "headers": response_headers,
                     }
                 )
                 started = True
-                async for chunk in response.content.iter_any():
+                more = True
+                while more and (chunk := await response.read()):
                     if meter.first_chunk_at is None:
                         meter.first_chunk_at = time.monotonic()
                     meter.feed(chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                # Every byte is out: a disconnect from here on is not the client leaving.
-                call.responded = True
-                await send({"type": "http.response.body", "body": b""})
+                    # The last bytes go out with the end of the response: one write fewer.
+                    more = not response.done
+                    if not more:
+                        call.responded = True
+                    await send({"type": "http.response.body", "body": chunk, "more_body": more})
+                if more:
+                    # Every byte is out: a disconnect from here on is not the client leaving.
+                    call.responded = True
+                    await send({"type": "http.response.body", "body": b""})
             finally:
                 response.close()
         except asyncio.CancelledError:
@@ -596,7 +608,9 @@ class Gateway:
                 type="timeout_error",
                 code="upstream_timeout",
             ) from None
-        except aiohttp.ClientError as exc:
+        except ReplicaUnreachable:
+            raise
+        except UpstreamError as exc:
             if started:
                 # Headers are out; the only honest signal left is to cut the stream.
                 logger.warning(
@@ -672,6 +686,7 @@ class Call:
     """One forwarded request as it moves through admission, the queue and the relay."""
 
     request_id: str
+    request_id_bytes: bytes  # as it goes out in headers
     principal: Principal
     model: Model
     path: str

@@ -46,13 +46,21 @@ _NOSCRIPT = "NOSCRIPT"
 
 class _Pending:
     """A command written and not yet answered: who waits, and for a script the EVAL to send
-    instead if the server does not know its SHA (packed only then)."""
+    instead if the server does not know its SHA (packed only then). A batch of plain
+    commands is one entry with ``remaining`` replies to collect into ``replies``."""
 
-    __slots__ = ("future", "retry")
+    __slots__ = ("future", "remaining", "replies", "retry")
 
-    def __init__(self, future: asyncio.Future[Any], retry: tuple[Arg, ...] | None) -> None:
+    def __init__(
+        self,
+        future: asyncio.Future[Any],
+        retry: tuple[Arg, ...] | None,
+        batch: int = 0,
+    ) -> None:
         self.future = future
         self.retry = retry
+        self.remaining = batch
+        self.replies: list[Any] | None = [] if batch else None
 
 
 class _Protocol(asyncio.Protocol):
@@ -136,16 +144,12 @@ class AutoPipeline:
     async def execute_many(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """Plain commands in one go; each one's reply, or the ResponseError it got.
 
-        Raises (valkey.ConnectionError) only when the connection failed."""
-        futures = [await self._send(libvalkey.pack_command(tuple(c)), None) for c in commands]
-        if futures:
-            await asyncio.wait(futures)
-        replies: list[Any] = []
-        for future in futures:
-            error = future.exception()
-            if isinstance(error, valkey.ConnectionError):
-                raise error
-            replies.append(error if error is not None else future.result())
+        One write and one waiter for the lot (the accounting streams send hundreds at a
+        time). Raises (valkey.ConnectionError) only when the connection failed."""
+        if not commands:
+            return []
+        packed = b"".join([libvalkey.pack_command(tuple(c)) for c in commands])
+        replies: list[Any] = await (await self._send(packed, None, batch=len(commands)))
         return replies
 
     async def close(self) -> None:
@@ -159,7 +163,9 @@ class AutoPipeline:
 
     # --- internals --------------------------------------------------------------------------
 
-    async def _send(self, command: bytes, retry: tuple[Arg, ...] | None) -> asyncio.Future[Any]:
+    async def _send(
+        self, command: bytes, retry: tuple[Arg, ...] | None, batch: int = 0
+    ) -> asyncio.Future[Any]:
         if self._protocol is None:
             await self._connect()
         loop = asyncio.get_running_loop()
@@ -167,7 +173,7 @@ class AutoPipeline:
         idle = not self._pending
         if idle:
             self._last_progress = loop.time()
-        self._pending.append(_Pending(future, retry))
+        self._pending.append(_Pending(future, retry, batch))
         protocol = self._protocol
         if idle and not self._outbox and protocol is not None and protocol.transport is not None:
             # Nothing in flight: no one to share a write with, so do not wait a loop turn.
@@ -191,8 +197,22 @@ class AutoPipeline:
     def _answer(self, reply: Any) -> None:
         if not self._pending:
             return  # nothing asked for it (the waiters failed already): ignore
-        entry = self._pending.popleft()
+        entry = self._pending[0]
         self._last_progress = asyncio.get_running_loop().time()
+        if entry.replies is not None:
+            # One reply of a batch: answered once all of them are in.
+            entry.replies.append(
+                valkey.ResponseError(str(reply))
+                if isinstance(reply, libvalkey.ReplyError)
+                else reply
+            )
+            entry.remaining -= 1
+            if entry.remaining == 0:
+                self._pending.popleft()
+                if not entry.future.done():
+                    entry.future.set_result(entry.replies)
+            return
+        self._pending.popleft()
         if isinstance(reply, libvalkey.ReplyError):
             message = str(reply)
             if message.startswith(_NOSCRIPT) and entry.retry is not None:

@@ -13,6 +13,7 @@ tenant's limit name.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Literal, TypeVar
 
 from prometheus_client import (
@@ -24,7 +25,9 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 
 PREFIX = "switchyard_gateway_"
 
@@ -58,6 +61,24 @@ class _Children(dict[tuple[str, ...], _Child]):
         child: _Child = self.metric.labels(*key)
         self[key] = child
         return child
+
+
+class _InFlight(Collector):
+    """Requests in flight per (model, replica): plain integers on the request path (two
+    changes a request; a locked Gauge child costs several times as much), read at scrape."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            PREFIX + "in_flight",
+            "Requests this gateway process has in flight to each replica.",
+            labels=["model", "replica"],
+        )
+        for (model, replica), count in sorted(self.counts.items()):
+            family.add_metric([model, replica], count)
+        yield family
 
 
 class GatewayMetrics:
@@ -128,14 +149,8 @@ class GatewayMetrics:
                 registry=r,
             )
         )
-        self._in_flight = _Children(
-            Gauge(
-                PREFIX + "in_flight",
-                "Requests this gateway process has in flight to each replica.",
-                ["model", "replica"],
-                registry=r,
-            )
-        )
+        self._in_flight = _InFlight()
+        r.register(self._in_flight)
         self._dropped = _Children(
             Counter(
                 PREFIX + "accounting_dropped",
@@ -178,7 +193,9 @@ class GatewayMetrics:
 
     def in_flight_changed(self, *, model: str, replica: str, delta: int) -> None:
         """+1 when a request is sent to a replica, −1 when it is released."""
-        self._in_flight[(model, replica)].inc(delta)
+        counts = self._in_flight.counts
+        key = (model, replica)
+        counts[key] = counts.get(key, 0) + delta
 
     def accounting_dropped(self, stream: str, count: int = 1) -> None:
         self._dropped[(stream,)].inc(count)

@@ -1,59 +1,458 @@
-"""The fleet client: one pooled aiohttp session with explicit limits and timeouts."""
+"""The fleet client: pooled HTTP/1.1 keep-alive connections to the replicas.
+
+Why not a general HTTP client: measured in the same run (bench/RESULTS.md, "Gateway"), one
+aiohttp request cost more CPU than all the gateway's own work for a request. A fleet client
+needs little of what a general one offers (no cookies, redirects, proxies, decompression,
+or URL normalisation: the replicas are URLs from policy), so this one is a connection pool
+and a protocol: the response is parsed by httptools (llhttp, the parser uvicorn uses), the
+request head is one formatted string, and a response that arrives in one segment is read
+with no further suspension.
+
+Semantics the gateway relies on:
+
+- ``post`` raises ``ReplicaUnreachable`` when nothing reached vLLM — the connection was
+  refused, timed out, or dropped before the first byte of an answer — so another replica
+  may be tried. A kept-alive connection that the replica had closed meanwhile is retried
+  once on a fresh one first: that race is not the replica's failure.
+- Once the head is in, the body is read chunk by chunk as it arrives (``read``); a
+  connection lost or an unparsable answer after that raises ``UpstreamBroken``.
+- ``close`` always ends the exchange: a connection whose answer was read to the end goes
+  back to the pool; any other (the client left, a timeout fired) is aborted, which is how
+  vLLM learns to stop generating and free the slot.
+- Reading is paused while a response holds more than ``HIGH_WATER`` unread bytes, so a slow
+  client slows its replica's stream instead of filling the gateway's memory.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import ssl
+import time
+from collections import deque
+from collections.abc import Sequence
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
 
 logger = logging.getLogger(__name__)
 
-# Errors that prove the replica never started on the request: safe to try another one.
-_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError)
+HIGH_WATER = 256 * 1024  # unread response bytes at which the replica's socket is paused
+# Below vLLM's (uvicorn's) default keep-alive of 5 s, so an idle connection is dropped here
+# before the replica closes it under a request.
+DEFAULT_IDLE_S = 4.0
+
+Headers = Sequence[tuple[bytes, bytes]]
+
+
+class UpstreamError(Exception):
+    """The replica's answer could not be had or read."""
+
+
+class ReplicaUnreachable(UpstreamError):
+    """The replica did not take the request; nothing reached vLLM, so retrying is safe."""
+
+    def __init__(self, replica: str, reason: str = "") -> None:
+        super().__init__(f"{replica}: {reason}" if reason else replica)
+        self.replica = replica
+
+
+class UpstreamBroken(UpstreamError):
+    """The replica's answer broke off (connection lost, malformed) after it had begun."""
+
+
+class UpstreamMalformed(UpstreamBroken):
+    """The replica answered something that is not HTTP: it did get the request, so this is
+    its failure to report (502), not one to fail over from."""
+
+
+class _Origin:
+    """Where a replica's base URL points, parsed once."""
+
+    __slots__ = ("address", "host", "idle", "port", "replica", "ssl")
+
+    def __init__(self, replica: str) -> None:
+        parts = urlsplit(replica)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) replica URL: {replica!r}")
+        self.replica = replica
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl: ssl.SSLContext | None = (
+            ssl.create_default_context() if parts.scheme == "https" else None
+        )
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.address = (host if parts.port is None else f"{host}:{parts.port}").encode("idna")
+        self.idle: deque[_Connection] = deque()  # newest last
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; the exchange on it at most one ``UpstreamResponse``."""
+
+    def __init__(self, pool: Upstream, origin: _Origin) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.response: UpstreamResponse | None = None
+        self.reused = False
+        self.idle_since = 0.0
+        self.closed = False
+        self.counted = True  # against the pool's limit, until it closes
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's does not subclass it
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None:
+            # Nothing was asked: a replica talking out of turn is not to be trusted.
+            self.abort()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            response = self.response
+            self.abort()
+            if response is not None:
+                response._fail(UpstreamMalformed(f"malformed answer from the replica: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool._forget(self)
+        response, self.response = self.response, None
+        if response is not None:
+            response._lost(exc)
+
+    # --- httptools callbacks ------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        response = self.response
+        if response is None:
+            return
+        if len(name) == 12 and name.lower() == b"content-type":
+            response.content_type = value
+        elif len(name) == 14 and name.lower() == b"content-length":
+            response.content_length = value
+
+    def on_headers_complete(self) -> None:
+        if self.response is not None:
+            self.response._head(self.parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response, self.response = self.response, None
+        if response is None:
+            return
+        response._complete()
+        if self.parser.should_keep_alive():
+            self.pool._idle(self)
+        else:
+            self.abort()
+
+    # --- the pool's side ----------------------------------------------------------------
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool._forget(self)
+            if self.transport is not None:
+                self.transport.abort()
+
+
+class UpstreamResponse:
+    """A replica's answer: ``status``, ``content_type`` and ``content_length`` (the header's
+    bytes, or None for a chunked stream) once ``post`` returns, then the body through ``read``
+    until it returns b"" — or until ``done`` says nothing more will come. Always ``close`` it."""
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_connection",
+        "_done",
+        "_error",
+        "_head_future",
+        "_paused",
+        "_waiter",
+        "content_length",
+        "content_type",
+        "status",
+    )
+
+    def __init__(self, connection: _Connection, head: asyncio.Future[None]) -> None:
+        self._connection: _Connection | None = connection
+        self._head_future: asyncio.Future[None] | None = head
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._done = False
+        self._paused = False
+        self._error: UpstreamError | None = None
+        self.status = 0
+        self.content_type = b"application/json"
+        self.content_length: bytes | None = None
+
+    @property
+    def done(self) -> bool:
+        """Every byte of the body has been read: the next ``read`` would return b""."""
+        return self._done and not self._chunks
+
+    async def read(self) -> bytes:
+        """The body bytes that arrived since the last call (waiting for some); b"" at the end.
+
+        Raises UpstreamBroken when the answer broke off."""
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunk = self._chunks.popleft() if len(self._chunks) == 1 else self._drain()
+        self._buffered = 0
+        if self._paused and self._connection is not None:
+            self._paused = False
+            transport = self._connection.transport
+            if transport is not None:
+                transport.resume_reading()
+        return chunk
+
+    def close(self) -> None:
+        """End the exchange: a finished answer's connection is already back in the pool; an
+        unfinished one's is aborted (vLLM then stops generating)."""
+        connection, self._connection = self._connection, None
+        if connection is not None and not self._done:
+            connection.response = None
+            connection.abort()
+
+    # --- the connection's side ----------------------------------------------------------
+    def _drain(self) -> bytes:
+        chunks, self._chunks = self._chunks, deque()
+        return b"".join(chunks)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _head(self, status: int) -> None:
+        self.status = status
+        head, self._head_future = self._head_future, None
+        if head is not None and not head.done():
+            head.set_result(None)
+
+    def _feed(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and self._connection is not None:
+            transport = self._connection.transport
+            if transport is not None:
+                self._paused = True
+                transport.pause_reading()
+        self._wake()
+
+    def _complete(self) -> None:
+        self._done = True
+        self._connection = None  # the connection goes back to the pool: not ours to close
+        self._wake()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._done:
+            return
+        self._error = error
+        head, self._head_future = self._head_future, None
+        if head is not None and not head.done():
+            head.set_exception(error)
+            head.exception()  # retrieved here, so no "never retrieved" warning at exit
+        self._wake()
+
+    def _lost(self, exc: Exception | None) -> None:
+        reason = f": {exc.__class__.__name__}" if exc is not None else ""
+        self._fail(UpstreamBroken(f"the replica closed the connection{reason}"))
 
 
 class Upstream:
-    def __init__(self, *, connect_timeout_s: float, max_connections: int) -> None:
+    """Keep-alive connections to every replica, at most ``max_connections`` open at once."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float,
+        max_connections: int,
+        idle_timeout_s: float = DEFAULT_IDLE_S,
+    ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._idle_timeout_s = idle_timeout_s
+        self._origins: dict[str, _Origin] = {}
+        self._open = 0  # connections counted against the limit (connecting, busy or idle)
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        self._closed = False
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self._max_connections, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,  # pass bytes through untouched
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
-        )
+        self._closed = False
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        self._closed = True
+        for origin in self._origins.values():
+            while origin.idle:
+                origin.idle.pop().abort()
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
 
     async def post(
-        self, replica: str, path: str, body: bytes, headers: dict[str, str]
-    ) -> aiohttp.ClientResponse:
-        """Send to the replica the scheduler granted; the caller must close the response.
+        self, replica: str, path: str, body: bytes, headers: Headers = ()
+    ) -> UpstreamResponse:
+        """Send ``body`` to ``replica + path``; returns once the answer's head is in.
 
-        Raises ReplicaUnreachable when the replica never started on the request (refused or
-        dropped before answering), so the caller may safely try another one.
+        Raises ReplicaUnreachable when nothing reached vLLM (see the module docstring), or
+        UpstreamMalformed when the answer is not HTTP. The caller must ``close`` the response.
         """
-        assert self._session is not None, "Upstream.start() was not awaited"
+        origin = self._origins.get(replica)
+        if origin is None:
+            origin = self._origins[replica] = _Origin(replica)
+        request = _request_head(origin, path, len(body), headers) + body
+        for _ in range(2):
+            connection = await self._checkout(origin)
+            head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            response = UpstreamResponse(connection, head)
+            connection.response = response
+            transport = connection.transport
+            assert transport is not None
+            transport.write(request)
+            try:
+                await head
+            except UpstreamMalformed:
+                raise
+            except UpstreamBroken as exc:
+                # Hung up before the first byte of an answer.
+                if connection.reused:
+                    continue  # the replica had closed it while idle: once more, on a fresh one
+                logger.warning("upstream_unreachable replica=%s error=%s", replica, exc)
+                raise ReplicaUnreachable(replica, str(exc)) from exc
+            except BaseException:
+                response.close()  # cancelled while waiting: vLLM must stop on it
+                raise
+            return response
+        raise AssertionError("unreachable: the second attempt is on a fresh connection")
+
+    # --- the pool -----------------------------------------------------------------------
+    async def _checkout(self, origin: _Origin) -> _Connection:
+        if self._closed:
+            raise RuntimeError("Upstream is closed")
+        while True:
+            connection = self._reuse(origin)
+            if connection is not None:
+                return connection
+            if self._open >= self._max_connections:
+                self._evict_idle()
+            if self._open < self._max_connections:
+                break
+            waiter = asyncio.get_running_loop().create_future()
+            self._slot_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._slot_waiters:
+                    self._slot_waiters.remove(waiter)
+        self._open += 1
         try:
-            return await self._session.post(replica + path, data=body, headers=headers)
-        except _CONNECT_ERRORS as exc:
+            return await self._connect(origin)
+        except BaseException:
+            self._open -= 1
+            self._free_slot()
+            raise
+
+    def _reuse(self, origin: _Origin) -> _Connection | None:
+        """The replica's most recently idle connection that is still good, if any."""
+        idle = origin.idle
+        if not idle:
+            return None
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            transport = connection.transport
+            if (
+                now - connection.idle_since < self._idle_timeout_s
+                and transport is not None
+                and not transport.is_closing()
+            ):
+                connection.reused = True
+                return connection
+            connection.abort()  # idle too long (the replica may close it any moment) or closing
+        return None
+
+    def _evict_idle(self) -> None:
+        """At the limit, an idle connection to another replica makes room for this one."""
+        oldest: _Connection | None = None
+        for other in self._origins.values():
+            if other.idle and (oldest is None or other.idle[0].idle_since < oldest.idle_since):
+                oldest = other.idle[0]
+        if oldest is not None:
+            oldest.abort()
+
+    async def _connect(self, origin: _Origin) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self, origin),
+                    origin.host,
+                    origin.port,
+                    ssl=origin.ssl,
+                    server_hostname=origin.host if origin.ssl is not None else None,
+                )
+        except (OSError, TimeoutError) as exc:
             logger.warning(
-                "upstream_unreachable replica=%s error=%s", replica, exc.__class__.__name__
+                "upstream_unreachable replica=%s error=%s", origin.replica, exc.__class__.__name__
             )
-            raise ReplicaUnreachable(replica) from exc
+            raise ReplicaUnreachable(origin.replica, exc.__class__.__name__) from exc
+        return connection
+
+    def _idle(self, connection: _Connection) -> None:
+        if self._closed:
+            connection.abort()
+            return
+        connection.idle_since = time.monotonic()
+        connection.origin.idle.append(connection)
+        if self._slot_waiters:
+            # A waiter takes it if it is for the same replica, or evicts it to make room.
+            self._free_slot()
+
+    def _forget(self, connection: _Connection) -> None:
+        """A connection closed (by either side): it no longer counts against the limit."""
+        if not connection.counted:
+            return
+        connection.counted = False
+        self._open -= 1
+        idle = connection.origin.idle
+        if idle and connection in idle:
+            idle.remove(connection)
+        self._free_slot()
+
+    def _free_slot(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
 
-class ReplicaUnreachable(Exception):
-    """The replica did not take the request; nothing reached vLLM, so retrying is safe."""
-
-    def __init__(self, replica: str) -> None:
-        super().__init__(replica)
-        self.replica = replica
+def _request_head(origin: _Origin, path: str, length: int, headers: Headers) -> bytes:
+    extra = b""
+    for name, value in headers:
+        if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+            raise ValueError(f"header {name!r} holds a line break")
+        extra += b"%s: %s\r\n" % (name, value)
+    return b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+        path.encode("latin-1"),
+        origin.address,
+        length,
+        extra,
+    )

@@ -73,6 +73,11 @@ end
 -- that no longer exists (expired) or no longer counts (older than the previous window) is
 -- left alone, no counter goes below zero, the TTL set at admission is kept. Returns how many
 -- windows were adjusted.
+--
+-- One INCRBY a window: the window a request was counted in still exists while it counts
+-- (its TTL is 2 W from its first count), so the common case needs no read first. A result
+-- equal to the delta may mean INCRBY created the key (it was gone: flushed or evicted):
+-- such a key has no TTL, and is removed again.
 local function limits_reconcile(now, argv, first)
   local adjusted = 0
   for base = first, #argv - 3, 4 do
@@ -81,9 +86,13 @@ local function limits_reconcile(now, argv, first)
     local delta = tonumber(argv[base + 3])
     if delta ~= 0 and index >= math.floor(now / window) - 1 then
       local key = KEYS[1] .. "rl:" .. argv[base] .. ":" .. string.format("%d", index)
-      local value = redis.call("GET", key)
-      if value then
-        redis.call("SET", key, math.max(0, tonumber(value) + delta), "KEEPTTL")
+      local value = redis.call("INCRBY", key, delta)
+      if value == delta and redis.call("PTTL", key) == -1 then
+        redis.call("DEL", key)
+      else
+        if value < 0 then
+          redis.call("SET", key, 0, "KEEPTTL")
+        end
         adjusted = adjusted + 1
       end
     end

@@ -81,7 +81,7 @@ if #redis.call("ZRANGEBYSCORE", q, "-inf", bound, "LIMIT", 0, 1) == 0 then
   local replica = pick(model, pool, room, w.prefix)
   if replica then
     limits_commit(limits)
-    w.start = start_tag(model, w.tenant, cost)
+    w.start = start_tag(model, w.tenant, cost, true)
     grant(model, pool, room, id, replica, w, now)
     return {1, replica}
   end

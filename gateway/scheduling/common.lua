@@ -203,8 +203,10 @@ local function advance_clock(model, start)
   clocks[model] = clock
 end
 
--- Start-time fair queueing: S = max(V, F_tenant); F_tenant = S + cost.
-local function start_tag(model, tenant, cost)
+-- Start-time fair queueing: S = max(V, F_tenant); F_tenant = S + cost. `granting`: the
+-- request is granted at once, so V moves to S in the same write (grant's advance_clock then
+-- finds nothing to do).
+local function start_tag(model, tenant, cost, granting)
   local vt = P .. "vt:" .. model
   local got = redis.call("HMGET", vt, "_clock", "t:" .. tenant)
   local clock = tonumber(got[1] or "0")
@@ -218,7 +220,12 @@ local function start_tag(model, tenant, cost)
     clock = tonumber(got[1] or "0")
   end
   local start = math.max(clock, tonumber(got[2] or "0"))
-  redis.call("HSET", vt, "t:" .. tenant, start + cost)
+  if granting and start > clock then
+    redis.call("HSET", vt, "t:" .. tenant, start + cost, "_clock", start)
+    clock = start
+  else
+    redis.call("HSET", vt, "t:" .. tenant, start + cost)
+  end
   clocks[model] = clock
   return start
 end

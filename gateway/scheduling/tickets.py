@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.admission.limits import Limit
+from gateway.admission.limits import Limit, limits_for
 from gateway.policy import Model, Policy, Principal, PriorityClass
 from gateway.scheduling.keys import MAX_RANK
 
@@ -122,6 +122,77 @@ def ticket_for(
         vllm_priority=service_class.vllm_priority,
         limits=tuple(limits),
     )
+
+
+class TicketPlan:
+    """What every request of one principal to one model shares under one policy snapshot:
+    the class, the pool, the rate limits. Built once (``ticket_for`` and ``limits_for`` cost
+    tens of microseconds), so that a request only fills in its id, token estimate and
+    prefix; the ticket it makes is the one ``ticket_for`` would make."""
+
+    __slots__ = ("_base", "_has_token_limits")
+
+    def __init__(self, policy: Policy, principal: Principal, model: Model) -> None:
+        limits = limits_for(policy, principal, model.public_id, 0)
+        self._base = ticket_for(policy, principal, model, request_id="plan", cost=1, limits=limits)
+        self._has_token_limits = any(limit.kind == "tok" for limit in limits)
+
+    def ticket(self, *, request_id: str, cost: int, prefix_hash: str = "") -> Ticket:
+        """This request's ticket; ``cost`` is its token estimate (what the token windows are
+        charged and fair sharing weighs)."""
+        base = self._base
+        limits = base.limits
+        if self._has_token_limits:
+            limits = tuple(
+                limit
+                if limit.kind == "req"
+                else Limit(limit.id, "tok", limit.window_ms, limit.limit, cost, limit.name)
+                for limit in limits
+            )
+        return Ticket(
+            request_id,
+            base.model,
+            base.replicas,
+            base.rank,
+            base.priority_class,
+            base.queue_timeout_s,
+            base.max_queue_length,
+            base.tenant,
+            base.use_case_id,
+            base.max_concurrent,
+            max(cost, 1),
+            prefix_hash,
+            base.vllm_priority,
+            limits,
+        )
+
+
+class TicketPlans:
+    """The plans of one policy snapshot, made on first use; a new snapshot starts afresh.
+
+    Keyed by the principal object itself (by identity: it lives as long as its snapshot, and
+    hashing its fields would cost what the plan saves). Bounded: past ``max_plans`` the
+    cache is emptied, which costs only rebuilding."""
+
+    def __init__(self, max_plans: int = 10_000) -> None:
+        self._policy: Policy | None = None
+        self._plans: dict[tuple[int, str], tuple[Principal, TicketPlan]] = {}
+        self._max = max_plans
+
+    def plan(self, policy: Policy, principal: Principal, model: Model) -> TicketPlan:
+        if policy is not self._policy:
+            self._policy = policy
+            self._plans = {}
+        key = (id(principal), model.public_id)
+        found = self._plans.get(key)
+        if found is not None and found[0] is principal:
+            return found[1]
+        if len(self._plans) >= self._max:
+            self._plans = {}
+        plan = TicketPlan(policy, principal, model)
+        # The principal is kept with its plan, so its id cannot be reused while cached.
+        self._plans[key] = (principal, plan)
+        return plan
 
 
 def prefix_hash(text: str, *, chars: int = 2048) -> str:

@@ -63,6 +63,37 @@ def test_concurrent_calls_share_writes_and_each_gets_its_own_reply(server: Valke
     run(scenario())
 
 
+def test_a_batch_gets_its_replies_in_order_between_other_calls(server: ValkeyServer):
+    """GIVEN scripts in flight on the same connection
+    WHEN a batch of plain commands (one of them refused by the server) goes with them
+    THEN the batch gets one reply per command, in order, the refused one as a ResponseError,
+    and every script still gets its own reply."""
+
+    async def scenario() -> None:
+        client = avalkey.Valkey(host="127.0.0.1", port=server.port)
+        pipe = AutoPipeline(client)
+        pipe.register("echo", ECHO)
+        try:
+            await client.set("text", "not a number")
+            batch = [("INCR", "n"), ("INCR", "text"), ("INCR", "n"), ("GET", "n")]
+            before = asyncio.gather(*(pipe.script("echo", ["c"], [f"a{i}"]) for i in range(50)))
+            replies = await pipe.execute_many(batch)
+            after = await asyncio.gather(
+                *(pipe.script("echo", ["c"], [f"b{i}"]) for i in range(50))
+            )
+            assert replies[0] == 1
+            assert replies[2] == 2
+            assert replies[3] == b"2"
+            assert isinstance(replies[1], valkey.ResponseError)
+            assert [r[0] for r in await before] == [f"a{i}".encode() for i in range(50)]
+            assert [r[0] for r in after] == [f"b{i}".encode() for i in range(50)]
+            assert await pipe.execute_many([]) == []
+        finally:
+            await pipe.close()
+
+    run(scenario())
+
+
 def test_a_script_the_server_forgot_is_sent_again_transparently(server: ValkeyServer):
     async def scenario() -> None:
         client = avalkey.Valkey(host="127.0.0.1", port=server.port)

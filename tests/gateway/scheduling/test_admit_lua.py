@@ -135,8 +135,14 @@ def test_reconcile_never_goes_below_zero_nor_recreates_windows(db, admit, reconc
     assert reconcile(now, ("tpm", W, 1000, -5_000)) == 1
     assert db.get(keys.rate_window("tpm", 1000)) == b"0"
 
+    # At zero, a charge still lands on the window (with the TTL admission set).
+    assert reconcile(now, ("tpm", W, 1000, 40)) == 1
+    assert db.get(keys.rate_window("tpm", 1000)) == b"40"
+    assert db.pttl(keys.rate_window("tpm", 1000)) > 0
+
     db.delete(keys.rate_window("tpm", 1000))  # expired
     assert reconcile(now, ("tpm", W, 1000, -50)) == 0
+    assert reconcile(now, ("tpm", W, 1000, 50)) == 0
     assert windows(db) == []
 
 

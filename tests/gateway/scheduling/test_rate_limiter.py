@@ -20,7 +20,16 @@ from gateway.admission import (
     reconcile_args,
 )
 from gateway.policy import Limits, Policy, Principal, parse_snapshot
-from gateway.scheduling import RateLimited, Scheduler, Ticket, fleet_entry, keys, write_fleet
+from gateway.scheduling import (
+    RateLimited,
+    Scheduler,
+    Ticket,
+    TicketPlans,
+    fleet_entry,
+    keys,
+    ticket_for,
+    write_fleet,
+)
 
 from .conftest import MODEL, R1
 
@@ -147,6 +156,38 @@ def test_limits_for_applies_the_matching_rules_and_the_use_case_in_order():
         ("use case chatbot tokens per day", "tok", DAY_MS, 1_000_000, 1_500),
     ]  # fmt: skip
     assert len({limit.id for limit in limits}) == len(limits)
+
+
+def test_a_ticket_plan_makes_the_ticket_that_ticket_for_and_limits_for_make():
+    """GIVEN a snapshot with request and token limits at every level
+    WHEN the gateway makes a request's ticket from the plan it cached for (alice, llama)
+    THEN it is the ticket ticket_for and limits_for make, whatever the token estimate;
+    the plan is reused until a new snapshot arrives, which gets its own."""
+    policy = snapshot(**POLICY_SECTIONS)
+    llama = policy.models["llama"]
+    plans = TicketPlans()
+
+    for estimate in (0, 1, 1_500, 28_000):
+        planned = plans.plan(policy, ALICE, llama).ticket(
+            request_id="r1", cost=estimate, prefix_hash="p"
+        )
+        limits = limits_for(policy, ALICE, "llama", estimate)
+        assert planned == ticket_for(
+            policy, ALICE, llama, request_id="r1", cost=estimate, prefix_hash="p", limits=limits
+        )
+    assert plans.plan(policy, ALICE, llama) is plans.plan(policy, ALICE, llama)
+    assert (
+        plans.plan(policy, ALICE, policy.models["qwen"]).ticket(request_id="r2", cost=10).model
+        == "qwen"
+    )
+
+    newer = snapshot(**{**POLICY_SECTIONS, "rate_limits": []})
+    from_newer = plans.plan(newer, ALICE, newer.models["llama"])
+    assert from_newer is not plans.plan(policy, ALICE, llama)
+    assert [limit.name for limit in from_newer.ticket(request_id="r3", cost=5).limits] == [
+        "use case chatbot requests per minute",
+        "use case chatbot tokens per day",
+    ]
 
 
 def test_estimate_tokens_caps_the_completion_by_the_model():

@@ -1,0 +1,385 @@
+"""The fleet client (gateway/upstream.py) against real HTTP servers on loopback.
+
+Each test scripts a small replica — a real asyncio server on a real socket — to answer the
+way a vLLM replica can: keep-alive, closing idle connections, chunked streams, refusing,
+hanging up, talking nonsense. The gateway-level behaviours built on these (failover, 504,
+cut streams, a client leaving) are in test_failures.py against the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import pytest
+import uvloop
+
+from config.processes import free_port
+from gateway.upstream import (
+    HIGH_WATER,
+    ReplicaUnreachable,
+    Upstream,
+    UpstreamBroken,
+    UpstreamResponse,
+)
+
+JSON_HEADERS = ((b"content-type", b"application/json"),)
+# (reader, writer, request head, request body) -> keep the connection open afterwards?
+Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes, bytes], Awaitable[bool]]
+
+
+def run(coroutine: Coroutine[Any, Any, None]) -> None:
+    """On uvloop, as the gateway runs; bounded so that a hang fails instead of stalling."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(asyncio.wait_for(coroutine, 20))
+
+
+def plain(body: bytes, *, extra: bytes = b"") -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+        % (len(body), extra, body)
+    )
+
+
+async def answer_ok(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes
+) -> bool:
+    writer.write(plain(b'{"echo":' + body + b"}"))
+    await writer.drain()
+    return True
+
+
+class Replica:
+    """A real HTTP/1.1 server on loopback whose answers the test scripts."""
+
+    def __init__(self, answer: Answer = answer_ok) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[tuple[bytes, bytes]] = []
+        self.hangups = 0  # connections that ended, from either side
+        self.hung_up = asyncio.Event()
+        self.url = ""
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Replica:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                found = re.search(rb"(?i)content-length: *(\d+)", head)
+                body = await reader.readexactly(int(found.group(1))) if found else b""
+                self.requests.append((head, body))
+                if not await self.answer(reader, writer, head, body):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            self.hangups += 1
+            self.hung_up.set()
+
+
+async def read_all(response: UpstreamResponse) -> bytes:
+    try:
+        chunks = []
+        while chunk := await response.read():
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        response.close()
+
+
+def upstream(**overrides: Any) -> Upstream:
+    settings: dict[str, Any] = {"connect_timeout_s": 2.0, "max_connections": 100}
+    settings.update(overrides)
+    return Upstream(**settings)
+
+
+def test_answers_come_back_and_one_connection_carries_them_all():
+    async def scenario() -> None:
+        async with Replica() as replica:
+            client = upstream()
+            for n in range(5):
+                response = await client.post(
+                    replica.url, "/v1/chat/completions", b"%d" % n, JSON_HEADERS
+                )
+                assert (response.status, response.content_type) == (200, b"application/json")
+                assert response.content_length == b"10"
+                assert await read_all(response) == b'{"echo":%d}' % n
+            assert replica.connections == 1
+            head, body = replica.requests[0]
+            assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+            assert b"\r\ncontent-type: application/json\r\n" in head
+            assert b"\r\nHost: " + replica.url.removeprefix("http://").encode() in head
+            assert body == b"0"
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_connection_the_replica_closed_while_idle_is_replaced_not_failed_over():
+    """GIVEN a replica that closes every connection right after answering, without saying so
+    WHEN the next request finds that connection in the pool
+    THEN it goes out again on a fresh connection: the race is not the replica's failure."""
+
+    async def answer_then_hang_up(reader, writer, head, body) -> bool:
+        writer.write(plain(b"{}"))
+        await writer.drain()
+        return False
+
+    async def scenario() -> None:
+        async with Replica(answer_then_hang_up) as replica:
+            client = upstream()
+            for _ in range(4):
+                assert await read_all(await client.post(replica.url, "/x", b"{}")) == b"{}"
+                await asyncio.sleep(0.05)  # the hang-up reaches the client, or not: both ways
+            assert replica.connections == 4
+            await client.close()
+
+    run(scenario())
+
+
+def test_an_idle_connection_older_than_the_idle_timeout_is_not_reused():
+    async def scenario() -> None:
+        async with Replica() as replica:
+            client = upstream(idle_timeout_s=0.1)
+            await read_all(await client.post(replica.url, "/x", b"1"))
+            await asyncio.sleep(0.2)
+            await read_all(await client.post(replica.url, "/x", b"2"))
+            assert replica.connections == 2
+            await asyncio.wait_for(replica.hung_up.wait(), 2)  # the old one was closed
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_replica_that_refuses_or_hangs_up_before_answering_is_unreachable():
+    async def hang_up(reader, writer, head, body) -> bool:
+        return False
+
+    async def scenario() -> None:
+        client = upstream()
+        nobody = f"http://127.0.0.1:{free_port()}"
+        with pytest.raises(ReplicaUnreachable) as refused:
+            await client.post(nobody, "/x", b"{}")
+        assert refused.value.replica == nobody
+        async with Replica(hang_up) as replica:
+            with pytest.raises(ReplicaUnreachable):
+                await client.post(replica.url, "/x", b"{}")
+        assert client.open_connections == 0
+        await client.close()
+
+    run(scenario())
+
+
+def test_a_malformed_answer_is_broken_and_its_connection_dropped():
+    async def nonsense(reader, writer, head, body) -> bool:
+        writer.write(b"SMTP ready\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # until the client hangs up
+        return False
+
+    async def scenario() -> None:
+        async with Replica(nonsense) as replica:
+            client = upstream()
+            with pytest.raises(UpstreamBroken):
+                await client.post(replica.url, "/x", b"{}")
+            await asyncio.wait_for(replica.hung_up.wait(), 2)
+            assert client.open_connections == 0
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_stream_is_read_chunk_by_chunk_as_it_arrives():
+    more = asyncio.Event()
+
+    async def stream(reader, writer, head, body) -> bool:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+            b"8\r\ndata: 1\n\r\n"
+        )
+        await writer.drain()
+        await more.wait()
+        writer.write(b"8\r\ndata: 2\n\r\n0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def scenario() -> None:
+        async with Replica(stream) as replica:
+            client = upstream()
+            response = await client.post(replica.url, "/x", b"{}")
+            assert (response.content_type, response.content_length) == (b"text/event-stream", None)
+            assert await response.read() == b"data: 1\n"  # before the replica sent the rest
+            assert not response.done
+            more.set()
+            assert await response.read() == b"data: 2\n"
+            assert await response.read() == b""
+            assert response.done
+            response.close()
+            # Read to the end: the connection went back to the pool.
+            await read_all(await client.post(replica.url, "/x", b"{}"))
+            assert replica.connections == 1
+            await client.close()
+
+    run(scenario())
+
+
+def test_closing_an_unfinished_answer_hangs_up_so_the_replica_stops():
+    async def endless(reader, writer, head, body) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        while True:
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        async with Replica(endless) as replica:
+            client = upstream()
+            response = await client.post(replica.url, "/x", b"{}")
+            assert await response.read()
+            response.close()
+            await asyncio.wait_for(replica.hung_up.wait(), 2)
+            assert client.open_connections == 0
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_replica_dying_mid_answer_breaks_the_read():
+    async def die(reader, writer, head, body) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
+        await writer.drain()
+        return False
+
+    async def scenario() -> None:
+        async with Replica(die) as replica:
+            client = upstream()
+            response = await client.post(replica.url, "/x", b"{}")
+            with pytest.raises(UpstreamBroken):
+                await read_all(response)
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_slow_reader_pauses_the_replica_instead_of_buffering_everything():
+    total = 64 * HIGH_WATER  # more than loopback's socket buffers hold
+    sent = asyncio.Event()
+
+    async def flood(reader, writer, head, body) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+        for _ in range(total // 65536):
+            writer.write(b"x" * 65536)
+            await writer.drain()
+        sent.set()
+        return True
+
+    async def scenario() -> None:
+        async with Replica(flood) as replica:
+            client = upstream()
+            response = await client.post(replica.url, "/x", b"{}")
+            await asyncio.sleep(0.5)  # nobody reads: the client stops reading the socket
+            assert not sent.is_set()
+            received = 0
+            while chunk := await response.read():
+                # At most the mark plus one read of the socket was taken in.
+                assert len(chunk) <= 3 * HIGH_WATER
+                received += len(chunk)
+            response.close()
+            assert received == total
+            await asyncio.wait_for(sent.wait(), 2)
+            await client.close()
+
+    run(scenario())
+
+
+def test_at_the_connection_limit_a_request_waits_for_a_connection_to_free():
+    release = asyncio.Event()
+
+    async def held(reader, writer, head, body) -> bool:
+        if body == b"first":
+            await release.wait()
+        writer.write(plain(body))
+        await writer.drain()
+        return True
+
+    async def scenario() -> None:
+        async with Replica(held) as replica:
+            client = upstream(max_connections=1)
+            first = asyncio.ensure_future(client.post(replica.url, "/x", b"first"))
+            await asyncio.sleep(0.1)
+            second = asyncio.ensure_future(client.post(replica.url, "/x", b"second"))
+            await asyncio.sleep(0.1)
+            assert not second.done()
+            assert client.open_connections == 1
+            release.set()
+            assert await read_all(await first) == b"first"
+            assert await read_all(await second) == b"second"
+            assert replica.connections == 1
+            await client.close()
+
+    run(scenario())
+
+
+def test_cancelled_while_waiting_for_the_answer_hangs_up():
+    async def never(reader, writer, head, body) -> bool:
+        await reader.read()  # no answer, until the client hangs up
+        return False
+
+    async def scenario() -> None:
+        async with Replica(never) as replica:
+            client = upstream()
+            waiting = asyncio.ensure_future(client.post(replica.url, "/x", b"{}"))
+            await asyncio.sleep(0.1)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await asyncio.wait_for(replica.hung_up.wait(), 2)
+            assert client.open_connections == 0
+            await client.close()
+
+    run(scenario())
+
+
+def test_connection_close_from_the_replica_is_honoured():
+    async def once(reader, writer, head, body) -> bool:
+        writer.write(plain(b"{}", extra=b"connection: close\r\n"))
+        await writer.drain()
+        await asyncio.sleep(0.5)  # the client must not wait for this to hang up
+        return True
+
+    async def scenario() -> None:
+        async with Replica(once) as replica:
+            client = upstream()
+            for _ in range(2):
+                assert await read_all(await client.post(replica.url, "/x", b"{}")) == b"{}"
+            assert replica.connections == 2
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_header_value_with_a_line_break_is_refused_before_sending():
+    async def scenario() -> None:
+        async with Replica() as replica:
+            client = upstream()
+            with pytest.raises(ValueError, match="line break"):
+                await client.post(replica.url, "/x", b"{}", ((b"x-request-id", b"a\r\nb: c"),))
+            assert replica.requests == []
+            await client.close()
+
+    run(scenario())
