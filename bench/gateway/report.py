@@ -13,17 +13,27 @@ from .loadgen import LoadResult, percentile
 if TYPE_CHECKING:
     from .overhead import Measurements, Saturation
 
-PATHS = ("simulator", "relay", "gateway")
-LABELS = {"simulator": "simulator direct", "relay": "bare relay", "gateway": "gateway"}
+# "direct" is the first replica answering with nothing in between; the relays go to it too.
+PATHS = ("direct", "relay-aiohttp", "relay-switchyard", "gateway")
+LABELS = {
+    "direct": "direct",
+    "relay-aiohttp": "relay, aiohttp",
+    "relay-switchyard": "relay, switchyard client",
+    "gateway": "gateway",
+}
 
 # The targets the gateway is held to.
 TARGET_RPS = 2500
 TARGET_ADDED_P50_MS = 0.8
 TARGET_ADDED_OPEN_P99_MS = 3.0
-# The throughput target's own terms: at least this share of a bare relay's requests/s.
+# The throughput target's own terms: at least this share of the bare aiohttp relay's
+# requests/s (the issue's reference relay).
 TARGET_RELAY_SHARE = 0.30
-# What a bare relay costs a request on the machine the targets were set on (ms of CPU).
+# What the bare aiohttp relay costs a request on the machine the targets were set on (ms of
+# CPU), against a fake vLLM that answers at once.
 REFERENCE_RELAY_CPU_MS = 0.12
+# What the simulator costs a request with --time-scale 0 on this machine kind (ms of CPU).
+SIMULATOR_CPU_MS = 0.25
 # Below this, the gateway made no Valkey call per request: admission was not in the path.
 ADMISSION_CALLS_PER_REQUEST = 0.5
 # wrk at this share of its one thread, or a server at this share of its one core (steal and
@@ -34,27 +44,48 @@ SATURATED_CORE = 0.8
 BUSY_MACHINE_CORES = 0.2
 
 METHOD = """\
-What one gateway process adds to a request: the simulator answered directly, through a bare
-relay (`bench/gateway/bare_relay.py`: the same uvicorn + uvloop + httptools and one pooled
-aiohttp session, no logic) and through the gateway. Reproduce with:
+What one gateway process adds to a request: a replica ({upstream_short}) asked directly,
+through two bare relays (`bench/gateway/bare_relay.py`: the same uvicorn + uvloop +
+httptools and one pooled upstream client, no logic; one with aiohttp, the issue's reference
+relay, one with the gateway's own fleet client, `gateway/upstream.py`) and through the
+gateway. Reproduce with:
 
 ```
-.venv/bin/python -m bench.gateway.overhead
+.venv/bin/python -m bench.gateway.overhead{flag}
 ```
 
-It starts Valkey, two simulator replicas with `--time-scale 0`, a policy snapshot (one model
-on both replicas, one key whose use case has limits far above any load here), one gateway
-process started as the tests start it, and the relay (to the first replica). Requests are
-short chat completions (`max_tokens` 4). Saturation is wrk {wrk} with one thread; one
-connection and the open loop ({rate:g} requests/s on a fixed schedule, latency from each
-request's due time, so no coordinated omission) are `bench/gateway/loadgen.py`, which keeps
-every sample. Each measurement runs in {rounds} slices that take turns between the paths,
-each after {warmup:g} s of warm-up, so that other work on this shared machine falls on all
-three alike; a slice during which other work took more than {retry_above:g} cores is
-measured again (at most {retry_budget:g} s in all) and the quieter one kept. "Added" is a
-path's percentile minus the simulator's. CPU columns are cores (CPU seconds per wall second,
-from /proc); "other" is what processes not ours (and the hypervisor's steal) took meanwhile.
+It starts Valkey, {upstream_long}, a policy snapshot (one model on both replicas, one key
+whose use case has limits far above any load here), one gateway process started as the
+tests start it, and the two relays (to the first replica). Requests are short chat
+completions (`max_tokens` 4). Saturation is wrk {wrk} with one thread; one connection and the
+open loop ({rate:g} requests/s on a fixed schedule, latency from each request's due time, so
+no coordinated omission) are `bench/gateway/loadgen.py`, which keeps every sample. Each
+measurement runs in {rounds} slices that take turns between the paths, each after {warmup:g} s
+of warm-up, so that other work on this shared machine falls on all four alike; a slice
+during which other work took more than {retry_above:g} cores is measured again (at most
+{retry_budget:g} s in all) and the quieter one kept. "Added" is a path's percentile minus
+direct's (the first replica answering with nothing in between). CPU columns are cores (CPU
+seconds per wall second, from /proc); "other" is what processes not ours (and the
+hypervisor's steal) took meanwhile.
 """
+
+UPSTREAM_SHORT = {
+    "instant": "a fake vLLM that answers at once",
+    "simulator": "the simulator, held to real vLLM",
+}
+UPSTREAM_LONG = {
+    "instant": (
+        "two fake vLLM replicas that answer at once (`bench/gateway/instant_vllm.py`: canned "
+        "answers shaped as vLLM 0.32's, at next to no CPU; the upstream the issue's targets "
+        "are defined against)"
+    ),
+    "simulator": (
+        "two simulator replicas with `--time-scale 0` (they spend about "
+        f"{SIMULATOR_CPU_MS} ms of CPU a request on the same cores as everything else, so "
+        "every path here is slower than against a fake vLLM that answers at once, the "
+        "upstream the issue's targets are defined against)"
+    ),
+}
 
 
 def render(
@@ -65,7 +96,11 @@ def render(
     started: datetime.datetime,
 ) -> str:
     nproc = int(machine["nproc"])
+    upstream: str = args.upstream
     method = METHOD.format(
+        upstream_short=UPSTREAM_SHORT[upstream],
+        upstream_long=UPSTREAM_LONG[upstream],
+        flag="" if upstream == "instant" else f" --upstream {upstream}",
         wrk=machine["wrk"],
         rate=args.rate,
         rounds=args.rounds,
@@ -85,14 +120,14 @@ def render(
         "",
         "### Against the targets",
         "",
-        *_targets(m),
+        *_targets(m, upstream=upstream, nproc=nproc),
         "",
         f"### Latency at one connection (closed loop, {args.latency_seconds:g} s per path)",
         "",
         "| path | p50 | p99 | added p50 | added p99 | requests/s | other |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    base = m.latency["simulator"].load
+    base = m.latency["direct"].load
     for name in PATHS:
         one = m.latency[name]
         lines.append(
@@ -105,8 +140,9 @@ def render(
         f"### Throughput at saturation (wrk -c{args.connections}, {args.seconds:g} s per path)",
         "",
         'p50 and p99 are the means of the slices\'. "Serving process" is the CPU of the',
-        'simulator, the relay or the gateway process itself; "CPU per request" is its CPU',
-        'time divided by the requests answered; "limit" is what ran out.',
+        'process that answered: the first replica (direct), the relay or the gateway; "CPU',
+        'per request" is its CPU time divided by the requests answered; "limit" is what ran',
+        "out.",
         "",
         "| scenario | path | requests/s | p50 | p99 | errors | serving process | CPU per "
         "request | wrk | machine | other | limit |",
@@ -115,9 +151,7 @@ def render(
     for scenario, runs in (("plain", m.saturation), ("SSE, include_usage", m.streaming)):
         for name in PATHS:
             run = runs[name]
-            per_request_ms = (
-                1000 * run.cpu.by_process[run.serving_process] / max(1, run.wrk.ok_requests)
-            )
+            per_request_ms = _cpu_per_request_ms(run)
             lines.append(
                 f"| {scenario} | {LABELS[name]} | {run.wrk.requests_per_s:,.0f} "
                 f"| {_ms(run.wrk.p50_ms)} | {_ms(run.wrk.p99_ms)} | {run.wrk.errors} "
@@ -138,7 +172,7 @@ def render(
         "| generator lag p99 | generator | other |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    base_open = m.open_loop["simulator"].load
+    base_open = m.open_loop["direct"].load
     for name in PATHS:
         run_open = m.open_loop[name]
         r = run_open.load
@@ -149,15 +183,15 @@ def render(
             f"| {r.errors} | {_ms(percentile(r.send_lag_ms, 99))} "
             f"| {run_open.cpu.cores('load generator'):.2f} | {run_open.cpu.other_cores:.2f} |"
         )
-    lines += ["", _generator_note(m, nproc), "", _references(m)]
+    lines += ["", _generator_note(m, nproc), "", _references(m, upstream=upstream)]
     return "\n".join(lines) + "\n"
 
 
-def _targets(m: Measurements) -> list[str]:
+def _targets(m: Measurements, *, upstream: str, nproc: int) -> list[str]:
     gateway_rps = m.saturation["gateway"].wrk.requests_per_s
     admitted = m.saturation["gateway"].valkey_commands_per_request >= ADMISSION_CALLS_PER_REQUEST
-    added_p50 = _delta(m.latency["gateway"].load, m.latency["simulator"].load, 50)
-    added_open_p99 = _delta(m.open_loop["gateway"].load, m.open_loop["simulator"].load, 99)
+    added_p50 = _delta(m.latency["gateway"].load, m.latency["direct"].load, 50)
+    added_open_p99 = _delta(m.open_loop["gateway"].load, m.open_loop["direct"].load, 99)
     errors = total_errors(m)
 
     def verdict(ok: bool) -> str:
@@ -169,44 +203,56 @@ def _targets(m: Measurements) -> list[str]:
             " (without admission: the gateway made no Valkey call per request, so this"
             " is authentication + relay only)"
         )
-    relay_rps = m.saturation["relay"].wrk.requests_per_s
+    relay_rps = m.saturation["relay-aiohttp"].wrk.requests_per_s
     share = gateway_rps / relay_rps if relay_rps else 0.0
+    own_client_rps = m.saturation["relay-switchyard"].wrk.requests_per_s
+    own_client_share = gateway_rps / own_client_rps if own_client_rps else 0.0
     return [
         "| target | measured | |",
         "| --- | ---: | --- |",
         f"| ≥ {TARGET_RPS:,} admitted requests/s, one gateway process, full admission "
         f"| {gateway_rps:,.0f} | {rps_verdict} |",
-        f"| ≥ {TARGET_RELAY_SHARE:.0%} of the bare relay's requests/s (same run, same machine) "
-        f"| {share:.0%} ({gateway_rps:,.0f} / {relay_rps:,.0f}) "
-        f"| {verdict(share >= TARGET_RELAY_SHARE and admitted)} |",
+        f"| ≥ {TARGET_RELAY_SHARE:.0%} of the bare aiohttp relay's requests/s (the issue's "
+        f"reference; same run, same machine) | {share:.0%} ({gateway_rps:,.0f} / "
+        f"{relay_rps:,.0f}) | {verdict(share >= TARGET_RELAY_SHARE and admitted)} |",
+        "| (no target) share of the bare relay with the gateway's own client "
+        f"| {own_client_share:.0%} ({gateway_rps:,.0f} / {own_client_rps:,.0f}) | — |",
         f"| added p50 ≤ {TARGET_ADDED_P50_MS} ms at one connection | {_ms(added_p50)} "
         f"| {verdict(added_p50 <= TARGET_ADDED_P50_MS)} |",
         f"| added p99 ≤ {TARGET_ADDED_OPEN_P99_MS:g} ms at 500 requests/s, open loop "
         f"| {_ms(added_open_p99)} | {verdict(added_open_p99 <= TARGET_ADDED_OPEN_P99_MS)} |",
         f"| zero errors (all runs, all paths) | {errors} | {verdict(errors == 0)} |",
         "",
-        _machine_speed(m),
+        _machine_speed(m, upstream=upstream, nproc=nproc),
     ]
 
 
-def _machine_speed(m: Measurements) -> str:
+def _machine_speed(m: Measurements, *, upstream: str, nproc: int) -> str:
     """How this machine compares with the one the absolute targets were set on, measured by
-    the same yardstick: the bare relay's CPU per request."""
-    relay = m.saturation["relay"]
-    gateway = m.saturation["gateway"]
-    relay_ms = 1000 * relay.cpu.by_process[relay.serving_process] / max(1, relay.wrk.ok_requests)
-    gateway_ms = (
-        1000 * gateway.cpu.by_process[gateway.serving_process] / max(1, gateway.wrk.ok_requests)
-    )
+    the same yardstick: the bare aiohttp relay's CPU per request."""
+    relay_ms = _cpu_per_request_ms(m.saturation["relay-aiohttp"])
+    own_client_ms = _cpu_per_request_ms(m.saturation["relay-switchyard"])
+    gateway_ms = _cpu_per_request_ms(m.saturation["gateway"])
+    direct_ms = _cpu_per_request_ms(m.saturation["direct"])
     factor = relay_ms / REFERENCE_RELAY_CPU_MS
+    replicas = (
+        "the fake vLLM replicas" if upstream == "instant" else "the simulator replicas"
+    ) + f" ({direct_ms:.3f} ms of CPU a request, answered directly)"
     return (
-        f"The absolute targets were set on a machine where the bare relay costs "
-        f"{REFERENCE_RELAY_CPU_MS} ms of CPU a request; here it costs {relay_ms:.3f} ms "
-        f"({factor:.1f}× as much), and the simulator and the load generator share the same two "
-        f"cores. The gateway costs {gateway_ms:.3f} ms a request here, "
-        f"{gateway_ms / relay_ms if relay_ms else 0:.1f}× the relay: its own work on top of the "
-        f"same HTTP stack is {gateway_ms - relay_ms:.3f} ms of CPU a request."
+        f"The absolute targets were set on a machine where the bare aiohttp relay costs "
+        f"{REFERENCE_RELAY_CPU_MS} ms of CPU a request, against a fake vLLM that answers at "
+        f"once; here it costs {relay_ms:.3f} ms ({factor:.1f}× as much), and {replicas} and "
+        f"the load generator share the same {nproc} cores. The relay with the gateway's own "
+        f"client costs {own_client_ms:.3f} ms. The gateway costs {gateway_ms:.3f} ms a request "
+        f"here, {gateway_ms / own_client_ms if own_client_ms else 0:.1f}× that relay: its own "
+        f"work on top of the same HTTP stack and upstream client is "
+        f"{gateway_ms - own_client_ms:.3f} ms of CPU a request."
     )
+
+
+def _cpu_per_request_ms(run: Saturation) -> float:
+    """The serving process's CPU time per request answered."""
+    return 1000 * run.cpu.by_process[run.serving_process] / max(1, run.wrk.ok_requests)
 
 
 def _generator_note(m: Measurements, nproc: int) -> str:
@@ -251,26 +297,32 @@ def _generator_note(m: Measurements, nproc: int) -> str:
     return " ".join(note)
 
 
-def _references(m: Measurements) -> str:
-    relay_rps = m.saturation["relay"].wrk.requests_per_s
-    relay_added = _delta(m.latency["relay"].load, m.latency["simulator"].load, 50)
+def _references(m: Measurements, *, upstream: str) -> str:
+    def relay(name: str) -> str:
+        rps = m.saturation[name].wrk.requests_per_s
+        added = _delta(m.latency[name].load, m.latency["direct"].load, 50)
+        return f"{rps:,.0f} requests/s, adding {_ms(added)} at p50"
+
+    replicas = (
+        "the fake vLLM"
+        if upstream == "instant"
+        else f"the simulator (about {SIMULATOR_CPU_MS} ms of CPU a request)"
+    )
     return (
         "Reference points, measured on this machine kind: LiteLLM Proxy about 126 requests/s "
-        "per worker, adding about 9 ms; a bare relay about 8,000 requests/s per process, "
-        f"adding about 0.2 ms (this run's relay: {relay_rps:,.0f} requests/s with the "
-        f"simulator and the load generator on the same cores, adding {_ms(relay_added)} "
-        "at p50)."
+        "per worker, adding about 9 ms; a bare aiohttp relay about 8,000 requests/s per "
+        "process against a fake vLLM that answers at once, adding about 0.2 ms. This run's "
+        f"aiohttp relay: {relay('relay-aiohttp')}; with the gateway's own client: "
+        f"{relay('relay-switchyard')}; both with {replicas} and the load generator on the "
+        "same cores."
     )
 
 
 def _cpu_by_process(run: Saturation) -> str:
     answered = max(1, run.wrk.ok_requests)
     shares = sorted(run.cpu.by_process.items(), key=lambda item: -item[1])
-    return ", ".join(
-        f"{name} {1000 * seconds / answered:.3f} ms"
-        for name, seconds in shares
-        if 1000 * seconds / answered >= 0.001
-    )
+    # Every process, idle ones too: a replica at 0.000 ms is one the scheduler sent nothing.
+    return ", ".join(f"{name} {1000 * seconds / answered:.3f} ms" for name, seconds in shares)
 
 
 def _limit(run: Saturation, nproc: int) -> str:
@@ -294,7 +346,7 @@ def _delta(result: LoadResult, base: LoadResult, q: float) -> float:
 
 
 def _added(result: LoadResult, base: LoadResult, q: float, name: str) -> str:
-    if name == "simulator":
+    if name == "direct":
         return "—"
     delta = _delta(result, base, q)
     return ("+" if delta >= 0 else "−") + _ms(abs(delta))

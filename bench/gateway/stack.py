@@ -1,4 +1,10 @@
-"""The processes under test, on loopback: Valkey, two simulator replicas, a gateway, a relay.
+"""The processes under test, on loopback: Valkey, two fake vLLM replicas, a gateway, two relays.
+
+The replicas are ``bench/gateway/instant_vllm.py`` (answers at once, at next to no CPU: the
+upstream the targets are defined against) or, with ``upstream="simulator"``, the simulator
+with ``--time-scale 0``. The two bare relays (bench/gateway/bare_relay.py) go to the first
+replica, one with each upstream client: aiohttp, the issue's reference, and the gateway's
+own.
 
 The gateway is started as tests/conftest.py starts it (uvicorn, uvloop, httptools, no access
 log, against a policy snapshot published straight to Valkey, with a fleet watcher beside it
@@ -27,6 +33,8 @@ from config.processes import PYTHON, REPO_ROOT, ManagedProcess, free_port, http_
 from gateway.policy import SCHEMA, LimitsEntry, SnapshotDocument, snapshot_write
 
 MODEL = "bench-chat"
+UPSTREAMS = ("instant", "simulator")
+RELAY_CLIENTS = ("aiohttp", "switchyard")
 # Far above anything one machine can send, so that every request is admitted, but set, so
 # that admission has limits to check and count: the benchmark is of the full path.
 GENEROUS_LIMITS: LimitsEntry = {
@@ -41,12 +49,13 @@ GENEROUS_LIMITS: LimitsEntry = {
 class Stack:
     valkey: valkey.Valkey
     valkey_pid: int
-    simulators: tuple[ManagedProcess, ...]
-    simulator_urls: tuple[str, ...]
+    upstream: str  # one of UPSTREAMS
+    replicas: tuple[ManagedProcess, ...]
+    replica_urls: tuple[str, ...]
     gateway: ManagedProcess
     gateway_port: int
-    relay: ManagedProcess
-    relay_port: int
+    relays: dict[str, ManagedProcess]  # by client, RELAY_CLIENTS
+    relay_ports: dict[str, int]
     api_key: str
     fleet_watcher: ManagedProcess | None
 
@@ -54,13 +63,31 @@ class Stack:
         return cast(dict[str, Any], self.valkey.info(section))
 
     @property
+    def replica_port(self) -> int:
+        """The first replica's: the one the relays go to, and the "direct" path."""
+        return int(self.replica_urls[0].rsplit(":", 1)[1])
+
+    def replica_name(self, index: int) -> str:
+        """Its key in ``pids``, e.g. "instant-vllm-1" or "simulator-1" (from 0)."""
+        kind = "instant-vllm" if self.upstream == "instant" else "simulator"
+        return f"{kind}-{index + 1}"
+
+    @property
     def pids(self) -> dict[str, int]:
-        pids = {"gateway": self.gateway.pid, "relay": self.relay.pid, "valkey": self.valkey_pid}
-        for index, simulator in enumerate(self.simulators):
-            pids[f"simulator-{index + 1}"] = simulator.pid
+        pids = {"gateway": self.gateway.pid}
+        for client, relay in self.relays.items():
+            pids[relay_name(client)] = relay.pid
+        pids["valkey"] = self.valkey_pid
+        for index, replica in enumerate(self.replicas):
+            pids[self.replica_name(index)] = replica.pid
         if self.fleet_watcher is not None:
             pids["fleet watcher"] = self.fleet_watcher.pid
         return pids
+
+
+def relay_name(client: str) -> str:
+    """A relay's key in ``Stack.pids``: "relay (aiohttp)", "relay (switchyard)"."""
+    return f"relay ({client})"
 
 
 def publish_policy(client: valkey.Valkey, replicas: list[str]) -> str:
@@ -108,7 +135,16 @@ def publish_policy(client: valkey.Valkey, replicas: list[str]) -> str:
     return plaintext
 
 
-def _simulator(port: int, logs: Path) -> ManagedProcess:
+def _replica(upstream: str, port: int, logs: Path) -> ManagedProcess:
+    if upstream == "instant":
+        return ManagedProcess(
+            f"instant-vllm-{port}",
+            [
+                PYTHON, "-m", "bench.gateway.instant_vllm", "--host", "127.0.0.1",
+                "--port", str(port), "--served-model-name", MODEL,
+            ],
+            log_path=logs / f"instant-vllm-{port}.log",
+        )  # fmt: skip
     return ManagedProcess(
         f"simulator-{port}",
         [
@@ -120,7 +156,9 @@ def _simulator(port: int, logs: Path) -> ManagedProcess:
 
 
 @contextlib.contextmanager
-def running_stack(replicas: int = 2) -> Iterator[Stack]:
+def running_stack(replicas: int = 2, upstream: str = "instant") -> Iterator[Stack]:
+    if upstream not in UPSTREAMS:
+        raise ValueError(f"upstream is one of {UPSTREAMS}, not {upstream!r}")
     with contextlib.ExitStack() as stack:
         # Removed last, once every process is stopped; a failed start shows its log's tail.
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="switchyard-bench-")))
@@ -131,14 +169,14 @@ def running_stack(replicas: int = 2) -> Iterator[Stack]:
         stack.callback(client.close)
         valkey_pid = int(cast(dict[str, Any], client.info("server"))["process_id"])
 
-        simulators = []
+        started = []
         for _ in range(replicas):
             port = free_port()
-            simulator = _simulator(port, logs)
-            stack.callback(simulator.stop)
-            simulator.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=20)
-            simulators.append((simulator, f"http://127.0.0.1:{port}"))
-        urls = [url for _, url in simulators]
+            replica = _replica(upstream, port, logs)
+            stack.callback(replica.stop)
+            replica.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=20)
+            started.append((replica, f"http://127.0.0.1:{port}"))
+        urls = [url for _, url in started]
         api_key = publish_policy(client, urls)
         valkey_url = f"valkey://127.0.0.1:{server.port}/0"
 
@@ -169,27 +207,33 @@ def running_stack(replicas: int = 2) -> Iterator[Stack]:
             ready=http_ready(f"http://127.0.0.1:{gateway_port}/healthz", expect=200), timeout=20
         )
 
-        relay_port = free_port()
-        relay = ManagedProcess(
-            "bare-relay",
-            [
-                PYTHON, "-m", "bench.gateway.bare_relay", "--port", str(relay_port),
-                "--upstream", urls[0],
-            ],
-            log_path=logs / "bare-relay.log",
-        )  # fmt: skip
-        stack.callback(relay.stop)
-        relay.start(ready=http_ready(f"http://127.0.0.1:{relay_port}/health", expect=200))
+        relays: dict[str, ManagedProcess] = {}
+        relay_ports: dict[str, int] = {}
+        for relay_client in RELAY_CLIENTS:
+            relay_port = free_port()
+            relay = ManagedProcess(
+                f"bare-relay-{relay_client}",
+                [
+                    PYTHON, "-m", "bench.gateway.bare_relay", "--port", str(relay_port),
+                    "--upstream", urls[0], "--client", relay_client,
+                ],
+                log_path=logs / f"bare-relay-{relay_client}.log",
+            )  # fmt: skip
+            stack.callback(relay.stop)
+            relay.start(ready=http_ready(f"http://127.0.0.1:{relay_port}/health", expect=200))
+            relays[relay_client] = relay
+            relay_ports[relay_client] = relay_port
 
         yield Stack(
             valkey=client,
             valkey_pid=valkey_pid,
-            simulators=tuple(simulator for simulator, _ in simulators),
-            simulator_urls=tuple(urls),
+            upstream=upstream,
+            replicas=tuple(replica for replica, _ in started),
+            replica_urls=tuple(urls),
             gateway=gateway,
             gateway_port=gateway_port,
-            relay=relay,
-            relay_port=relay_port,
+            relays=relays,
+            relay_ports=relay_ports,
             api_key=api_key,
             fleet_watcher=watcher,
         )
