@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from gateway.scheduling.keys import MAX_RANK
 UNCLASSIFIED = "unclassified"
 DEFAULT_QUEUE_TIMEOUT_S = 30.0
 DEFAULT_MAX_QUEUE_LENGTH = 1000
+_WHITESPACE = re.compile(r"\s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +54,7 @@ class Ticket:
             raise ValueError("queue_timeout_s must be positive")
         if self.cost < 1:
             raise ValueError("cost must be at least 1 token")
-        if not self.request_id or any(c.isspace() for c in self.request_id):
+        if not self.request_id or _WHITESPACE.search(self.request_id):
             raise ValueError("request_id must be non-empty and without whitespace")
 
 
