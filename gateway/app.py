@@ -495,7 +495,7 @@ class Gateway:
                     call.model.public_id,
                     {exc.replica: saturated_entry(scraped_at_ms=wall_ms())},
                 )
-                ticket = dataclasses.replace(ticket, limits=())
+                ticket = dataclasses.replace(ticket, limits=(), plan=None)
         raise GatewayError(
             502,
             f"No replica of model '{call.model.public_id}' could be reached.",

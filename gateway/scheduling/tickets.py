@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.admission.limits import Limit, limits_for
 from gateway.policy import Model, Policy, Principal, PriorityClass
@@ -46,6 +46,10 @@ class Ticket:
     prefix_hash: str = ""
     vllm_priority: int = 0
     limits: tuple[Limit, ...] = ()
+    # The plan that made this ticket, if one did: what the scheduler keys its packed form of
+    # the plan's fixed values on. A ticket changed in any other way than dropping its limits
+    # must drop it too.
+    plan: TicketPlan | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank <= MAX_RANK:
@@ -166,6 +170,7 @@ class TicketPlan:
             prefix_hash,
             base.vllm_priority,
             limits,
+            self,
         )
 
 

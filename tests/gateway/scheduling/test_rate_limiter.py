@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -19,6 +20,7 @@ from gateway.admission import (
     limits_for,
     reconcile_args,
 )
+from gateway.autopipeline import pack_values
 from gateway.policy import Limits, Policy, Principal, parse_snapshot
 from gateway.scheduling import (
     RateLimited,
@@ -188,6 +190,37 @@ def test_a_ticket_plan_makes_the_ticket_that_ticket_for_and_limits_for_make():
         "use case chatbot requests per minute",
         "use case chatbot tokens per day",
     ]
+
+
+def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
+    """GIVEN tickets made by plans: limits of both kinds interleaved (llama), fewer (qwen),
+    none (a snapshot without limits)
+    WHEN the scheduler packs acquire's call from the plan's values, packed once
+    THEN the bytes are those of packing every argument afresh, whatever the estimate; and a
+    ticket that dropped its limits and plan (failover) is packed afresh."""
+    scheduler = Scheduler(avalkey.Valkey(host="127.0.0.1", port=1), gateway_id="gw-a")
+    plans = TicketPlans()
+
+    def packed_both_ways(ticket: Ticket) -> None:
+        args = scheduler.acquire_args(ticket, "lease-1", NOW)
+        expected = (pack_values([1, keys.KEY_PREFIX, *args]), 2 + len(args))
+        assert scheduler._acquire_call(ticket, "lease-1", NOW) == expected
+
+    for policy in (snapshot(**POLICY_SECTIONS), snapshot()):
+        for model in policy.models.values():
+            for estimate in (0, 7, 28_000):
+                made = plans.plan(policy, ALICE, model).ticket(
+                    request_id=f"r{estimate}", cost=estimate, prefix_hash="abc"
+                )
+                packed_both_ways(made)
+                packed_both_ways(made)  # the second time from the packed plan
+    assert len(scheduler._packed) == 4  # every plan took the packed way
+    limited = snapshot(**POLICY_SECTIONS)
+    failed_over = plans.plan(limited, ALICE, limited.models["llama"]).ticket(
+        request_id="r", cost=50
+    )
+    assert failed_over.limits
+    packed_both_ways(replace(failed_over, limits=(), plan=None))
 
 
 def test_estimate_tokens_caps_the_completion_by_the_model():
