@@ -483,7 +483,9 @@ class Gateway:
         for _ in range(max(len(call.model.replicas), 1)):
             grant = await self._acquire(call, ticket)
             try:
-                async with self.scheduler.keep_alive(grant, lambda: self._reconciliation(call)):
+                async with self.scheduler.keep_alive(
+                    grant, lambda: self._reconciliation(call), wait_for_release=False
+                ):
                     await self._relay(call, grant, send)
                     return
             except ReplicaUnreachable as exc:

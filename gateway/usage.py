@@ -15,6 +15,7 @@ _USAGE = b'"usage"'
 _DATA = b"data: "
 _DONE = b"data: [DONE]"
 _JSON_KEEP_LIMIT = 1 << 20  # non-streaming bodies larger than this are not parsed for usage
+_LINE_KEEP_LIMIT = 1 << 16  # a stream's unfinished line is carried over up to this size
 
 
 @dataclass(slots=True)
@@ -26,14 +27,20 @@ class UsageMeter:
     first_chunk_at: float | None = None
     _data_lines: int = 0
     _body: bytearray | None = None
-    _tail: bytes = b""
+    _partial: bytes = b""  # a stream's line begun in an earlier chunk
 
     def feed(self, chunk: bytes) -> None:
         if self.streaming:
-            self._data_lines += chunk.count(_DATA) - chunk.count(_DONE)
-            if _USAGE in chunk or _USAGE in self._tail + chunk[:16]:
-                self._read_stream_usage(self._tail + chunk)
-            self._tail = chunk[-16:]
+            # Lines are read whole: a chunk boundary (TCP's, not the replica's) can fall
+            # anywhere in an event, so the unfinished last line waits for the next chunk.
+            data = self._partial + chunk if self._partial else chunk
+            end = data.rfind(b"\n") + 1
+            lines, rest = data[:end], data[end:]
+            self._partial = rest if len(rest) <= _LINE_KEEP_LIMIT else b""
+            if lines:
+                self._data_lines += lines.count(_DATA) - lines.count(_DONE)
+                if _USAGE in lines:
+                    self._read_stream_usage(lines)
         else:
             if self._body is None:
                 self._body = bytearray()
@@ -42,6 +49,8 @@ class UsageMeter:
 
     def finish(self) -> None:
         if self.streaming:
+            if self._partial:  # the stream ended without a newline after its last line
+                self.feed(b"\n")
             if not self.reported:
                 # One chunk per token, less the role chunk and the closing chunk.
                 self.completion_tokens = max(self._data_lines - 2, 0)

@@ -70,6 +70,43 @@ def wall_ms() -> int:
     return int(time.time() * 1000)
 
 
+class _KeepAlive:
+    """What ``Scheduler.keep_alive`` returns: a plain class, as cheap as an async context
+    manager gets (it runs on every request)."""
+
+    __slots__ = ("_grant", "_reconcile", "_scheduler", "_wait")
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        grant: Grant,
+        reconcile: Callable[[], Sequence[Arg]] | None,
+        wait: bool,
+    ) -> None:
+        self._scheduler = scheduler
+        self._grant = grant
+        self._reconcile = reconcile
+        self._wait = wait
+
+    async def __aenter__(self) -> Grant:
+        self._scheduler._held[self._grant.lease_id] = self._grant
+        return self._grant
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        scheduler, grant = self._scheduler, self._grant
+        reconcile = self._reconcile() if self._reconcile is not None else ()
+        try:
+            if self._wait:
+                await scheduler.release(grant, reconcile)
+            else:
+                sent = await scheduler.send_release(grant, reconcile)
+                sent.add_done_callback(lambda reply: scheduler._released(grant.lease_id, reply))
+        except (valkey.ValkeyError, OSError) as exc:
+            # Not worth masking the request's own outcome: the lease expires and a reaper
+            # returns the capacity within about lease_ms.
+            logger.warning("scheduler_release_failed lease=%s error=%r", grant.lease_id, exc)
+
+
 class _PackedPlan:
     """acquire.lua's values that one ticket plan fixes, packed once (libvalkey's packing of
     ~40 values is most of what preparing the call costs). The values that differ per request
@@ -335,15 +372,17 @@ class Scheduler:
         same call. The command is on its way before the first suspension, so a caller
         cancelled while waiting for the reply still releases.
         """
-        self._held.pop(grant.lease_id, None)
-        reply = await (
-            await self.pipe.send_script(
-                "release",
-                self._keys,
-                [self._clock(), grant.lease_id, grant.model, *reconcile],
-            )
-        )
+        reply = await (await self.send_release(grant, reconcile))
         return int(reply[1])
+
+    async def send_release(
+        self, grant: Grant, reconcile: Sequence[Arg] = ()
+    ) -> asyncio.Future[Any]:
+        """``release``, returning once the command is on its way: its reply's future."""
+        self._held.pop(grant.lease_id, None)
+        return await self.pipe.send_script(
+            "release", self._keys, [self._clock(), grant.lease_id, grant.model, *reconcile]
+        )
 
     @contextlib.asynccontextmanager
     async def hold(self, ticket: Ticket) -> AsyncIterator[Grant]:
@@ -352,25 +391,28 @@ class Scheduler:
         async with self.keep_alive(grant):
             yield grant
 
-    @contextlib.asynccontextmanager
-    async def keep_alive(
-        self, grant: Grant, reconcile: Callable[[], Sequence[Arg]] | None = None
-    ) -> AsyncIterator[Grant]:
-        """Renew ``grant`` while the block runs; release it on any exit.
+    def keep_alive(
+        self,
+        grant: Grant,
+        reconcile: Callable[[], Sequence[Arg]] | None = None,
+        *,
+        wait_for_release: bool = True,
+    ) -> _KeepAlive:
+        """``async with scheduler.keep_alive(grant):`` renew ``grant`` while the block runs;
+        release it on any exit.
 
         ``reconcile``, if given, is asked at the exit for release's token corrections (what
-        the request really used is known only then).
+        the request really used is known only then). ``wait_for_release=False``: the exit
+        returns once the release is on its way, without waiting for Valkey's reply (the
+        gateway's request path, where nobody needs it; a failure is logged all the same).
         """
-        self._held[grant.lease_id] = grant
-        try:
-            yield grant
-        finally:
-            try:
-                await self.release(grant, reconcile() if reconcile is not None else ())
-            except (valkey.ValkeyError, OSError) as exc:
-                # Not worth masking the request's own outcome: the lease expires and a
-                # reaper returns the capacity within about lease_ms.
-                logger.warning("scheduler_release_failed lease=%s error=%r", grant.lease_id, exc)
+        return _KeepAlive(self, grant, reconcile, wait_for_release)
+
+    def _released(self, lease_id: str, reply: asyncio.Future[Any]) -> None:
+        """The reply to a release nobody waited for: only a failure needs saying."""
+        error = reply.exception() if not reply.cancelled() else None
+        if error is not None:
+            logger.warning("scheduler_release_failed lease=%s error=%r", lease_id, error)
 
     # -- for the fleet watcher and operators ---------------------------------------------
 
