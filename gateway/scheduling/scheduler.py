@@ -115,21 +115,8 @@ class _PackedPlan:
     __slots__ = ("count", "limit_parts", "limits", "model_to_max_concurrent", "pool", "token_at")
 
     def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
-        self.model_to_max_concurrent = pack_values(
-            [
-                ticket.model,
-                ticket.rank,
-                ticket.priority_class,
-                ticket.max_queue_length,
-                ticket.tenant,
-                ticket.use_case_id,
-                ticket.max_concurrent,
-            ]
-        )
-        pool: list[Arg] = [scheduler.stale_ms, scheduler.waiting_threshold, len(ticket.replicas)]
-        for url, cap in ticket.replicas:
-            pool += [url, cap]
-        self.pool = pack_values(pool)
+        self.model_to_max_concurrent = pack_values(_class_values(ticket))
+        self.pool = pack_values(scheduler._pool_values(ticket))
         # The limits, cut where a token window's cost (this request's estimate) goes; a
         # request window's cost is always 1.
         parts: list[bytes] = []
@@ -148,6 +135,19 @@ class _PackedPlan:
         self.limit_parts = tuple(parts)
         self.limits = len(ticket.limits)
         self.count = 2 + 17 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
+
+
+def _class_values(ticket: Ticket) -> list[Arg]:
+    """acquire.lua's ARGV[3..9]: the ticket's model, class and use case."""
+    return [
+        ticket.model,
+        ticket.rank,
+        ticket.priority_class,
+        ticket.max_queue_length,
+        ticket.tenant,
+        ticket.use_case_id,
+        ticket.max_concurrent,
+    ]
 
 
 def _text(value: bytes | str) -> str:
@@ -306,27 +306,24 @@ class Scheduler:
         args: list[Arg] = [
             now,
             lease_id,
-            ticket.model,
-            ticket.rank,
-            ticket.priority_class,
-            ticket.max_queue_length,
-            ticket.tenant,
-            ticket.use_case_id,
-            ticket.max_concurrent,
+            *_class_values(ticket),
             ticket.cost,
             ticket.prefix_hash,
             self.lease_ms,
             self.gateway_id,
             now + max(1, round(ticket.queue_timeout_s * 1000)),
-            self.stale_ms,
-            self.waiting_threshold,
-            len(ticket.replicas),
+            *self._pool_values(ticket),
         ]
-        for url, cap in ticket.replicas:
-            args += [url, cap]
         if ticket.limits:
             args += limit_args(ticket.limits)
         return args
+
+    def _pool_values(self, ticket: Ticket) -> list[Arg]:
+        """acquire.lua's pool: the staleness bound, the threshold, then replica/cap pairs."""
+        values: list[Arg] = [self.stale_ms, self.waiting_threshold, len(ticket.replicas)]
+        for url, cap in ticket.replicas:
+            values += [url, cap]
+        return values
 
     def _acquire_call(self, ticket: Ticket, lease_id: str, now: int) -> tuple[bytes, int]:
         """acquire.lua's call packed (numkeys, the key, ``acquire_args``) and its length.
