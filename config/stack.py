@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"switchyard: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
+    # Python raises KeyboardInterrupt on Ctrl-C only if SIGINT was not ignored when it
+    # started, and a shell starts background jobs with SIGINT ignored: say it explicitly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     stack = Stack(config)
     exit_code = 0
     try:

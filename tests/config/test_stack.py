@@ -55,7 +55,14 @@ def ports() -> dict[str, int]:
     }
 
 
+def _as_a_background_job() -> None:
+    # What a shell does to a job it starts with "&": SIGINT ignored, inherited by the stack.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, ports) -> None:
+    """The demo answers; Ctrl-C (SIGINT) stops every process, even when the stack was started
+    with SIGINT ignored, as a shell starts a background job."""
     log = (tmp_path / "stack.out").open("w+")
     stack = subprocess.Popen(
         [PYTHON, "-m", "config.stack"],
@@ -64,6 +71,7 @@ def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, p
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_as_a_background_job,
     )
     try:
 
