@@ -21,6 +21,7 @@ this is the price of its own work.
 
 from __future__ import annotations
 
+import abc
 import argparse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -42,7 +43,7 @@ TOTAL_TIMEOUT_S = 60.0
 CLIENTS = ("aiohttp", "switchyard")
 
 
-class BareRelay:
+class BareRelay(abc.ABC):
     """The ASGI plumbing both relays share: lifespan opens and closes the client."""
 
     def __init__(self, upstream: str) -> None:
@@ -65,14 +66,14 @@ class BareRelay:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def start(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def start(self) -> None: ...
 
-    async def close(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def close(self) -> None: ...
 
-    async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def relay(self, scope: Scope, receive: Receive, send: Send) -> None: ...
 
 
 class AiohttpRelay(BareRelay):
