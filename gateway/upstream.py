@@ -97,8 +97,7 @@ class _Connection(asyncio.Protocol):
         self.response: UpstreamResponse | None = None
         self.reused = False
         self.idle_since = 0.0
-        self.closed = False
-        self.counted = True  # against the pool's limit, until it closes
+        self.closed = False  # counted against the pool's limit until then
 
     # --- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -118,8 +117,7 @@ class _Connection(asyncio.Protocol):
                 response._fail(UpstreamMalformed(f"malformed answer from the replica: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.pool._forget(self)
+        self._closed()
         response, self.response = self.response, None
         if response is not None:
             response._lost(exc)
@@ -155,10 +153,15 @@ class _Connection(asyncio.Protocol):
     # --- the pool's side ----------------------------------------------------------------
     def abort(self) -> None:
         if not self.closed:
-            self.closed = True
-            self.pool._forget(self)
+            self._closed()
             if self.transport is not None:
                 self.transport.abort()
+
+    def _closed(self) -> None:
+        """Once per connection, whichever side closed it first."""
+        if not self.closed:
+            self.closed = True
+            self.pool._forget(self)
 
 
 class UpstreamResponse:
@@ -318,8 +321,8 @@ class Upstream:
         if origin is None:
             origin = self._origins[replica] = _Origin(replica)
         request = _request_head(origin, path, len(body), headers) + body
-        for _ in range(2):
-            connection = await self._checkout(origin)
+        for fresh in (False, True):
+            connection = await self._checkout(origin, fresh=fresh)
             head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             response = UpstreamResponse(connection, head)
             connection.response = response
@@ -333,7 +336,9 @@ class Upstream:
             except UpstreamBroken as exc:
                 # Hung up before the first byte of an answer.
                 if connection.reused:
-                    continue  # the replica had closed it while idle: once more, on a fresh one
+                    # The replica had closed it while idle. Its other idle connections may be
+                    # as stale: once more, on a new connection.
+                    continue
                 logger.warning("upstream_unreachable replica=%s error=%s", replica, exc)
                 raise ReplicaUnreachable(replica, str(exc)) from exc
             except BaseException:
@@ -343,11 +348,12 @@ class Upstream:
         raise AssertionError("unreachable: the second attempt is on a fresh connection")
 
     # --- the pool -----------------------------------------------------------------------
-    async def _checkout(self, origin: _Origin) -> _Connection:
+    async def _checkout(self, origin: _Origin, *, fresh: bool = False) -> _Connection:
+        """An idle connection to the replica (unless ``fresh``), or a new one."""
         if self._closed:
             raise RuntimeError("Upstream is closed")
         while True:
-            connection = self._reuse(origin)
+            connection = None if fresh else self._reuse(origin)
             if connection is not None:
                 return connection
             if self._open >= self._max_connections:
@@ -426,10 +432,7 @@ class Upstream:
             self._free_slot()
 
     def _forget(self, connection: _Connection) -> None:
-        """A connection closed (by either side): it no longer counts against the limit."""
-        if not connection.counted:
-            return
-        connection.counted = False
+        """A connection closed (by either side, once): it no longer counts against the limit."""
         self._open -= 1
         idle = connection.origin.idle
         if idle and connection in idle:

@@ -151,6 +151,43 @@ def test_a_connection_the_replica_closed_while_idle_is_replaced_not_failed_over(
     run(scenario())
 
 
+def test_when_every_idle_connection_is_stale_the_retry_is_on_a_new_one():
+    """GIVEN two idle connections to a replica that has dropped them both (it hangs up on a
+    second request on any connection, as after a restart behind the same address)
+    WHEN a request takes one of them
+    THEN it is sent again on a new connection, not on the other stale one, and answered."""
+    both_in = asyncio.Event()
+    answered_on: set[asyncio.StreamWriter] = set()
+
+    async def first_only(reader, writer, head, body) -> bool:
+        if writer in answered_on:
+            return False  # a request on a kept-alive connection: hang up unanswered
+        answered_on.add(writer)
+        if len(answered_on) == 2:
+            both_in.set()
+        await both_in.wait()  # hold the first two, so that the client opens two connections
+        writer.write(plain(body))
+        await writer.drain()
+        return True
+
+    async def scenario() -> None:
+        async with Replica(first_only) as replica:
+            client = upstream()
+            answers = await asyncio.gather(
+                *(client.post(replica.url, "/x", b"%d" % n) for n in range(2))
+            )
+            assert sorted([await read_all(a) for a in answers]) == [b"0", b"1"]
+            assert replica.connections == 2
+            # Both connections are idle in the pool now; the replica will drop each.
+            answered = await client.post(replica.url, "/x", b"again")
+            assert answered.status == 200
+            assert replica.connections == 3
+            await read_all(answered)
+            await client.close()
+
+    run(scenario())
+
+
 def test_an_idle_connection_older_than_the_idle_timeout_is_not_reused():
     async def scenario() -> None:
         async with Replica() as replica:
