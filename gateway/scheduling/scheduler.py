@@ -48,7 +48,7 @@ from gateway.scheduling.errors import (
     RateLimited,
     retry_after_s,
 )
-from gateway.scheduling.tickets import Grant, Ticket, TicketPlan
+from gateway.scheduling.tickets import Grant, Ticket
 
 logger = logging.getLogger("gateway.scheduling")
 
@@ -56,7 +56,6 @@ _HERE = Path(__file__).resolve().parent
 _LIMITS_LUA = _HERE.parent / "admission" / "limits.lua"
 SCRIPT_NAMES = ("acquire", "release", "pump", "cancel", "reap", "renew")
 RENEW_BATCH = 500  # leases per renew.lua call
-MAX_PACKED_PLANS = 10_000  # plans whose fixed acquire values are kept packed
 
 
 def lua_source(name: str) -> str:
@@ -112,9 +111,18 @@ class _PackedPlan:
     ~40 values is most of what preparing the call costs). The values that differ per request
     go between the parts: see ``Scheduler._acquire_call``."""
 
-    __slots__ = ("count", "limit_parts", "limits", "model_to_max_concurrent", "pool", "token_at")
+    __slots__ = (
+        "count",
+        "limit_parts",
+        "limits",
+        "model_to_max_concurrent",
+        "pool",
+        "scheduler",
+        "token_at",
+    )
 
     def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
+        self.scheduler = scheduler  # its staleness bound and threshold are in ``pool``
         self.model_to_max_concurrent = pack_values(_class_values(ticket))
         self.pool = pack_values(scheduler._pool_values(ticket))
         # The limits, cut where a token window's cost (this request's estimate) goes; a
@@ -201,7 +209,6 @@ class Scheduler:
         self._lease_seq = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[str]] = {}
         self._held: dict[str, Grant] = {}
-        self._packed: dict[int, tuple[TicketPlan, _PackedPlan]] = {}
         self._numkeys_and_key = b"$1\r\n1\r\n" + bulk(prefix)
         self._lease_and_gateway = pack_values([lease_ms, self.gateway_id])
         self._background: set[asyncio.Future[Any]] = set()
@@ -331,16 +338,13 @@ class Scheduler:
         A ticket made by a plan reuses the plan's fixed values, packed once; the bytes are
         the same either way (tests/gateway/scheduling/test_scheduler.py holds them so)."""
         plan = ticket.plan
-        packed = None
+        packed: _PackedPlan | None = None
         if plan is not None:
-            found = self._packed.get(id(plan))
-            if found is not None and found[0] is plan:
-                packed = found[1]
+            found = plan.packed
+            if isinstance(found, _PackedPlan) and found.scheduler is self:
+                packed = found
             else:
-                if len(self._packed) >= MAX_PACKED_PLANS:
-                    self._packed = {}
-                packed = _PackedPlan(self, ticket)
-                self._packed[id(plan)] = (plan, packed)  # the plan kept: its id stays its own
+                packed = plan.packed = _PackedPlan(self, ticket)
         if packed is None or packed.limits != len(ticket.limits):
             args = self.acquire_args(ticket, lease_id, now)
             return pack_values([1, self._prefix, *args]), 2 + len(args)

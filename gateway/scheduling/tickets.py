@@ -136,12 +136,15 @@ class TicketPlan:
     tens of microseconds), so that a request only fills in its id, token estimate and
     prefix; the ticket it makes is the one ``ticket_for`` would make."""
 
-    __slots__ = ("_base", "_has_token_limits")
+    __slots__ = ("_base", "_has_token_limits", "packed")
 
     def __init__(self, policy: Policy, principal: Principal, model: Model) -> None:
         limits = limits_for(policy, principal, model.public_id, 0)
         self._base = ticket_for(policy, principal, model, request_id="plan", cost=1, limits=limits)
         self._has_token_limits = any(limit.kind == "tok" for limit in limits)
+        # The scheduler's packed form of the plan's fixed acquire values, made on first use
+        # (scheduler.py); it lives and goes with the plan.
+        self.packed: object = None
 
     def ticket(self, *, request_id: str, cost: int, prefix_hash: str = "") -> Ticket:
         """This request's ticket; ``cost`` is its token estimate (what the token windows are

@@ -206,15 +206,16 @@ def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
         expected = (pack_values([1, keys.KEY_PREFIX, *args]), 2 + len(args))
         assert scheduler._acquire_call(ticket, "lease-1", NOW) == expected
 
+    used = []
     for policy in (snapshot(**POLICY_SECTIONS), snapshot()):
         for model in policy.models.values():
+            plan = plans.plan(policy, ALICE, model)
+            used.append(plan)
             for estimate in (0, 7, 28_000):
-                made = plans.plan(policy, ALICE, model).ticket(
-                    request_id=f"r{estimate}", cost=estimate, prefix_hash="abc"
-                )
+                made = plan.ticket(request_id=f"r{estimate}", cost=estimate, prefix_hash="abc")
                 packed_both_ways(made)
                 packed_both_ways(made)  # the second time from the packed plan
-    assert len(scheduler._packed) == 4  # every plan took the packed way
+    assert all(plan.packed is not None for plan in used)  # every plan took the packed way
     limited = snapshot(**POLICY_SECTIONS)
     failed_over = plans.plan(limited, ALICE, limited.models["llama"]).ticket(
         request_id="r", cost=50
