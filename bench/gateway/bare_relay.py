@@ -8,9 +8,10 @@ Raw ASGI on uvicorn + uvloop + httptools, and one pooled upstream client:
 - ``aiohttp`` (the default): one aiohttp ClientSession. This is the issue's reference relay,
   the one the throughput target's share is defined against.
 - ``switchyard``: the gateway's own fleet client (``gateway.upstream.Upstream``) with the
-  gateway's default pool settings, so that the gateway and this relay differ only in the
-  gateway's own work. That client speaks POST only: ``GET /health`` is answered by the relay
-  itself and any other method gets 405.
+  gateway's default pool settings, relaying the answer as the gateway does (the replica's
+  Content-Length kept, the last bytes ending the response), so that the gateway and this
+  relay differ only in the gateway's own work. That client speaks POST only: ``GET /health``
+  is answered by the relay itself and any other method gets 405.
 
 Every request is forwarded as is (method, path, query, body, content type) to the one
 upstream, and the answer relayed chunk by chunk, so an SSE stream is relayed as it arrives.
@@ -23,24 +24,19 @@ from __future__ import annotations
 
 import abc
 import argparse
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import aiohttp
 import uvicorn
 
+from gateway.http import ClientGone, Receive, Scope, Send, header, read_body
 from gateway.upstream import Upstream
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 # The gateway's default pool shape (gateway/settings.py), so the two differ only in logic.
 MAX_CONNECTIONS = 1000
 CONNECT_TIMEOUT_S = 2.0
 TOTAL_TIMEOUT_S = 60.0
 CLIENTS = ("aiohttp", "switchyard")
+MAX_BODY_BYTES = 64 * 1024 * 1024  # far above any benchmark request
 
 
 class BareRelay(abc.ABC):
@@ -97,13 +93,11 @@ class AiohttpRelay(BareRelay):
 
     async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert self._session is not None, "lifespan startup has not run"
-        body = await _read_body(receive)
-        if body is None:  # the client left before it finished sending
+        body = await _body(receive)
+        if body is None:
             return
-        url = self.upstream + scope["path"]
-        if scope["query_string"]:
-            url += "?" + scope["query_string"].decode("latin-1")
-        headers = {"content-type": _header(scope, b"content-type") or "application/json"}
+        url = self.upstream + _path(scope)
+        headers = {"content-type": (header(scope, b"content-type") or b"application/json").decode()}
         async with self._session.request(
             scope["method"], url, data=body, headers=headers
         ) as response:
@@ -139,47 +133,44 @@ class SwitchyardRelay(BareRelay):
             await send({"type": "http.response.start", "status": status, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        body = await _read_body(receive)
-        if body is None:  # the client left before it finished sending
+        body = await _body(receive)
+        if body is None:
             return
-        path = scope["path"]
-        if scope["query_string"]:
-            path += "?" + scope["query_string"].decode("latin-1")
-        content_type = _header(scope, b"content-type") or "application/json"
+        content_type = header(scope, b"content-type") or b"application/json"
         response = await self._client.post(
-            self.upstream, path, body, [(b"content-type", content_type.encode("latin-1"))]
+            self.upstream, _path(scope), body, [(b"content-type", content_type)]
         )
         try:
+            headers = [(b"content-type", response.content_type)]
+            if response.content_length is not None:
+                headers.append((b"content-length", response.content_length))
             await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status,
-                    "headers": [(b"content-type", response.content_type)],
-                }
+                {"type": "http.response.start", "status": response.status, "headers": headers}
             )
-            while chunk := await response.read():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+            # As the gateway relays (gateway/app.py): the last bytes end the response.
+            more = True
+            while more and (chunk := await response.read()):
+                more = not response.done
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            if more:
+                await send({"type": "http.response.body", "body": b""})
         finally:
             response.close()
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+async def _body(receive: Receive) -> bytes | None:
+    """The request body, or None when the client left before it finished sending."""
+    try:
+        return await read_body(receive, MAX_BODY_BYTES)
+    except ClientGone:
+        return None
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
+def _path(scope: Scope) -> str:
+    path: str = scope["path"]
+    if scope["query_string"]:
+        path += "?" + scope["query_string"].decode("latin-1")
+    return path
 
 
 def main() -> None:
