@@ -168,10 +168,15 @@ class AutoPipeline:
 
         One write and one waiter for the lot (the accounting streams send hundreds at a
         time). Raises (valkey.ConnectionError) only when the connection failed."""
-        if not commands:
-            return []
         packed = b"".join([libvalkey.pack_command(tuple(c)) for c in commands])
-        replies: list[Any] = await (await self._send(packed, None, batch=len(commands)))
+        return await self.execute_packed(packed, len(commands))
+
+    async def execute_packed(self, commands: bytes, count: int) -> list[Any]:
+        """``execute_many`` for a caller that packed its ``count`` commands itself (RESP
+        arrays back to back, as ``libvalkey.pack_command`` or ``bulk`` make them)."""
+        if not count:
+            return []
+        replies: list[Any] = await (await self._send(commands, None, batch=count))
         return replies
 
     async def close(self) -> None:

@@ -144,6 +144,39 @@ def test_records_land_in_the_streams_with_the_contract_fields(
     assert int(decisions[0]["at_ms"]) == pytest.approx(time.time() * 1000, abs=10_000)
 
 
+def test_a_record_that_cannot_be_packed_is_dropped_and_counted_never_raised(
+    valkey_client: valkey.Valkey, valkey_url: str
+) -> None:
+    """Records are packed when recorded (after the client has its answer): a value that
+    cannot be written loses that record only, and the request never sees it. Text beyond
+    ASCII is sized in bytes, as RESP wants."""
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text for this value")
+
+    metrics = GatewayMetrics(process_collectors=False)
+
+    async def scenario() -> None:
+        client = avalkey.Valkey.from_url(valkey_url)
+        accounting = Accounting(client, metrics=metrics)
+        await accounting.start()
+        usage(accounting, 1)
+        usage(accounting, 2, tenant=Unprintable())
+        usage(accounting, 3, tenant="zürich-ø", model="llama-Ω")
+        await settle(accounting)
+        await accounting.close()
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+    records = decoded(valkey_client.xrange(USAGE_STREAM))
+    assert [r["request_id"] for r in records] == ["req-1", "req-3"]
+    assert (records[1]["tenant"], records[1]["model"]) == ("zürich-ø", "llama-Ω")
+    assert records[1]["status"] == "200"  # the fields after them are framed right
+    assert dropped_metric(metrics, USAGE_STREAM) == 1
+
+
 def test_with_valkey_down_recording_returns_at_once_and_drops_are_counted() -> None:
     dead = avalkey.Valkey(port=free_port(), socket_connect_timeout=0.5)  # nothing listens
     metrics = GatewayMetrics(process_collectors=False)
