@@ -27,7 +27,12 @@ import valkey.asyncio as avalkey
 
 from gateway import errors
 from gateway.accounting import Accounting
-from gateway.admission import estimate_tokens, estimated_tokens, reconcile_args
+from gateway.admission import (
+    estimate_prompt_tokens,
+    estimate_tokens,
+    estimated_tokens,
+    reconcile_args,
+)
 from gateway.autopipeline import Arg
 from gateway.errors import GatewayError
 from gateway.http import (
@@ -63,7 +68,7 @@ from gateway.scheduling import (
 from gateway.service_accounts import KeysUnavailable, TokenRefused, TokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.upstream import ReplicaUnreachable, Upstream, UpstreamError
-from gateway.usage import UsageMeter
+from gateway.usage import UsageEventFilter, UsageMeter, asks_for_usage, with_usage_requested
 
 logger = logging.getLogger("gateway")
 
@@ -415,6 +420,7 @@ class Gateway:
     ) -> Call:
         path: str = scope["path"]
         document: dict[str, Any] | None = None
+        strip_usage = False
         if path == "/v1/audio/transcriptions":
             model, body, content_type = await self._read_upload(scope, receive, policy, principal)
         else:
@@ -426,6 +432,12 @@ class Gateway:
             if model.served_name != model.public_id:
                 document["model"] = model.served_name
                 body = orjson.dumps(document)
+            if document.get("stream") and not asks_for_usage(document):
+                # Exact token counts for the records and the token windows: vLLM's usage
+                # chunk, which the relay takes out again for this client.
+                requested = with_usage_requested(body, document)
+                if requested is not None:
+                    body, strip_usage = requested, True
         return Call(
             request_id=request_id.decode(),
             request_id_bytes=request_id,
@@ -436,6 +448,7 @@ class Gateway:
             document=document,
             content_type=content_type,
             streaming=bool(document and document.get("stream")),
+            strip_usage=strip_usage,
         )
 
     async def _read_upload(
@@ -571,7 +584,14 @@ class Gateway:
                     (b"content-type", response.content_type),
                     (b"x-request-id", call.request_id_bytes),
                 ]
-                if response.content_length is not None:
+                strip = (
+                    UsageEventFilter()
+                    if call.strip_usage
+                    and response.status == 200
+                    and b"event-stream" in response.content_type
+                    else None
+                )
+                if response.content_length is not None and strip is None:
                     # The body goes through unchanged: its length too, so the client gets
                     # it in one write instead of HTTP chunks.
                     response_headers.append((b"content-length", response.content_length))
@@ -590,13 +610,18 @@ class Gateway:
                     meter.feed(chunk)
                     # The last bytes go out with the end of the response: one write fewer.
                     more = not response.done
+                    if strip is not None:
+                        chunk = strip(chunk) if more else strip(chunk) + strip.flush()
+                        if more and not chunk:
+                            continue  # only part of an event so far
                     if not more:
                         call.responded = True
                     await send({"type": "http.response.body", "body": chunk, "more_body": more})
                 if more:
                     # Every byte is out: a disconnect from here on is not the client leaving.
                     call.responded = True
-                    await send({"type": "http.response.body", "body": b""})
+                    rest = strip.flush() if strip is not None else b""
+                    await send({"type": "http.response.body", "body": rest})
             finally:
                 response.close()
         except asyncio.CancelledError:
@@ -632,7 +657,7 @@ class Gateway:
             call.upstream_s = time.monotonic() - upstream_started
             if meter.first_chunk_at is not None:
                 call.ttft_s = meter.first_chunk_at - upstream_started
-            meter.finish()
+            meter.finish(prompt_estimate=estimate_prompt_tokens(len(call.body)))
             self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=-1)
 
     def _decided(self, call: Call, decision: Decision, reason: str) -> None:
@@ -696,6 +721,7 @@ class Call:
     document: dict[str, Any] | None
     content_type: bytes
     streaming: bool
+    strip_usage: bool = False  # the gateway asked for the stream's usage chunk, not the client
     status: int = 500
     responded: bool = False  # the whole response is out; a disconnect now is not the client's
     ticket: Ticket | None = None

@@ -1,13 +1,18 @@
 """Token counts of a relayed response, read off the bytes as they pass — no buffering.
 
-vLLM reports ``usage`` in a non-streaming body and, when the client asked for
-``stream_options.include_usage``, in the last data chunk of a stream. Without it, a stream
-still carries one chunk per generated token, so counting data lines is a close estimate.
+vLLM reports ``usage`` in a non-streaming body and, when asked for with
+``stream_options.include_usage``, in the last data chunk of a stream. The gateway asks for it
+on every stream (``with_usage_requested``) and, for a client that did not, removes that chunk
+again on the way out (``UsageEventFilter``): the counts it records and reconciles the token
+windows with are then vLLM's own. Only a stream that ends early, or an upstream that ignores
+``stream_options``, leaves an estimate: one data line per generated token, and the prompt at
+the admission estimate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -16,6 +21,99 @@ _DATA = b"data: "
 _DONE = b"data: [DONE]"
 _JSON_KEEP_LIMIT = 1 << 20  # non-streaming bodies larger than this are not parsed for usage
 _LINE_KEEP_LIMIT = 1 << 16  # a stream's unfinished line is carried over up to this size
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")  # SSE allows either; vLLM writes the first
+_EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
+_EVENT_KEEP_LIMIT = 1 << 20  # an unfinished event is held back up to this size
+
+
+def asks_for_usage(document: dict[str, Any]) -> bool:
+    """Whether vLLM would send this stream's usage chunk as the client wrote it: a non-empty
+    ``stream_options`` whose ``include_usage`` is not false (vLLM's default is true)."""
+    options = document.get("stream_options")
+    return isinstance(options, dict) and bool(options) and bool(options.get("include_usage", True))
+
+
+def with_usage_requested(body: bytes, document: dict[str, Any]) -> bytes | None:
+    """``body`` (the JSON object ``document``) asking for the stream's usage chunk, or None
+    when its ``stream_options`` is not an object (vLLM refuses it; it goes as it is).
+
+    Without ``stream_options`` the member is spliced in before the closing brace, as
+    ``with_priority`` does, instead of serialising a body that can be hundreds of kilobytes
+    again; otherwise the object is serialised with ``include_usage`` set."""
+    options = document.get("stream_options")
+    if options is None and "stream_options" not in document:
+        end = body.rfind(b"}")
+        return b'%s,"stream_options":{"include_usage":true}}' % body[:end]
+    if not isinstance(options, dict):
+        return None
+    return orjson.dumps({**document, "stream_options": {**options, "include_usage": True}})
+
+
+class UsageEventFilter:
+    """Removes the usage-only event (``"choices": []`` and a ``usage`` object) from a stream
+    whose client did not ask for it: the gateway did, to count tokens, and client code that
+    reads ``chunk.choices[0]`` breaks on that event.
+
+    Events pass through as they come. One that a read cut in two is held until its blank
+    line arrives: an SSE client acts on an event only then, so holding it costs the client
+    nothing. The check is a byte search; only an event with empty ``choices`` is parsed."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def __call__(self, chunk: bytes) -> bytes:
+        data = self._held + chunk if self._held else chunk
+        end = max(_after(data, data.rfind(sep), sep) for sep in _EVENT_ENDS)
+        if len(data) - end > _EVENT_KEEP_LIMIT:
+            end = len(data)  # not an event stream as vLLM writes one: pass it on, not grow
+        self._held = data[end:]
+        complete = data[:end] if end < len(data) else data
+        if _EMPTY_CHOICES[0] in complete or _EMPTY_CHOICES[1] in complete:
+            complete = _without_usage_events(complete)
+        return complete
+
+    def flush(self) -> bytes:
+        """What is still held when the stream ends (an event without its blank line)."""
+        held, self._held = self._held, b""
+        return _without_usage_events(held)
+
+
+def _after(data: bytes, at: int, sep: bytes) -> int:
+    """Where the event ending with the ``sep`` found at ``at`` ends (0: none found)."""
+    return at + len(sep) if at >= 0 else 0
+
+
+def _without_usage_events(data: bytes) -> bytes:
+    """``data`` less its usage-only events, found from their empty ``choices``."""
+    for mark in _EMPTY_CHOICES:
+        search = 0
+        while (at := data.find(mark, search)) >= 0:
+            begin = max(_after(data, data.rfind(sep, 0, at), sep) for sep in _EVENT_ENDS)
+            ends = [_after(data, data.find(sep, at), sep) for sep in _EVENT_ENDS]
+            end = min([e for e in ends if e] or [len(data)])
+            if _usage_only(data[begin:end]):
+                data = data[:begin] + data[end:]
+                search = begin
+            else:
+                search = at + len(mark)
+    return data
+
+
+def _usage_only(event: bytes) -> bool:
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            try:
+                payload = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return False
+            return (
+                isinstance(payload, dict)
+                and payload.get("choices") == []
+                and isinstance(payload.get("usage"), dict)
+            )
+    return False
 
 
 @dataclass(slots=True)
@@ -47,13 +145,16 @@ class UsageMeter:
             if len(self._body) + len(chunk) <= _JSON_KEEP_LIMIT:
                 self._body += chunk
 
-    def finish(self) -> None:
+    def finish(self, prompt_estimate: int = 0) -> None:
+        """The counts are final. ``prompt_estimate``: the prompt's tokens as admission
+        estimated them, for a stream that ended without reporting its usage."""
         if self.streaming:
             if self._partial:  # the stream ended without a newline after its last line
                 self.feed(b"\n")
             if not self.reported:
                 # One chunk per token, less the role chunk and the closing chunk.
                 self.completion_tokens = max(self._data_lines - 2, 0)
+                self.prompt_tokens = prompt_estimate
             return
         if self._body:
             try:

@@ -48,7 +48,12 @@ def estimate_tokens(
         completion = DEFAULT_COMPLETION_ESTIMATE
     if model_max_tokens is not None:
         completion = min(completion, model_max_tokens)
-    return math.ceil(max(prompt_chars, 0) / 4) + max(completion, 0)
+    return estimate_prompt_tokens(prompt_chars) + max(completion, 0)
+
+
+def estimate_prompt_tokens(prompt_chars: int) -> int:
+    """A prompt's tokens at about four characters a token (admission's estimate)."""
+    return math.ceil(max(prompt_chars, 0) / 4)
 
 
 def limits_for(

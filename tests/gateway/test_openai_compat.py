@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import openai
 import pytest
+import valkey
 
+from config.processes import wait_until
+from gateway.accounting import USAGE_STREAM
 from tests.gateway.conftest import CHAT, EMBED, World
 
 
@@ -52,6 +56,78 @@ def test_streaming_chat_relays_every_chunk_and_the_usage_chunk(world: World) -> 
     assert len(usage_chunks) == 1
     assert usage_chunks[0].choices == []
     assert usage_chunks[0].usage.completion_tokens == 8
+
+
+def test_a_stream_without_usage_is_counted_exactly_and_its_client_gets_no_usage_chunk(
+    world: World, valkey_client: valkey.Valkey
+) -> None:
+    """The gateway asks vLLM for the usage chunk on every stream, so its records and token
+    windows hold vLLM's counts (before, a streamed prompt counted 0 tokens); a client that
+    did not ask for the chunk does not get it (``chunk.choices[0]`` code keeps working)."""
+    client = sdk(world, world.alice)
+    # Any: the SDK's overloads cannot follow a request built from a table.
+    create: dict[str, Any] = {
+        "chat": client.chat.completions.create,
+        "completion": client.completions.create,
+    }
+    prompt: dict[str, dict[str, Any]] = {
+        "chat": {"messages": [{"role": "user", "content": "Count to five, slowly and clearly"}]},
+        "completion": {"prompt": "Once upon a time"},
+    }
+
+    def stream(kind: str, **extra: Any) -> list[Any]:
+        chunks = create[kind](model=CHAT, max_tokens=6, stream=True, **prompt[kind], **extra)
+        return list(chunks)
+
+    asked: dict[str, int] = {}
+    for kind in ("chat", "completion"):
+        usage = [c.usage for c in stream(kind, stream_options={"include_usage": True}) if c.usage]
+        assert len(usage) == 1
+        asked[kind] = usage[0].prompt_tokens
+
+    variants: list[tuple[str, str, dict[str, object] | None]] = [
+        ("plain", "chat", None),
+        ("declined", "chat", {"include_usage": False}),
+        ("empty", "chat", {}),
+        ("completion", "completion", None),
+    ]
+    for name, kind, options in variants:
+        chunks = stream(
+            kind,
+            extra_headers={"X-Request-Id": f"no-usage-{name}"},
+            extra_body={} if options is None else {"stream_options": options},
+        )
+        assert chunks, name
+        assert all(c.choices for c in chunks), name
+        assert all(c.usage is None for c in chunks), name
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        assert finish == ["length"], name
+
+    def records() -> dict[str, dict[bytes, bytes]]:
+        return {
+            fields[b"request_id"].decode(): fields
+            for _, fields in valkey_client.xrange(USAGE_STREAM)
+        }
+
+    assert wait_until(lambda: all(f"no-usage-{name}" in records() for name, *_ in variants))
+    found = records()
+    for name, kind, _ in variants:
+        record = found[f"no-usage-{name}"]
+        assert int(record[b"prompt_tokens"]) == asked[kind], name
+        assert int(record[b"completion_tokens"]) == 6, name
+
+    # On the wire: the events a client without stream_options gets end in [DONE], and
+    # none of them is the usage event.
+    with httpx.stream(
+        "POST",
+        world.gateway.base_url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {world.alice}"},
+        json={"model": CHAT, **prompt["chat"], "max_tokens": 6, "stream": True},
+    ) as response:
+        raw = response.read()
+    assert response.status_code == 200
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert b'"usage"' not in raw
 
 
 def test_completions_and_embeddings_are_forwarded(world: World) -> None:
