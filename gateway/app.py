@@ -44,6 +44,7 @@ from gateway.http import (
     header,
     read_body,
     send_response,
+    with_member,
 )
 from gateway.logcontext import REQUEST_ID
 from gateway.metrics import Decision, GatewayMetrics
@@ -748,12 +749,8 @@ class Call:
 def with_priority(body: bytes, priority: int) -> bytes:
     """The JSON object ``body`` with ``"priority": priority`` added as its last member.
 
-    Spliced in before the closing brace rather than re-serialised: a RAG prompt's body can be
-    hundreds of kilobytes, and this runs on every forward. ``body`` is a validated JSON object
-    with at least ``model`` and without ``priority`` (validate_request), so the result is
-    valid JSON with no duplicate key."""
-    end = body.rfind(b"}")
-    return b'%s,"priority":%d}' % (body[:end], priority)
+    ``body`` is a validated JSON object without ``priority`` (validate_request)."""
+    return with_member(body, b'"priority":%d' % priority)
 
 
 def _max_tokens(document: dict[str, Any] | None) -> int | None:

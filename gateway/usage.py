@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from gateway.http import with_member
+
 _USAGE = b'"usage"'
 _DATA = b"data: "
 _DONE = b"data: [DONE]"
@@ -37,13 +39,11 @@ def with_usage_requested(body: bytes, document: dict[str, Any]) -> bytes | None:
     """``body`` (the JSON object ``document``) asking for the stream's usage chunk, or None
     when its ``stream_options`` is not an object (vLLM refuses it; it goes as it is).
 
-    Without ``stream_options`` the member is spliced in before the closing brace, as
-    ``with_priority`` does, instead of serialising a body that can be hundreds of kilobytes
-    again; otherwise the object is serialised with ``include_usage`` set."""
+    Without ``stream_options`` the member is spliced in (``with_member``) rather than the
+    body serialised again; otherwise the object is serialised with ``include_usage`` set."""
     options = document.get("stream_options")
     if options is None and "stream_options" not in document:
-        end = body.rfind(b"}")
-        return b'%s,"stream_options":{"include_usage":true}}' % body[:end]
+        return with_member(body, b'"stream_options":{"include_usage":true}')
     if not isinstance(options, dict):
         return None
     return orjson.dumps({**document, "stream_options": {**options, "include_usage": True}})
@@ -65,7 +65,7 @@ class UsageEventFilter:
 
     def __call__(self, chunk: bytes) -> bytes:
         data = self._held + chunk if self._held else chunk
-        end = max(_after(data, data.rfind(sep), sep) for sep in _EVENT_ENDS)
+        end = max(_after(data.rfind(sep), sep) for sep in _EVENT_ENDS)
         if len(data) - end > _EVENT_KEEP_LIMIT:
             end = len(data)  # not an event stream as vLLM writes one: pass it on, not grow
         self._held = data[end:]
@@ -80,7 +80,7 @@ class UsageEventFilter:
         return _without_usage_events(held)
 
 
-def _after(data: bytes, at: int, sep: bytes) -> int:
+def _after(at: int, sep: bytes) -> int:
     """Where the event ending with the ``sep`` found at ``at`` ends (0: none found)."""
     return at + len(sep) if at >= 0 else 0
 
@@ -90,8 +90,8 @@ def _without_usage_events(data: bytes) -> bytes:
     for mark in _EMPTY_CHOICES:
         search = 0
         while (at := data.find(mark, search)) >= 0:
-            begin = max(_after(data, data.rfind(sep, 0, at), sep) for sep in _EVENT_ENDS)
-            ends = [_after(data, data.find(sep, at), sep) for sep in _EVENT_ENDS]
+            begin = max(_after(data.rfind(sep, 0, at), sep) for sep in _EVENT_ENDS)
+            ends = [_after(data.find(sep, at), sep) for sep in _EVENT_ENDS]
             end = min([e for e in ends if e] or [len(data)])
             if _usage_only(data[begin:end]):
                 data = data[:begin] + data[end:]
