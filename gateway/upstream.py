@@ -144,11 +144,16 @@ class _Connection(asyncio.Protocol):
         response, self.response = self.response, None
         if response is None:
             return
+        paused = response._paused
         response._complete()
-        if self.parser.should_keep_alive():
-            self.pool._idle(self)
-        else:
+        if not self.parser.should_keep_alive():
             self.abort()
+            return
+        if paused and self.transport is not None:
+            # The segment that crossed the read-ahead mark also ended the answer: nobody
+            # else would resume it, and a paused connection would never hear its next answer.
+            self.transport.resume_reading()
+        self.pool._idle(self)
 
     # --- the pool's side ----------------------------------------------------------------
     def abort(self) -> None:
@@ -364,9 +369,13 @@ class Upstream:
             self._slot_waiters.append(waiter)
             try:
                 await waiter
-            finally:
-                if waiter in self._slot_waiters:
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    # Woken, then cancelled before it ran: the wake-up is the next waiter's.
+                    self._free_slot()
+                elif waiter in self._slot_waiters:
                     self._slot_waiters.remove(waiter)
+                raise
         self._open += 1
         try:
             return await self._connect(origin)
@@ -388,6 +397,7 @@ class Upstream:
                 now - connection.idle_since < self._idle_timeout_s
                 and transport is not None
                 and not transport.is_closing()
+                and transport.is_reading()  # a paused one would never see its answer
             ):
                 connection.reused = True
                 return connection

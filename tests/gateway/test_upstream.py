@@ -420,3 +420,84 @@ def test_a_header_value_with_a_line_break_is_refused_before_sending():
             await client.close()
 
     run(scenario())
+
+
+def test_an_answer_completed_while_reading_was_paused_leaves_a_connection_that_reads():
+    """GIVEN an answer whose last segment both crosses the read-ahead mark and completes it,
+    taken by a client that reads only after it has all arrived
+    WHEN the next request goes out on the same kept-alive connection
+    THEN it is answered: the connection went back to the pool reading, not paused."""
+    first_part = HIGH_WATER - 1000
+    rest = 10_000  # one small segment: it crosses the mark and ends the body at once
+    head_and_first_sent = asyncio.Event()
+
+    async def in_two_parts(reader, writer, head, body) -> bool:
+        if body != b"big":
+            writer.write(plain(b"small"))
+            await writer.drain()
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (first_part + rest))
+        writer.write(b"a" * first_part)
+        await writer.drain()
+        head_and_first_sent.set()
+        await asyncio.sleep(0.2)  # the client has taken the first part in by now
+        writer.write(b"b" * rest)
+        await writer.drain()
+        return True
+
+    async def scenario() -> None:
+        async with Replica(in_two_parts) as replica:
+            client = upstream()
+            response = await client.post(replica.url, "/x", b"big")
+            await head_and_first_sent.wait()
+            await asyncio.sleep(0.5)  # a slow client: everything arrives before it reads
+            assert await read_all(response) == b"a" * first_part + b"b" * rest
+            answer = await asyncio.wait_for(client.post(replica.url, "/x", b"next"), 3)
+            assert await asyncio.wait_for(read_all(answer), 3) == b"small"
+            assert replica.connections == 1  # the kept-alive connection, reading again
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_freed_connection_woken_for_a_waiter_that_is_cancelled_goes_to_the_next():
+    """GIVEN a pool at its limit of one connection and two requests waiting for it
+    WHEN the connection frees and the waiter it woke is cancelled before it could run
+    THEN the other waiter gets the connection instead of waiting beside an idle one."""
+    release = asyncio.Event()
+
+    async def held(reader, writer, head, body) -> bool:
+        if body == b"first":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
+            await writer.drain()
+            await release.wait()
+            writer.write(b"first")
+        else:
+            writer.write(plain(body))
+        await writer.drain()
+        return True
+
+    async def scenario() -> None:
+        async with Replica(held) as replica:
+            client = upstream(max_connections=1)
+            first = await client.post(replica.url, "/x", b"first")  # the head only, so far
+            woken = asyncio.ensure_future(client.post(replica.url, "/x", b"woken"))
+            await asyncio.sleep(0.05)
+            other = asyncio.ensure_future(client.post(replica.url, "/x", b"other"))
+            await asyncio.sleep(0.05)
+            assert not woken.done()
+            assert not other.done()
+            release.set()
+            # The body's last byte frees the connection in the same callback that wakes this
+            # read, and wakes the first waiter after it: cancel that waiter before it runs.
+            assert await first.read() == b"first"
+            assert first.done
+            woken.cancel()
+            answer = await asyncio.wait_for(other, 3)
+            assert await read_all(answer) == b"other"
+            with pytest.raises(asyncio.CancelledError):
+                await woken
+            first.close()
+            await client.close()
+
+    run(scenario())
