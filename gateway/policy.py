@@ -22,14 +22,22 @@ SCHEMA = 1
 ModelCapability = Literal["chat", "completions", "embeddings", "transcription"]
 
 
-class ModelEntry(TypedDict):
+class DeploymentEntry(TypedDict):
     served_name: str
-    capabilities: list[ModelCapability]
     replicas: list[str]
+
+
+class ModelEntry(TypedDict):
+    served_name: str  # the first deployment's (what snapshots without ``deployments`` had)
+    capabilities: list[ModelCapability]
+    replicas: list[str]  # every deployment's
     timeout_s: float
     max_tokens: int | None
     max_in_flight_per_replica: NotRequired[int]
     lora_adapters: NotRequired[list[str]]
+    # Which replicas serve under which name. A model deployed twice may be served under two
+    # names; absent from older snapshots: every replica then serves ``served_name``.
+    deployments: NotRequired[list[DeploymentEntry]]
 
 
 class LimitsEntry(TypedDict):
@@ -139,6 +147,12 @@ class Model:
     max_tokens: int | None
     # The gateway never sends one replica more than this at once (the scheduler's cap).
     max_in_flight_per_replica: int = 64
+    # Replica -> served name, only when the model's deployments serve it under different
+    # names (then the body is renamed once the replica is known); else ``served_name``.
+    served_names: Mapping[str, str] = field(default_factory=dict)
+
+    def served_name_for(self, replica: str) -> str:
+        return self.served_names.get(replica, self.served_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,16 +230,7 @@ def parse_snapshot(raw: bytes) -> Policy:
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise ValueError(f"policy snapshot schema is not {SCHEMA}")
     models = {
-        public_id: Model(
-            public_id=public_id,
-            served_name=entry["served_name"],
-            capabilities=frozenset(entry["capabilities"]),
-            replicas=tuple(entry["replicas"]),
-            timeout_s=float(entry["timeout_s"]),
-            max_tokens=entry["max_tokens"],
-            max_in_flight_per_replica=int(entry.get("max_in_flight_per_replica", 64)),
-        )
-        for public_id, entry in document["models"].items()
+        public_id: _model(public_id, entry) for public_id, entry in document["models"].items()
     }
     principals = {
         key_hash: Principal(
@@ -290,6 +295,26 @@ def parse_snapshot(raw: bytes) -> Policy:
             )
             for entry in document.get("rate_limits", [])
         ),
+    )
+
+
+def _model(public_id: str, entry: ModelEntry) -> Model:
+    served_names = {
+        replica: deployment["served_name"]
+        for deployment in entry.get("deployments", ())
+        for replica in deployment["replicas"]
+    }
+    distinct = set(served_names.values())
+    served_name = next(iter(distinct)) if len(distinct) == 1 else entry["served_name"]
+    return Model(
+        public_id=public_id,
+        served_name=served_name,
+        capabilities=frozenset(entry["capabilities"]),
+        replicas=tuple(entry["replicas"]),
+        timeout_s=float(entry["timeout_s"]),
+        max_tokens=entry["max_tokens"],
+        max_in_flight_per_replica=int(entry.get("max_in_flight_per_replica", 64)),
+        served_names=served_names if len(distinct) > 1 else {},
     )
 
 

@@ -60,6 +60,11 @@ def _models() -> dict[str, ModelEntry]:
             "max_tokens": model.max_tokens,
             "max_in_flight_per_replica": min(d.max_in_flight_per_replica for d in deployments),
             "lora_adapters": sorted({a for d in deployments for a in d.lora_adapters}),
+            # Deployments may serve the model under different names: the gateway renames
+            # the request for the replica it is granted.
+            "deployments": [
+                {"served_name": d.served_name, "replicas": list(d.replicas)} for d in deployments
+            ],
         }
     return models
 

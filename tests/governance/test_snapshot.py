@@ -202,3 +202,19 @@ def test_use_cases_without_a_client_are_not_service_accounts(acme_chatbot) -> No
 def test_a_snapshot_from_before_service_accounts_still_parses() -> None:
     old = {"schema": 1, "version": 4, "published_at": 0.0, "models": {}, "keys": {}}
     assert parse_snapshot(orjson.dumps(old)).service_accounts == {}
+
+
+def test_a_model_deployed_twice_names_each_replica_by_its_deployments_served_name(
+    acme_chatbot,
+) -> None:
+    """Two deployments of one model may serve it under different names: each replica must
+    be asked for the name it serves, not the first deployment's."""
+    model = Model.objects.get(public_id="llama")
+    Deployment.objects.create(
+        model=model, served_name="llama-8b-h200", replicas=["http://127.0.0.1:2"]
+    )
+    policy = parse_snapshot(orjson.dumps(snapshot_build(version=1)))
+    llama = policy.models["llama"]
+    assert llama.replicas == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    assert llama.served_name_for("http://127.0.0.1:1") == "llama-8b"
+    assert llama.served_name_for("http://127.0.0.1:2") == "llama-8b-h200"

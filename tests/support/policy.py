@@ -49,14 +49,23 @@ class PolicyBuilder:
         served_name: str | None = None,
         timeout_s: float = 30.0,
         max_in_flight_per_replica: int | None = None,
+        max_tokens: int | None = None,
+        deployments: list[tuple[str, list[str]]] | None = None,
     ) -> PolicyBuilder:
+        """``deployments``: (served name, replicas) pairs, for a model deployed more than
+        once; ``replicas`` and ``served_name`` then say what governance publishes beside them
+        (every replica, the first deployment's name)."""
         self.models[public_id] = {
             "served_name": served_name or public_id,
             "capabilities": list(capabilities),
             "replicas": replicas,
             "timeout_s": timeout_s,
-            "max_tokens": None,
+            "max_tokens": max_tokens,
         }
+        if deployments is not None:
+            self.models[public_id]["deployments"] = [
+                {"served_name": name, "replicas": urls} for name, urls in deployments
+            ]
         if max_in_flight_per_replica is not None:
             self.models[public_id]["max_in_flight_per_replica"] = max_in_flight_per_replica
         return self
