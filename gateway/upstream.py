@@ -10,10 +10,15 @@ with no further suspension.
 
 Semantics the gateway relies on:
 
-- ``post`` raises ``ReplicaUnreachable`` when nothing reached vLLM — the connection was
-  refused, timed out, or dropped before the first byte of an answer — so another replica
-  may be tried. A kept-alive connection that the replica had closed meanwhile is retried
-  once on a fresh one first: that race is not the replica's failure.
+- ``post`` raises ``ReplicaUnreachable`` only when the request provably never reached
+  vLLM — the connection was refused or timed out — so another replica may be tried. A
+  kept-alive connection that the replica closes at once, before a byte of an answer, lost
+  the race with the replica's idle close (it never read the request): that request is sent
+  again once, on a fresh connection to the same replica.
+- Any other hang-up before or during the answer raises ``UpstreamBroken``: the replica may
+  have read the request and worked on it (it died, or an idle timeout cut a non-streaming
+  answer, which sends nothing until it is done), so replaying it elsewhere could double the
+  work, or take a request that crashes vLLM round the whole fleet. The gateway answers 502.
 - Once the head is in, the body is read chunk by chunk as it arrives (``read``); a
   connection lost or an unparsable answer after that raises ``UpstreamBroken``.
 - ``close`` always ends the exchange: a connection whose answer was read to the end goes
@@ -41,6 +46,10 @@ HIGH_WATER = 256 * 1024  # unread response bytes at which the replica's socket i
 # Below vLLM's (uvicorn's) default keep-alive of 5 s, so an idle connection is dropped here
 # before the replica closes it under a request.
 DEFAULT_IDLE_S = 4.0
+# A kept-alive connection closed without a byte this soon after the request was written was
+# closed by the replica before the request arrived (the close was already on its way): far
+# less than any work vLLM does on a request, with room for a busy event loop's lag.
+STALE_CLOSE_S = 0.25
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -64,6 +73,10 @@ class UpstreamBroken(UpstreamError):
 class UpstreamMalformed(UpstreamBroken):
     """The replica answered something that is not HTTP: it did get the request, so this is
     its failure to report (502), not one to fail over from."""
+
+
+class _StaleConnection(UpstreamBroken):
+    """A kept-alive connection the replica had closed before the request reached it."""
 
 
 class _Origin:
@@ -97,6 +110,7 @@ class _Connection(asyncio.Protocol):
         self.response: UpstreamResponse | None = None
         self.reused = False
         self.idle_since = 0.0
+        self.written_at = 0.0  # when a reused connection's request went out
         self.closed = False  # counted against the pool's limit until then
 
     # --- asyncio.Protocol ---------------------------------------------------------------
@@ -119,10 +133,22 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed()
         response, self.response = self.response, None
-        if response is not None:
+        if response is None:
+            return
+        if (
+            self.reused
+            and not response._begun
+            and time.monotonic() - self.written_at < STALE_CLOSE_S
+        ):
+            response._fail(_StaleConnection("the replica had closed the idle connection"))
+        else:
             response._lost(exc)
 
     # --- httptools callbacks ------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.response is not None:
+            self.response._begun = True  # a byte of an answer: the replica read the request
+
     def on_header(self, name: bytes, value: bytes) -> None:
         response = self.response
         if response is None:
@@ -175,6 +201,7 @@ class UpstreamResponse:
     until it returns b"" — or until ``done`` says nothing more will come. Always ``close`` it."""
 
     __slots__ = (
+        "_begun",
         "_buffered",
         "_chunks",
         "_connection",
@@ -196,6 +223,7 @@ class UpstreamResponse:
         self._waiter: asyncio.Future[None] | None = None
         self._done = False
         self._paused = False
+        self._begun = False
         self._error: UpstreamError | None = None
         self.status = 0
         self.content_type = b"application/json"
@@ -319,8 +347,9 @@ class Upstream:
     ) -> UpstreamResponse:
         """Send ``body`` to ``replica + path``; returns once the answer's head is in.
 
-        Raises ReplicaUnreachable when nothing reached vLLM (see the module docstring), or
-        UpstreamMalformed when the answer is not HTTP. The caller must ``close`` the response.
+        Raises ReplicaUnreachable when the request provably never reached vLLM (see the
+        module docstring), UpstreamBroken when it may have, UpstreamMalformed when the answer
+        is not HTTP. The caller must ``close`` the response.
         """
         origin = self._origins.get(replica)
         if origin is None:
@@ -334,18 +363,19 @@ class Upstream:
             transport = connection.transport
             assert transport is not None
             transport.write(request)
+            if connection.reused:
+                connection.written_at = time.monotonic()
             try:
                 await head
+            except _StaleConnection:
+                # Its other idle connections may be as stale: once more, on a new connection.
+                continue
             except UpstreamMalformed:
                 raise
             except UpstreamBroken as exc:
-                # Hung up before the first byte of an answer.
-                if connection.reused:
-                    # The replica had closed it while idle. Its other idle connections may be
-                    # as stale: once more, on a new connection.
-                    continue
-                logger.warning("upstream_unreachable replica=%s error=%s", replica, exc)
-                raise ReplicaUnreachable(replica, str(exc)) from exc
+                # The replica may have read the request: not to be replayed anywhere.
+                logger.warning("upstream_broken_before_answer replica=%s error=%s", replica, exc)
+                raise
             except BaseException:
                 response.close()  # cancelled while waiting: vLLM must stop on it
                 raise

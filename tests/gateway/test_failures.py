@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import openai
@@ -196,3 +198,63 @@ def test_without_valkey_the_gateway_fails_closed_and_recovers(
     finally:
         if server.is_running():
             server.stop()
+
+
+class _DiesOnEveryRequest(http.server.BaseHTTPRequestHandler):
+    """A replica that answers its scrapes, reads every request in full and dies on it."""
+
+    protocol_version = "HTTP/1.1"
+    requests: list[bytes]  # set per server, by dying_replica()
+
+    def do_GET(self) -> None:
+        metrics = (
+            b'vllm:num_requests_waiting{model_name="m"} 0\n'
+            b'vllm:num_requests_running{model_name="m"} 0\n'
+        )
+        self.send_response(200)
+        self.send_header("content-type", "text/plain; version=0.0.4")
+        self.send_header("content-length", str(len(metrics)))
+        self.end_headers()
+        self.wfile.write(metrics)
+
+    def do_POST(self) -> None:
+        self.requests.append(self.rfile.read(int(self.headers["content-length"])))
+        self.close_connection = True  # no byte of an answer: as if the process crashed
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def dying_replica() -> Iterator[Callable[[], tuple[str, list[bytes]]]]:
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def start() -> tuple[str, list[bytes]]:
+        received: list[bytes] = []
+        handler = type("Handler", (_DiesOnEveryRequest,), {"requests": received})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", received
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_replica_that_read_the_request_and_died_is_a_502_not_a_replay(
+    valkey_client, start_gateway, dying_replica
+) -> None:
+    """GIVEN two replicas that each read a request in full and die on it
+    WHEN a request reaches the first
+    THEN the client gets a 502 and the other replica never sees it: vLLM may have done the
+    work, and a request that crashes one replica must not go on to crash the fleet."""
+    (one, one_received), (two, two_received) = dying_replica(), dying_replica()
+    policy = PolicyBuilder().model(CHAT, [one, two])
+    key = policy.key()
+    policy.publish(valkey_client)
+    response = call(start_gateway(), key)
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_error"
+    assert len(one_received) + len(two_received) == 1

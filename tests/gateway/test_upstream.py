@@ -202,21 +202,63 @@ def test_an_idle_connection_older_than_the_idle_timeout_is_not_reused():
     run(scenario())
 
 
-def test_a_replica_that_refuses_or_hangs_up_before_answering_is_unreachable():
-    async def hang_up(reader, writer, head, body) -> bool:
-        return False
-
+def test_a_replica_that_refuses_the_connection_is_unreachable():
     async def scenario() -> None:
         client = upstream()
         nobody = f"http://127.0.0.1:{free_port()}"
         with pytest.raises(ReplicaUnreachable) as refused:
             await client.post(nobody, "/x", b"{}")
         assert refused.value.replica == nobody
-        async with Replica(hang_up) as replica:
-            with pytest.raises(ReplicaUnreachable):
-                await client.post(replica.url, "/x", b"{}")
         assert client.open_connections == 0
         await client.close()
+
+    run(scenario())
+
+
+def test_a_replica_that_read_the_request_and_hung_up_is_broken_not_unreachable():
+    """GIVEN a replica that reads the whole request on a new connection, then hangs up
+    WHEN the client waits for its answer
+    THEN it is UpstreamBroken, never ReplicaUnreachable: vLLM may have worked on it, so it
+    must not be replayed on another replica (nor on this one)."""
+
+    async def hang_up(reader, writer, head, body) -> bool:
+        return False
+
+    async def scenario() -> None:
+        client = upstream()
+        async with Replica(hang_up) as replica:
+            with pytest.raises(UpstreamBroken):
+                await client.post(replica.url, "/x", b"{}")
+            assert len(replica.requests) == 1
+        assert client.open_connections == 0
+        await client.close()
+
+    run(scenario())
+
+
+def test_a_kept_alive_replica_dying_while_working_on_a_request_is_not_replayed():
+    """GIVEN a kept-alive connection to a replica that answered once
+    WHEN the replica reads the next request, works on it for a while and dies without a byte
+    (or an idle timeout cuts a non-streaming answer that sends nothing until done)
+    THEN the request is UpstreamBroken and was sent once: no retry on a fresh connection."""
+
+    async def once_then_die(reader, writer, head, body) -> bool:
+        if body == b"first":
+            writer.write(plain(body))
+            await writer.drain()
+            return True
+        await asyncio.sleep(0.3)  # generating, as far as the client can tell
+        return False
+
+    async def scenario() -> None:
+        async with Replica(once_then_die) as replica:
+            client = upstream()
+            assert await read_all(await client.post(replica.url, "/x", b"first")) == b"first"
+            with pytest.raises(UpstreamBroken):
+                await client.post(replica.url, "/x", b"second")
+            assert [body for _, body in replica.requests] == [b"first", b"second"]
+            assert replica.connections == 1
+            await client.close()
 
     run(scenario())
 
