@@ -27,13 +27,14 @@ import valkey.asyncio as avalkey
 
 from gateway import errors
 from gateway.accounting import Accounting
-from gateway.admission import (
-    estimate_prompt_tokens,
-    estimate_tokens,
-    estimated_tokens,
-    reconcile_args,
-)
+from gateway.admission import estimated_tokens, reconcile_args
 from gateway.autopipeline import Arg
+from gateway.costs import (
+    Estimate,
+    estimate_json_request,
+    estimate_transcription,
+    max_tokens_override,
+)
 from gateway.errors import GatewayError
 from gateway.http import (
     BodyTooLarge,
@@ -421,24 +422,19 @@ class Gateway:
     ) -> Call:
         path: str = scope["path"]
         document: dict[str, Any] | None = None
-        strip_usage = False
+        strip_usage = per_replica = False
         if path == "/v1/audio/transcriptions":
-            model, body, content_type = await self._read_upload(scope, receive, policy, principal)
+            model, body, content_type, estimate = await self._read_upload(
+                scope, receive, policy, principal
+            )
         else:
             body = await read_body(receive, self.settings.max_body_bytes)
             document = parse_json_object(body)
             validate_request(path, document)
             model = resolve_model(policy, principal, document.get("model"), _CAPABILITY[path])
             content_type = b"application/json"
-            if model.served_name != model.public_id:
-                document["model"] = model.served_name
-                body = orjson.dumps(document)
-            if document.get("stream") and not asks_for_usage(document):
-                # Exact token counts for the records and the token windows: vLLM's usage
-                # chunk, which the relay takes out again for this client.
-                requested = with_usage_requested(body, document)
-                if requested is not None:
-                    body, strip_usage = requested, True
+            estimate = estimate_json_request(path, document, len(body), model.max_tokens)
+            body, strip_usage, per_replica = _upstream_body(path, body, document, model)
         return Call(
             request_id=request_id.decode(),
             request_id_bytes=request_id,
@@ -449,12 +445,14 @@ class Gateway:
             document=document,
             content_type=content_type,
             streaming=bool(document and document.get("stream")),
+            estimate=estimate,
             strip_usage=strip_usage,
+            rename_per_replica=per_replica,
         )
 
     async def _read_upload(
         self, scope: Scope, receive: Receive, policy: Policy, principal: Principal
-    ) -> tuple[Model, bytes, bytes]:
+    ) -> tuple[Model, bytes, bytes, Estimate]:
         """A transcription upload: a bounded multipart body with ``model`` and ``file``."""
         content_type = header(scope, b"content-type")
         if content_type is None or not is_multipart(content_type):
@@ -469,23 +467,29 @@ class Gateway:
         if "file" not in form.files:
             raise errors.bad_request("'file' is required.", param="file")
         model = resolve_model(policy, principal, form.fields.get("model"), "transcription")
+        estimate = estimate_transcription(form.files["file"].data)
+        if model.served_names:
+            # Rare (and never in the fleets we know): a speech model deployed twice under
+            # different names. Every deployment's replica would need its own form; refuse
+            # clearly rather than send one replica a name it does not serve.
+            raise errors.bad_request(
+                f"The model '{model.public_id}' is deployed under several names; "
+                "transcriptions need a model served under one.",
+                param="model",
+                code="unsupported_deployment",
+            )
         if model.served_name != model.public_id:
             form.fields["model"] = model.served_name
             content_type, body = encode_form(form)
-        return model, body, content_type
+        return model, body, content_type, estimate
 
     def _ticket(self, call: Call, policy: Policy) -> None:
         """What acquire needs: the rate limits with this request's token estimate, and the
         queue's view of it (rank, fair-share cost, prefix affinity). No I/O."""
-        estimated = estimate_tokens(
-            prompt_chars=len(call.body),
-            max_tokens=_max_tokens(call.document),
-            model_max_tokens=call.model.max_tokens,
-        )
         call.ticket = self._plans.plan(policy, call.principal, call.model).ticket(
             request_id=call.request_id,
             # Fair sharing weighs requests by tokens whether or not a token limit applies.
-            cost=estimated,
+            cost=call.estimate.total,
             prefix_hash=prefix_hash(_prefix_text(call.document)),
         )
 
@@ -506,11 +510,14 @@ class Gateway:
                 # Nothing reached vLLM. Tell every gateway at once (the watcher confirms or
                 # clears it on its next scrape) and ask the scheduler for another replica,
                 # without counting the rate limits a second time.
-                await write_fleet(
-                    self.valkey,
-                    call.model.public_id,
-                    {exc.replica: saturated_entry(scraped_at_ms=wall_ms())},
-                )
+                try:
+                    await write_fleet(
+                        self.valkey,
+                        call.model.public_id,
+                        {exc.replica: saturated_entry(scraped_at_ms=wall_ms())},
+                    )
+                except (valkey.ValkeyError, OSError) as failed:
+                    raise _admission_unavailable(failed) from None
                 ticket = dataclasses.replace(ticket, limits=(), plan=None)
         raise GatewayError(
             502,
@@ -565,18 +572,32 @@ class Gateway:
         model = call.model
         body = call.body
         if call.document is not None:
+            if call.rename_per_replica:
+                # The model's deployments serve it under different names: the granted
+                # replica's, now that it is known.
+                call.document["model"] = model.served_name_for(grant.replica)
+                body = orjson.dumps(call.document)
             # The class's priority, for replicas running vLLM's priority scheduler (others
             # accept and ignore it); clients cannot set it (validate_request refuses).
             body = with_priority(body, grant.vllm_priority)
-        headers = ((b"content-type", call.content_type), (b"x-request-id", call.request_id_bytes))
+        # vLLM makes its request id (and the completion's ``id``) from X-Request-Id: it gets
+        # the lease's id, unique per attempt, never the client's own, which may repeat (some
+        # vLLM versions refuse a duplicate of a running id) or be chosen to collide with
+        # another tenant's. The client's id stays in logs, records and the response.
+        headers = ((b"content-type", call.content_type), (b"x-request-id", grant.lease_id.encode()))
         meter = UsageMeter(streaming=call.streaming)
         started = False
         self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=1)
         upstream_started = time.monotonic()
         # The model's timeout as one timer that interrupts this task (cheaper per request
-        # than asyncio.timeout); cancelling the task closes the upstream connection.
-        timer = asyncio.get_running_loop().call_later(model.timeout_s, call.interrupt, "timeout")
+        # than asyncio.timeout); cancelling the task closes the upstream connection. One
+        # deadline for the request, from its first attempt: a failover does not extend it.
+        loop = asyncio.get_running_loop()
+        if call.deadline is None:
+            call.deadline = loop.time() + model.timeout_s
+        timer = loop.call_at(call.deadline, call.interrupt, "timeout")
         try:
+            call.forwarded = True  # from here on the replica may be working on it
             response = await self.upstream.post(grant.replica, call.path, body, headers)
             call.meter = meter  # a replica answers: from here on its usage counts
             try:
@@ -637,6 +658,7 @@ class Gateway:
                 code="upstream_timeout",
             ) from None
         except ReplicaUnreachable:
+            call.forwarded = False  # nothing reached vLLM
             raise
         except UpstreamError as exc:
             if started:
@@ -658,7 +680,7 @@ class Gateway:
             call.upstream_s = time.monotonic() - upstream_started
             if meter.first_chunk_at is not None:
                 call.ttft_s = meter.first_chunk_at - upstream_started
-            meter.finish(prompt_estimate=estimate_prompt_tokens(len(call.body)))
+            meter.finish(prompt_estimate=call.estimate.prompt)
             self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=-1)
 
     def _decided(self, call: Call, decision: Decision, reason: str) -> None:
@@ -681,6 +703,14 @@ class Gateway:
         meter = call.meter
         prompt = meter.prompt_tokens if meter else 0
         completion = meter.completion_tokens if meter else 0
+        if (
+            call.forwarded
+            and call.interrupted
+            and not (meter and (meter.reported or meter.streaming))
+        ):
+            # Cut short (client gone, model timeout) before a plain answer said its usage:
+            # the replica was still asked to run the prompt.
+            prompt = max(prompt, call.estimate.prompt)
         grant = call.grant
         if grant is not None and grant.queued:
             self._decided(call, "queued", call.ticket.priority_class if call.ticket else "")
@@ -722,7 +752,10 @@ class Call:
     document: dict[str, Any] | None
     content_type: bytes
     streaming: bool
+    estimate: Estimate  # admission's, before it runs (gateway/costs.py)
     strip_usage: bool = False  # the gateway asked for the stream's usage chunk, not the client
+    rename_per_replica: bool = False  # the body is made at the grant (Model.served_names)
+    forwarded: bool = False  # the body went to a replica (which may be running it)
     status: int = 500
     responded: bool = False  # the whole response is out; a disconnect now is not the client's
     ticket: Ticket | None = None
@@ -733,6 +766,7 @@ class Call:
     meter: UsageMeter | None = None
     upstream_s: float | None = None
     ttft_s: float | None = None
+    deadline: float | None = None  # the model's timeout, on the loop's clock, for all attempts
 
     def interrupt(self, reason: str) -> None:
         """Cancel the serving task, once, unless the response is already out."""
@@ -753,11 +787,45 @@ def with_priority(body: bytes, priority: int) -> bytes:
     return with_member(body, b'"priority":%d' % priority)
 
 
-def _max_tokens(document: dict[str, Any] | None) -> int | None:
-    if document is None:
-        return None
-    value = document.get("max_completion_tokens", document.get("max_tokens"))
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+def _upstream_body(
+    path: str, body: bytes, document: dict[str, Any], model: Model
+) -> tuple[bytes, bool, bool]:
+    """The body as replicas get it, less the priority (added at the grant): the served name,
+    the completion bounded by the model's cap, a stream asking for its usage chunk.
+
+    Returns the body, whether the gateway asked for the usage chunk (the relay takes it out
+    again for this client), and whether the served name depends on the replica (then the
+    body is made at the grant from ``document``, which holds the other changes). New members
+    are spliced in; a changed one, or a new name, costs one serialisation."""
+    bound = max_tokens_override(path, document, model.max_tokens)
+    options = document.get("stream_options")
+    # Exact token counts for the records and the token windows: vLLM's usage chunk. A
+    # ``stream_options`` that is not an object goes as it is (vLLM refuses it).
+    usage = (
+        bool(document.get("stream"))
+        and not asks_for_usage(document)
+        and (options is None or isinstance(options, dict))
+    )
+    per_replica = bool(model.served_names)
+    if (
+        per_replica
+        or model.served_name != model.public_id
+        or (bound is not None and bound[0] in document)
+        or (usage and "stream_options" in document)
+    ):
+        if bound is not None:
+            document[bound[0]] = bound[1]
+        if usage:
+            document["stream_options"] = {**(options or {}), "include_usage": True}
+        if per_replica:
+            return body, usage, True
+        document["model"] = model.served_name
+        return orjson.dumps(document), usage, False
+    if bound is not None:
+        body = with_member(body, b'"%s":%d' % (bound[0].encode(), bound[1]))
+    if usage:
+        body = with_usage_requested(body, document) or body
+    return body, usage, False
 
 
 def _prefix_text(document: dict[str, Any] | None) -> str:
@@ -784,13 +852,12 @@ def _admission_unavailable(exc: BaseException) -> GatewayError:
 
 
 def _refusal(status: int, kind: str, refused: SchedulingRefused, code: str = "") -> GatewayError:
-    return GatewayError(
-        status,
-        str(refused),
-        type=kind,
-        code=code or refused.code,
-        headers=[(b"retry-after", str(refused.retry_after_s).encode())],
-    )
+    headers = [(b"retry-after", str(refused.retry_after_s).encode())]
+    if isinstance(refused, RateLimited) and refused.never_fits:
+        # Larger than the limit itself: no wait helps, so no Retry-After (SDKs would retry
+        # forever), and the OpenAI SDKs' own header telling them not to retry.
+        headers = [(b"x-should-retry", b"false")]
+    return GatewayError(status, str(refused), type=kind, code=code or refused.code, headers=headers)
 
 
 class _AbortResponse(Exception):

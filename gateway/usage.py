@@ -21,7 +21,8 @@ from gateway.http import with_member
 _USAGE = b'"usage"'
 _DATA = b"data: "
 _DONE = b"data: [DONE]"
-_JSON_KEEP_LIMIT = 1 << 20  # non-streaming bodies larger than this are not parsed for usage
+_JSON_KEEP_LIMIT = 1 << 20  # non-streaming bodies up to this size are parsed whole
+_TAIL_KEEP = 1 << 16  # of a larger one only its end is kept: vLLM writes ``usage`` last
 _LINE_KEEP_LIMIT = 1 << 16  # a stream's unfinished line is carried over up to this size
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n")  # SSE allows either; vLLM writes the first
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
@@ -125,6 +126,7 @@ class UsageMeter:
     first_chunk_at: float | None = None
     _data_lines: int = 0
     _body: bytearray | None = None
+    _tail: bytes | None = None  # the end of a body too large to keep whole
     _partial: bytes = b""  # a stream's line begun in an earlier chunk
 
     def feed(self, chunk: bytes) -> None:
@@ -139,11 +141,18 @@ class UsageMeter:
                 self._data_lines += lines.count(_DATA) - lines.count(_DONE)
                 if _USAGE in lines:
                     self._read_stream_usage(lines)
+        elif self._tail is not None:
+            self._tail = _last(self._tail, chunk)
         else:
             if self._body is None:
                 self._body = bytearray()
             if len(self._body) + len(chunk) <= _JSON_KEEP_LIMIT:
                 self._body += chunk
+            else:
+                # Too large to parse whole (64 embeddings of 1,024 floats are ~1.4 MB): keep
+                # the end, where the usage is, and let the rest go.
+                self._tail = _last(bytes(self._body[-_TAIL_KEEP:]), chunk)
+                self._body = None
 
     def finish(self, prompt_estimate: int = 0) -> None:
         """The counts are final. ``prompt_estimate``: the prompt's tokens as admission
@@ -156,7 +165,9 @@ class UsageMeter:
                 self.completion_tokens = max(self._data_lines - 2, 0)
                 self.prompt_tokens = prompt_estimate
             return
-        if self._body:
+        if self._tail is not None:
+            self._take(_usage_at_end(self._tail))
+        elif self._body:
             try:
                 usage = orjson.loads(self._body).get("usage")
             except (orjson.JSONDecodeError, AttributeError):
@@ -177,3 +188,54 @@ class UsageMeter:
             self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             self.completion_tokens = int(usage.get("completion_tokens") or 0)
             self.reported = True
+
+
+def _last(kept: bytes, chunk: bytes) -> bytes:
+    """The last _TAIL_KEEP bytes of ``kept + chunk``."""
+    if len(chunk) >= _TAIL_KEEP:
+        return chunk[-_TAIL_KEEP:]
+    return (kept + chunk)[-_TAIL_KEEP:]
+
+
+def _usage_at_end(tail: bytes) -> object:
+    """The value of the last top-level-looking ``"usage": {...}`` member in ``tail`` (the
+    end of a JSON body), or None. A ``"usage"`` inside a string is escaped (``\\"usage\\"``)
+    and skipped."""
+    at = len(tail)
+    while (at := tail.rfind(_USAGE, 0, at)) >= 0:
+        if at > 0 and tail[at - 1] == 0x5C:  # a backslash: inside a string
+            continue
+        start = tail.find(b"{", at + len(_USAGE))
+        if start < 0 or tail[at + len(_USAGE) : start].strip() != b":":
+            continue
+        end = _object_end(tail, start)
+        if end < 0:
+            return None
+        try:
+            return orjson.loads(tail[start:end])
+        except orjson.JSONDecodeError:
+            return None
+    return None
+
+
+def _object_end(data: bytes, start: int) -> int:
+    """Where the JSON object opening at ``start`` ends (exclusive), or -1 if it does not."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(data)):
+        byte = data[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte == 0x7B:
+            depth += 1
+        elif byte == 0x7D:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return -1

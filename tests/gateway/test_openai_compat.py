@@ -225,3 +225,88 @@ def test_upstream_model_name_is_rewritten_to_the_served_name(
             model="public-name", messages=[{"role": "user", "content": "x"}], max_tokens=2
         )
         assert reply.choices[0].message.content
+
+
+def test_a_model_with_two_deployments_sends_each_replica_its_own_served_name(
+    valkey_client: valkey.Valkey, start_simulator: Any, start_gateway: Any
+) -> None:
+    """GIVEN one public model deployed twice, under a different served name on each
+    deployment's replica, WHEN requests spread over both replicas, THEN each replica gets the
+    name it serves (a replica asked for the other deployment's name answers vLLM's 404)."""
+    from tests.support.policy import PolicyBuilder
+
+    first = start_simulator("llama-h100", "--time-scale", "0.01")
+    second = start_simulator("llama-h200", "--time-scale", "0.01")
+    replicas = [first.base_url, second.base_url]
+    policy = PolicyBuilder().model(
+        "llama",
+        replicas,
+        served_name="llama-h100",
+        deployments=[("llama-h100", [first.base_url]), ("llama-h200", [second.base_url])],
+    )
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+
+    def one(i: int) -> int:
+        body = {
+            "model": "llama",
+            "messages": [{"role": "user", "content": f"question {i}"}],
+            "max_tokens": 20,
+            "stream": i % 2 == 1,
+        }
+        return httpx.post(
+            gateway.base_url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+        ).status_code
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        statuses = list(pool.map(one, range(16)))
+    assert statuses == [200] * 16
+    served = [
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(url + "/metrics").text.splitlines()
+            if line.startswith("vllm:request_success_total{")
+        )
+        for url in replicas
+    ]
+    assert sum(served) == 16
+    assert all(count >= 1 for count in served), served  # both deployments were asked
+
+
+def test_a_reused_request_id_comes_back_to_its_client_while_vllm_gets_unique_ids(
+    world: World, valkey_client: valkey.Valkey
+) -> None:
+    """GIVEN three concurrent calls with the same ``X-Request-Id``, THEN vLLM (which builds
+    its request id and the completion's ``id`` from the header it receives) sees three
+    different ids, while the client's id comes back in the response header and is the one
+    in the usage records."""
+
+    def one(i: int) -> httpx.Response:
+        return httpx.post(
+            world.gateway.base_url + "/v1/chat/completions",
+            json={
+                "model": CHAT,
+                "messages": [{"role": "user", "content": f"q{i}"}],
+                "max_tokens": 20,
+            },
+            headers={"Authorization": f"Bearer {world.alice}", "X-Request-Id": "trace-42"},
+        )
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        responses = list(pool.map(one, range(3)))
+    assert [r.status_code for r in responses] == [200] * 3
+    assert [r.headers["x-request-id"] for r in responses] == ["trace-42"] * 3
+    ids = {r.json()["id"] for r in responses}
+    assert len(ids) == 3, ids
+    assert "chatcmpl-trace-42" not in ids  # vLLM got a unique id, not the client's
+
+    def records() -> list[str]:
+        return [
+            fields[b"request_id"].decode() for _, fields in valkey_client.xrange(USAGE_STREAM)
+        ]
+
+    assert wait_until(lambda: len(records()) == 3)
+    assert records() == ["trace-42"] * 3
