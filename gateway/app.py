@@ -49,7 +49,7 @@ from gateway.http import (
 )
 from gateway.logcontext import REQUEST_ID
 from gateway.metrics import Decision, GatewayMetrics
-from gateway.multipart import FormError, encode_form, is_multipart, parse_form
+from gateway.multipart import Form, FormError, encode_form, is_multipart, parse_form
 from gateway.policy import Model, Policy, Principal
 from gateway.policy_store import PolicyStore
 from gateway.scheduling import (
@@ -422,11 +422,13 @@ class Gateway:
     ) -> Call:
         path: str = scope["path"]
         document: dict[str, Any] | None = None
+        form: Form | None = None
         strip_usage = per_replica = False
         if path == "/v1/audio/transcriptions":
-            model, body, content_type, estimate = await self._read_upload(
+            model, form, body, content_type, estimate = await self._read_upload(
                 scope, receive, policy, principal
             )
+            per_replica = bool(model.served_names)
         else:
             body = await read_body(receive, self.settings.max_body_bytes)
             document = parse_json_object(body)
@@ -443,6 +445,7 @@ class Gateway:
             path=path,
             body=body,
             document=document,
+            form=form,
             content_type=content_type,
             streaming=bool(document and document.get("stream")),
             estimate=estimate,
@@ -452,7 +455,7 @@ class Gateway:
 
     async def _read_upload(
         self, scope: Scope, receive: Receive, policy: Policy, principal: Principal
-    ) -> tuple[Model, bytes, bytes, Estimate]:
+    ) -> tuple[Model, Form, bytes, bytes, Estimate]:
         """A transcription upload: a bounded multipart body with ``model`` and ``file``."""
         content_type = header(scope, b"content-type")
         if content_type is None or not is_multipart(content_type):
@@ -468,20 +471,10 @@ class Gateway:
             raise errors.bad_request("'file' is required.", param="file")
         model = resolve_model(policy, principal, form.fields.get("model"), "transcription")
         estimate = estimate_transcription(form.files["file"].data)
-        if model.served_names:
-            # Rare (and never in the fleets we know): a speech model deployed twice under
-            # different names. Every deployment's replica would need its own form; refuse
-            # clearly rather than send one replica a name it does not serve.
-            raise errors.bad_request(
-                f"The model '{model.public_id}' is deployed under several names; "
-                "transcriptions need a model served under one.",
-                param="model",
-                code="unsupported_deployment",
-            )
-        if model.served_name != model.public_id:
+        if model.served_name != model.public_id and not model.served_names:
             form.fields["model"] = model.served_name
             content_type, body = encode_form(form)
-        return model, body, content_type, estimate
+        return model, form, body, content_type, estimate
 
     def _ticket(self, call: Call, policy: Policy) -> None:
         """What acquire needs: the rate limits with this request's token estimate, and the
@@ -570,7 +563,10 @@ class Gateway:
 
     async def _relay(self, call: Call, grant: Grant, send: Send) -> None:
         model = call.model
-        body = call.body
+        body, content_type = call.body, call.content_type
+        if call.form is not None and call.rename_per_replica:
+            call.form.fields["model"] = model.served_name_for(grant.replica)
+            content_type, body = encode_form(call.form)
         if call.document is not None:
             if call.rename_per_replica:
                 # The model's deployments serve it under different names: the granted
@@ -584,7 +580,7 @@ class Gateway:
         # the lease's id, unique per attempt, never the client's own, which may repeat (some
         # vLLM versions refuse a duplicate of a running id) or be chosen to collide with
         # another tenant's. The client's id stays in logs, records and the response.
-        headers = ((b"content-type", call.content_type), (b"x-request-id", grant.lease_id.encode()))
+        headers = ((b"content-type", content_type), (b"x-request-id", grant.lease_id.encode()))
         meter = UsageMeter(streaming=call.streaming)
         started = False
         self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=1)
@@ -750,6 +746,7 @@ class Call:
     path: str
     body: bytes
     document: dict[str, Any] | None
+    form: Form | None  # a transcription's upload, parsed
     content_type: bytes
     streaming: bool
     estimate: Estimate  # admission's, before it runs (gateway/costs.py)

@@ -304,9 +304,50 @@ def test_a_reused_request_id_comes_back_to_its_client_while_vllm_gets_unique_ids
     assert "chatcmpl-trace-42" not in ids  # vLLM got a unique id, not the client's
 
     def records() -> list[str]:
-        return [
-            fields[b"request_id"].decode() for _, fields in valkey_client.xrange(USAGE_STREAM)
-        ]
+        return [fields[b"request_id"].decode() for _, fields in valkey_client.xrange(USAGE_STREAM)]
 
     assert wait_until(lambda: len(records()) == 3)
     assert records() == ["trace-42"] * 3
+
+
+def test_a_speech_model_with_two_deployments_sends_each_replica_its_own_served_name(
+    valkey_client: valkey.Valkey, start_simulator: Any, start_gateway: Any
+) -> None:
+    """The same for transcriptions: the multipart form is renamed for the granted replica."""
+    from tests.support.policy import PolicyBuilder
+
+    names = ["whisper-h100", "whisper-h200"]
+    sims = [start_simulator(n, "--kind", "transcription", "--time-scale", "1") for n in names]
+    policy = PolicyBuilder().model(
+        "whisper",
+        [s.base_url for s in sims],
+        capabilities=("transcription",),
+        served_name=names[0],
+        deployments=[(n, [s.base_url]) for n, s in zip(names, sims, strict=True)],
+    )
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+
+    def one(i: int) -> int:
+        return httpx.post(
+            gateway.base_url + "/v1/audio/transcriptions",
+            files={"file": (f"call-{i}.wav", b"RIFF" + bytes(8_000 + i), "audio/wav")},
+            data={"model": "whisper"},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        ).status_code
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        statuses = list(pool.map(one, range(6)))
+    assert statuses == [200] * 6
+    served = [
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(s.base_url + "/metrics").text.splitlines()
+            if line.startswith("vllm:request_success_total{")
+        )
+        for s in sims
+    ]
+    assert sum(served) == 6
+    assert all(count >= 1 for count in served), served
