@@ -69,6 +69,39 @@ local function limits_commit(state)
   end
 end
 
+-- What limits_commit counted, as one string to keep with the request ("" for nothing):
+-- "<window key without the prefix> <cost>" lines. limits_uncount gives it back.
+local function limits_spec(state)
+  local lines = {}
+  local skip = #KEYS[1] + 1
+  for i, l in ipairs(state.limits) do
+    if l.cost > 0 then
+      lines[#lines + 1] = string.sub(state.names[2 * i - 1], skip) .. " " .. l.cost
+    end
+  end
+  return table.concat(lines, "\n")
+end
+
+-- Takes a limits_spec charge back (sign -1: a request that ended without a replica
+-- answering) or puts it back (sign 1: one that turned out to be served after all). Windows
+-- that expired are left alone (a key INCRBY creates has no TTL, and is removed again), and
+-- no counter goes below zero.
+local function limits_uncount(spec, sign)
+  if not spec or spec == "" then
+    return
+  end
+  for name, cost in string.gmatch(spec, "([^\n]+) (%d+)") do
+    local key = KEYS[1] .. name
+    local delta = sign * tonumber(cost)
+    local value = redis.call("INCRBY", key, delta)
+    if value == delta and redis.call("PTTL", key) == -1 then
+      redis.call("DEL", key)
+    elseif value < 0 then
+      redis.call("SET", key, 0, "KEEPTTL")
+    end
+  end
+end
+
 -- Corrects the token windows a request was admitted into by what it really used. A window
 -- that no longer exists (expired) or no longer counts (older than the previous window) is
 -- left alone, no counter goes below zero, the TTL set at admission is kept. Returns how many

@@ -8,10 +8,12 @@
 --          n, then n replica/cap pairs (the pool, recorded in pool:<model> for the other
 --          scripts), then the rate limits, five values each (limits.lua); none is fine.
 --          The limits are counted only when the request is granted or enqueued: a refusal,
---          whichever its reason, costs no budget.
+--          whichever its reason, costs no budget; a waiter that leaves without a grant, and
+--          a lease that is reaped, get the charge back (common.lua drop_waiter,
+--          release_lease). A use case's max concurrent counts its waiters too.
 -- Returns  {1, replica}                                granted now
 --          {0, ahead, hold_ms, in_flight}               enqueued; `ahead` waiters before it
---          {-1, "max_concurrent", in_flight_of_use_case, hold_ms}
+--          {-1, "max_concurrent", waiting_or_in_flight_of_use_case, hold_ms}
 --          {-2, "queue_full", ahead, hold_ms, in_flight, higher_rate}  the class's queue
 --                                                       is full
 --          {-3, "cancelled"}                            cancel.lua ran first for this id
@@ -67,10 +69,12 @@ if redis.call("HGET", P .. "pool:" .. model, "_sig") ~= signature then
   redis.call("SADD", P .. "pools", model)
 end
 
+-- Waiting or in flight: a waiter counts from the moment it enqueues, so that once at the
+-- head of the queue it can always be granted (a capped use case never blocks the pump).
 if w.maxc > 0 then
-  local running = tonumber(redis.call("GET", P .. "conc:" .. w.uc) or "0")
-  if running >= w.maxc then
-    return {-1, "max_concurrent", running, hold_ms(model)}
+  local admitted = tonumber(redis.call("GET", P .. "conc:" .. w.uc) or "0")
+  if admitted >= w.maxc then
+    return {-1, "max_concurrent", admitted, hold_ms(model)}
   end
 end
 
@@ -81,6 +85,7 @@ if #redis.call("ZRANGEBYSCORE", q, "-inf", bound, "LIMIT", 0, 1) == 0 then
   local replica = pick(model, pool, room, w.prefix)
   if replica then
     limits_commit(limits)
+    w.rf = limits_spec(limits)
     w.start = start_tag(model, w.tenant, cost, true)
     grant(model, pool, room, id, replica, w, now)
     return {1, replica}
@@ -93,17 +98,23 @@ if tonumber(redis.call("GET", qlen) or "0") >= max_queue then
     higher_rate(model, rank, now)}
 end
 limits_commit(limits)
+local conc_key = ""
+if w.maxc > 0 then
+  conc_key = P .. "conc:" .. w.uc
+  redis.call("INCR", conc_key)
+end
 w.start = start_tag(model, w.tenant, cost)
 count_arrival(model, rank, now)
 redis.call("ZADD", q, rank * RANK_SCALE + w.start, id)
 redis.call("ZADD", P .. "qdl:" .. model, deadline, id)
 redis.call("HSET", P .. "qi:" .. id, "tenant", w.tenant, "class", class, "rank", rank,
   "cost", cost, "uc", w.uc, "maxc", w.maxc, "lease", w.lease, "gw", w.gw, "prefix", w.prefix,
-  "deadline", deadline, "start", w.start, "enqueued_at", now)
+  "deadline", deadline, "start", w.start, "enqueued_at", now, "ck", conc_key,
+  "rf", limits_spec(limits))
 redis.call("INCR", qlen)
 
 -- Room and waiters together means nobody pumped since the room appeared (a watcher that
--- does not pump, waiters skipped for their use case's limit): pump now, this one included.
+-- does not pump): pump now, this one included.
 if any_room(pool, room) then
   pump(model, now, pool, room, id)
   if redis.call("ZSCORE", q, id) == false then
@@ -112,7 +123,7 @@ if any_room(pool, room) then
       return {1, replica}
     end
   end
-  -- Not in the queue and not granted: its deadline had already passed. Its caller's timer
-  -- will find that out through cancel.lua.
+  -- Not in the queue and not granted: its deadline had already passed (dropped and
+  -- refunded). Its caller's timer will find that out through cancel.lua.
 end
 return {0, redis.call("ZRANK", q, id) or 0, hold_ms(model), room.total}

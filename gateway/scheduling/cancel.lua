@@ -4,10 +4,13 @@
 -- KEYS[1]  the key prefix "sy:{sy}:"
 -- ARGV     now_ms, request id, model, keep ("1": if it was granted meanwhile, keep the grant;
 --          "0": release it)
--- Returns  {1, ahead, hold_ms, in_flight, higher_rate}  it was still waiting; removed
---                                           (higher_rate: as acquire.lua's queue_full)
+-- Returns  {1, ahead, hold_ms, in_flight, higher_rate}  it was still waiting; removed,
+--                                           its rate-limit charge, use case count and
+--                                           fair-share position given back (higher_rate:
+--                                           as acquire.lua's queue_full)
 --          {2, replica}                     it had been granted and keeps it (keep = "1")
---          {0, replica}                     it had been granted; released (and waiters pumped)
+--          {0, replica}                     it had been granted; released, refunded (no
+--                                           replica was asked), and waiters pumped
 --          {-1}                             nothing to cancel: dropped past its deadline,
 --                                           already released, or acquire has not run yet (a
 --                                           "gone" marker makes a late acquire refuse)
@@ -19,13 +22,12 @@ local q = P .. "q:" .. model
 
 local ahead = redis.call("ZRANK", q, id)
 if ahead then
-  local f = redis.call("HMGET", P .. "qi:" .. id, "class", "rank")
-  remove_waiter(model, id, f[1])
+  local _, rank = drop_waiter(model, id)
   local in_flight = 0
   for _, n in ipairs(redis.call("HVALS", P .. "inflight:" .. model)) do
     in_flight = in_flight + tonumber(n)
   end
-  return {1, ahead, hold_ms(model), in_flight, higher_rate(model, tonumber(f[2] or "0"), now)}
+  return {1, ahead, hold_ms(model), in_flight, higher_rate(model, rank or 0, now)}
 end
 
 local replica = redis.call("HGET", P .. "li:" .. id, "replica")
@@ -33,7 +35,7 @@ if replica then
   if ARGV[4] == "1" then
     return {2, replica}
   end
-  release_lease(model, id, now, true)
+  release_lease(model, id, now, true, "cancelled")
   pump(model, now)
   return {0, replica}
 end

@@ -12,7 +12,9 @@
 --   inflight:<model>     hash   replica -> granted and not released
 --   lease:<model>        zset   request id -> lease expiry (ms)
 --   li:<id>              hash   a lease (replica, model, tenant, use case, gateway, conc key)
---   conc:<use-case>      int    the use case's requests in flight (only with a max set)
+--   conc:<use-case>      int    the use case's requests waiting or in flight (only with a
+--                               max set): a waiter is counted when it enqueues, so one at
+--                               the head can always be granted and never blocks the pump
 --   grant:<id>           string replica granted to a waiter (the waiter's fallback poll)
 --   fleet:<model>        hash   replica -> "waiting|running|kv_usage|scraped_at_ms" and,
 --                               optionally, "|in_flight_at_scrape|max_running" (the watcher)
@@ -21,6 +23,8 @@
 --   pools                set    models with a pool hash (what reap walks)
 --   aff:<model>:<hash>   string replica that last served this prompt prefix
 --   gone:<id>            string a cancel that found nothing: a late acquire must not enqueue
+--   rfd:<id>             string a reaped lease's refunded charge (limits_spec): put back if
+--                               its gateway releases it after all (it was served)
 --   gws                  zset   gateway id -> heartbeat expiry (ms); missing or past: dead
 --   arr:<model>:<window> hash   rank -> requests enqueued in that window (ARRIVAL_WINDOW_MS)
 
@@ -29,7 +33,7 @@ local RANK_SCALE = 1099511627776  -- 2^40
 local REBASE_AT = 549755813888    -- 2^39: rebase virtual time long before it reaches 2^40
 local AFFINITY_TTL_MS = 600000
 local GONE_TTL_MS = 60000
-local SKIP_LIMIT = 32             -- waiters at their use case's max concurrent to look past
+local REFUNDED_TTL_MS = 3600000   -- how long a reaped lease's refund can be taken back
 local CHANNEL = "sy:gw:"
 local GATEWAYS = P .. "gws"       -- gateway id -> heartbeat expiry (ms)
 local ARRIVAL_WINDOW_MS = 10000   -- the windows enqueued arrivals are counted in, per rank
@@ -234,14 +238,15 @@ local function grant(model, pool, room, id, replica, w, now)
   redis.call("HINCRBY", P .. "inflight:" .. model, replica, 1)
   room.inflight[replica] = room.inflight[replica] + 1
   room.total = room.total + 1
-  local conc_key = ""
-  if w.maxc > 0 then
+  local conc_key = w.ck or ""
+  if w.ck == nil and w.maxc > 0 then
+    -- Granted at once (a waiter was counted when it enqueued).
     conc_key = P .. "conc:" .. w.uc
     redis.call("INCR", conc_key)
   end
   redis.call("ZADD", P .. "lease:" .. model, now + w.lease, id)
   redis.call("HSET", P .. "li:" .. id, "replica", replica, "model", model, "tenant", w.tenant,
-    "uc", w.uc, "gw", w.gw, "ck", conc_key, "granted_at", now)
+    "uc", w.uc, "gw", w.gw, "ck", conc_key, "granted_at", now, "rf", w.rf or "")
   if w.prefix ~= "" then
     redis.call("SET", P .. "aff:" .. model .. ":" .. w.prefix, replica, "PX", AFFINITY_TTL_MS)
   end
@@ -260,11 +265,44 @@ local function remove_waiter(model, id, class)
   end
 end
 
+local function decr_or_del(key)
+  if redis.call("DECR", key) <= 0 then
+    redis.call("DEL", key)
+  end
+end
+
+-- A waiter leaves without a grant (cancelled, past its deadline, its gateway dead): it
+-- gives back what it took when it enqueued — its rate-limit charge, its place in its use
+-- case's max concurrent, and its tenant's fair-share position (the tenant's virtual finish
+-- moves back by its cost; a request that starts later starts where it would have).
+-- Returns the waiter's class and rank (nil when it was already gone).
+local function drop_waiter(model, id)
+  local f = redis.call("HMGET", P .. "qi:" .. id, "class", "rank", "tenant", "cost", "ck", "rf")
+  remove_waiter(model, id, f[1])
+  if not f[1] then
+    return nil, nil
+  end
+  limits_uncount(f[6], -1)
+  if f[5] and f[5] ~= "" then
+    decr_or_del(f[5])
+  end
+  local vt = P .. "vt:" .. model
+  local finish = redis.call("HGET", vt, "t:" .. f[3])
+  if finish then
+    redis.call("HSET", vt, "t:" .. f[3], math.max(0, tonumber(finish) - tonumber(f[4])))
+  end
+  return f[1], tonumber(f[2])
+end
+
 -- Gives a lease's capacity back. Returns its replica, or nil when there was none (already
--- released or reaped: releasing is idempotent).
-local function release_lease(model, id, now, record_hold)
+-- released or reaped: releasing is idempotent). refund: nil for a request a replica
+-- answered (release.lua reconciles its tokens), "cancelled" for one that ended before
+-- (its rate-limit charge is given back), "reaped" for one whose gateway stopped renewing
+-- it (given back too, and kept in rfd:<id>, so that a release arriving after all puts it
+-- back).
+local function release_lease(model, id, now, record_hold, refund)
   local li = P .. "li:" .. id
-  local f = redis.call("HMGET", li, "replica", "model", "ck", "granted_at")
+  local f = redis.call("HMGET", li, "replica", "model", "ck", "granted_at", "rf")
   redis.call("DEL", li, P .. "grant:" .. id)
   if not f[1] then
     redis.call("ZREM", P .. "lease:" .. model, id)
@@ -277,6 +315,12 @@ local function release_lease(model, id, now, record_hold)
   end
   if f[3] ~= "" and redis.call("DECR", f[3]) <= 0 then
     redis.call("DEL", f[3])
+  end
+  if refund and f[5] and f[5] ~= "" then
+    limits_uncount(f[5], -1)
+    if refund == "reaped" then
+      redis.call("SET", P .. "rfd:" .. id, f[5], "PX", REFUNDED_TTL_MS)
+    end
   end
   if record_hold then
     local held = math.max(0, now - tonumber(f[4]))
@@ -291,12 +335,12 @@ local function release_lease(model, id, now, record_hold)
 end
 
 -- Grants queue heads while a replica has room: the dispatch loop of release, pump, reap
--- and acquire. Waiters met on the way are dropped when their deadline has passed or their
--- gateway is dead (no heartbeat: nobody would take the grant, and its slot would be held
--- until the lease expired); a waiter whose use case is at its max concurrent is looked past
--- (up to SKIP_LIMIT of them) and keeps its place. quiet_id is the caller's own request
--- (acquire): it learns of its grant from the return value, and its gateway is the caller.
--- Returns the waiters granted, then the waiters dropped.
+-- and acquire. Waiters met on the way are dropped (and refunded) when their deadline has
+-- passed or their gateway is dead (no heartbeat: nobody would take the grant, and its slot
+-- would be held until the lease expired). Every waiter can be granted as far as its use
+-- case's max concurrent goes: it was counted against it when it enqueued. quiet_id is the
+-- caller's own request (acquire): it learns of its grant from the return value, and its
+-- gateway is the caller. Returns the waiters granted, then the waiters dropped.
 local function pump(model, now, pool, room, quiet_id)
   local q = P .. "q:" .. model
   if redis.call("EXISTS", q) == 0 then
@@ -306,38 +350,32 @@ local function pump(model, now, pool, room, quiet_id)
   room = room or load_room(model, pool, now)
   local granted = 0
   local dropped = 0
-  local skipped = 0
   while any_room(pool, room) do
-    local head = redis.call("ZRANGE", q, skipped, skipped)
+    local head = redis.call("ZRANGE", q, 0, 0)
     if #head == 0 then
       break
     end
     local id = head[1]
     local f = redis.call("HMGET", P .. "qi:" .. id, "tenant", "class", "deadline", "uc", "maxc",
-      "lease", "gw", "prefix", "start")
+      "lease", "gw", "prefix", "start", "ck", "rf")
     if not f[2] then
       remove_waiter(model, id, nil)
     elseif tonumber(f[3]) <= now or (id ~= quiet_id and not gateway_alive(f[7], now)) then
-      remove_waiter(model, id, f[2])
+      drop_waiter(model, id)
       dropped = dropped + 1
     else
+      -- ck: the use case's counter the waiter was counted in ("" for none); nil for a
+      -- waiter enqueued by an older script, which grant counts as before.
       local w = {tenant = f[1], uc = f[4], maxc = tonumber(f[5]), lease = tonumber(f[6]),
-        gw = f[7], prefix = f[8], start = tonumber(f[9])}
-      if w.maxc > 0 and tonumber(redis.call("GET", P .. "conc:" .. w.uc) or "0") >= w.maxc then
-        skipped = skipped + 1
-        if skipped >= SKIP_LIMIT then
-          break
-        end
-      else
-        local replica = pick(model, pool, room, w.prefix)
-        remove_waiter(model, id, f[2])
-        grant(model, pool, room, id, replica, w, now)
-        if id ~= quiet_id then
-          redis.call("SET", P .. "grant:" .. id, replica, "PX", w.lease)
-          redis.call("PUBLISH", CHANNEL .. w.gw, id .. " " .. replica)
-        end
-        granted = granted + 1
+        gw = f[7], prefix = f[8], start = tonumber(f[9]), ck = f[10] or nil, rf = f[11]}
+      local replica = pick(model, pool, room, w.prefix)
+      remove_waiter(model, id, f[2])
+      grant(model, pool, room, id, replica, w, now)
+      if id ~= quiet_id then
+        redis.call("SET", P .. "grant:" .. id, replica, "PX", w.lease)
+        redis.call("PUBLISH", CHANNEL .. w.gw, id .. " " .. replica)
       end
+      granted = granted + 1
     end
   end
   return granted, dropped

@@ -50,7 +50,7 @@ class RateLimited(SchedulingRefused):
 
 
 class MaxConcurrent(SchedulingRefused):
-    """The use case already has its maximum number of requests in flight (429)."""
+    """The use case already has its maximum number of requests waiting or in flight (429)."""
 
     status = 429
     code = "max_concurrent_exceeded"

@@ -2,7 +2,9 @@
 -- heartbeat expired (a gateway that died: its requests are gone with it, and its capacity
 -- comes back within the heartbeat instead of the lease), releases leases past their expiry
 -- (whatever is left of a gateway that died mid-request), drops waiters past their deadline,
--- then pumps every pool. Idempotent; every gateway runs it every second.
+-- then pumps every pool. Whatever it releases or drops gets its rate-limit charge back
+-- (a release arriving after all for a reaped lease puts it back: release.lua).
+-- Idempotent; every gateway runs it every second.
 -- (common.lua is prepended at load time.)
 --
 -- KEYS[1]  the key prefix "sy:{sy}:"
@@ -26,14 +28,14 @@ if #dead_ids > 0 then
     for _, id in ipairs(redis.call("ZRANGE", P .. "lease:" .. model, 0, -1)) do
       local gw = redis.call("HGET", P .. "li:" .. id, "gw")
       if gw and dead[gw] then
-        release_lease(model, id, now, false)
+        release_lease(model, id, now, false, "reaped")
         released = released + 1
       end
     end
     for _, id in ipairs(redis.call("ZRANGE", P .. "q:" .. model, 0, -1)) do
-      local f = redis.call("HMGET", P .. "qi:" .. id, "gw", "class")
-      if f[1] and dead[f[1]] then
-        remove_waiter(model, id, f[2])
+      local gw = redis.call("HGET", P .. "qi:" .. id, "gw")
+      if gw and dead[gw] then
+        drop_waiter(model, id)
         dropped = dropped + 1
       end
     end
@@ -44,12 +46,12 @@ end
 for _, model in ipairs(models) do
   for _, id in ipairs(redis.call("ZRANGEBYSCORE", P .. "lease:" .. model, "-inf", now,
     "LIMIT", 0, 1000)) do
-    release_lease(model, id, now, false)
+    release_lease(model, id, now, false, "reaped")
     released = released + 1
   end
   for _, id in ipairs(redis.call("ZRANGEBYSCORE", P .. "qdl:" .. model, "-inf", now,
     "LIMIT", 0, 1000)) do
-    remove_waiter(model, id, redis.call("HGET", P .. "qi:" .. id, "class"))
+    drop_waiter(model, id)
     dropped = dropped + 1
   end
   local g, d = pump(model, now)

@@ -8,8 +8,19 @@
 -- Returns  {released, granted, adjusted}: released is 1 when the lease existed (0: already
 --          released or reaped; releasing twice is harmless), granted the waiters granted
 --          after it, adjusted the token windows corrected.
+--
+-- A lease the reaper took (its gateway stopped renewing it) was refunded; this release
+-- says it was served after all, so the charge is put back before the reconciliation.
 
 local now = tonumber(ARGV[1])
-local adjusted = limits_reconcile(now, ARGV, 4)
 local replica = release_lease(ARGV[3], ARGV[2], now, true)
+if not replica then
+  local refunded = P .. "rfd:" .. ARGV[2]
+  local spec = redis.call("GET", refunded)
+  if spec then
+    limits_uncount(spec, 1)
+    redis.call("DEL", refunded)
+  end
+end
+local adjusted = limits_reconcile(now, ARGV, 4)
 return {replica and 1 or 0, pump(ARGV[3], now), adjusted}

@@ -276,8 +276,8 @@ class Scheduler:
             if status == -1:
                 running, hold = int(reply[2]), int(reply[3])
                 raise MaxConcurrent(
-                    f"Use case {ticket.use_case_id} already has {running} requests in flight, "
-                    f"its maximum.",
+                    f"Use case {ticket.use_case_id} already has {running} requests waiting or "
+                    f"in flight, its maximum.",
                     retry_after_s=retry_after_s(
                         ahead=0, hold_ms=hold, in_flight=running, fallback_s=1.0
                     ),
