@@ -36,13 +36,16 @@ class Actor:
     username: str
     request_id: str = ""
     source_ip: str | None = None
-    # The person behind the action, whose roles and tenants the services check; None for
-    # the platform itself (seeding, policy-as-code applied by an operator, periodic jobs).
+    # The person behind the action, whose roles and tenants the services check.
     user: AbstractBaseUser | None = field(default=None, compare=False)
+    # The platform itself (seeding, policy-as-code applied by an operator, Celery jobs): the
+    # only actor that skips role checks. Explicit, so that an actor with no user and no flag
+    # (an anonymous request) is refused everything rather than taken for the platform.
+    is_system: bool = False
 
     @classmethod
     def system(cls, what: str) -> Actor:
-        return cls(username=f"system:{what}")
+        return cls(username=f"system:{what}", is_system=True)
 
     @classmethod
     def for_user(

@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 
 import valkey
 from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Model as DjangoModel
@@ -56,19 +57,48 @@ def policy_changed() -> None:
 
 
 # --- authorisation ------------------------------------------------------------------------
+def _person(actor: Actor) -> AbstractBaseUser | None:
+    """The person to check, or None for the platform; anyone else is refused (fail closed).
+
+    Only an explicitly system actor (``Actor.system``, an operator's command) skips the role
+    checks: an actor with no user and no flag, such as an anonymous request, is nobody.
+    """
+    if actor.is_system:
+        return None
+    if actor.user is None or not actor.user.is_authenticated:
+        raise PermissionDenied("Sign in first.")
+    return actor.user
+
+
+def _governs(actor: Actor) -> bool:
+    """The platform, an officer or an admin: those who decide rather than ask."""
+    user = _person(actor)
+    return user is None or can_govern(user)
+
+
 def _require_governor(actor: Actor) -> None:
-    if actor.user is not None and not can_govern(actor.user):
+    if not _governs(actor):
         raise PermissionDenied("Only a governance officer or an admin may do this.")
 
 
 def _require_member(actor: Actor, tenant: Tenant) -> None:
     """Developers act on their own tenants only; officers and admins on any."""
-    user = actor.user
+    user = _person(actor)
     if user is None or can_govern(user):
         return
     if has_role(user, Role.DEVELOPER) and tenant.members.filter(pk=user.pk).exists():
         return
     raise PermissionDenied(f"You are not a member of tenant '{tenant.slug}'.")
+
+
+def _same_person(actor: Actor, requester: AbstractBaseUser | None) -> bool:
+    """Whether the actor is who asked: the same account, or an operator acting under its name
+    (``policy apply --actor olivia``), so that no door lets a person approve their own ask."""
+    if requester is None:
+        return False
+    if actor.user is not None and actor.user.pk == requester.pk:
+        return True
+    return actor.username == requester.get_username()
 
 
 def _tenant_of(obj: DjangoModel) -> str:
@@ -178,7 +208,7 @@ DEVELOPER_FIELDS = frozenset(
 
 
 def _check_developer_fields(actor: Actor, fields: Iterable[str]) -> None:
-    if actor.user is None or can_govern(actor.user):
+    if _governs(actor):
         return
     forbidden = sorted(set(fields) - DEVELOPER_FIELDS)
     if forbidden:
@@ -220,7 +250,7 @@ def use_case_update(
     allowed_models: Iterable[Any] | None = None,
 ) -> UseCase:
     _require_member(actor, use_case.tenant)
-    if actor.user is not None and not can_govern(actor.user):
+    if not _governs(actor):
         if use_case.status != UseCaseStatus.DRAFT:
             raise PermissionDenied("Only an officer may change a use case once it is submitted.")
         _check_developer_fields(
@@ -290,6 +320,13 @@ def use_case_transition(
         _require_member(actor, use_case.tenant)
     if needs_reason and not reason.strip():
         raise ValidationError({"reason": f"Say why you {transition} this use case."})
+    submitted = use_case.status == UseCaseStatus.SUBMITTED
+    if transition == "approve" and submitted and _same_person(actor, use_case.status_changed_by):
+        # While submitted, the last to move it is the one who submitted it.
+        raise PermissionDenied(
+            "You submitted this use case; another officer must approve it. "
+            "No one approves their own request."
+        )
     # Claim the transition with a conditional UPDATE so two officers clicking at once
     # cannot both win (or act on a state that has already moved).
     previous = use_case.status
@@ -371,8 +408,13 @@ def api_key_request(
 
 @transaction.atomic
 def api_key_decide(*, actor: Actor, key: ApiKey, approve: bool, reason: str = "") -> ApiKey:
-    """An officer approves or rejects a pending key request."""
+    """An officer approves or rejects a pending key request; never their own."""
     _require_governor(actor)
+    if approve and _same_person(actor, key.requested_by):
+        raise PermissionDenied(
+            "You requested this key; another officer must approve it. "
+            "No one approves their own request."
+        )
     if not approve and not reason.strip():
         raise ValidationError({"reason": "Say why the request is rejected."})
     target = ApiKeyStatus.APPROVED if approve else ApiKeyStatus.REJECTED
@@ -404,6 +446,7 @@ def _activate(key_id: int, *, from_status: str) -> str | None:
 @transaction.atomic
 def api_key_reveal(*, actor: Actor, key: ApiKey) -> tuple[ApiKey, str]:
     """Show an approved key's secret to its requester — exactly once, ever."""
+    _person(actor)
     if actor.user is None or key.requested_by_id != actor.user.pk:
         raise PermissionDenied("Only the person who requested this key can reveal it.")
     plaintext = _activate(key.pk, from_status=ApiKeyStatus.APPROVED)
@@ -424,8 +467,14 @@ def api_key_reveal(*, actor: Actor, key: ApiKey) -> tuple[ApiKey, str]:
 def api_key_rotate(
     *, actor: Actor, key: ApiKey, grace: timedelta | None = None
 ) -> tuple[ApiKey, str]:
-    """Replace an active key: the new one works now, the old one until the grace ends."""
+    """Replace an active key: the new one works now, the old one until the grace ends.
+
+    Only the key's owner rotates it, since rotating hands out the new secret: a teammate or
+    an officer who must stop a key revokes it instead.
+    """
     _require_member(actor, key.use_case.tenant)
+    if actor.user is None or key.requested_by_id != actor.user.pk:
+        raise PermissionDenied("Only the person who requested this key can rotate it.")
     grace = timedelta(seconds=settings.API_KEY_ROTATION_GRACE_SECONDS) if grace is None else grace
     if grace < timedelta(0) or grace > timedelta(days=7):
         raise ValidationError({"grace": "Choose a grace period between 0 and 7 days."})
@@ -437,7 +486,7 @@ def api_key_rotate(
         use_case=key.use_case,
         name=key.name,
         reason=f"rotation of {key.prefix}",
-        requested_by=cast(Any, actor.user) or key.requested_by,
+        requested_by=key.requested_by,
         status=ApiKeyStatus.APPROVED,
         decided_by=key.decided_by,
         decided_at=key.decided_at,
@@ -484,7 +533,7 @@ def api_key_issue(
     *, actor: Actor, use_case: UseCase, name: str, expires_at: datetime | None = None
 ) -> tuple[ApiKey, str]:
     """Mint an active key directly, for the platform itself (demo seed, policy-as-code)."""
-    if actor.user is not None:
+    if not actor.is_system:
         raise PermissionDenied("People request keys; only the platform mints them directly.")
     _key_lifetime_ok(expires_at)
     key = ApiKey.objects.create(

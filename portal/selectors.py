@@ -124,7 +124,12 @@ def use_case_actions(user: AnyUser, use_case: UseCase) -> UseCaseActions:
     governs = can_govern(user)
     return UseCaseActions(
         request_key=use_case.status == UseCaseStatus.APPROVED and _is_member(user, use_case),
-        decide=governs and use_case.status == UseCaseStatus.SUBMITTED,
+        decide=(
+            governs
+            and use_case.status == UseCaseStatus.SUBMITTED
+            # no one decides their own submission (the services refuse it too)
+            and use_case.status_changed_by_id != user.pk
+        ),
         suspend=governs and use_case.status == UseCaseStatus.APPROVED,
         reinstate=governs and use_case.status == UseCaseStatus.SUSPENDED,
     )
@@ -157,9 +162,14 @@ def key_actions(user: AnyUser, key: ApiKey) -> KeyActions:
             and user.is_authenticated
             and key.requested_by_id == user.pk
         ),
-        decide=can_govern(user) and key.status == ApiKeyStatus.PENDING,
+        decide=(
+            can_govern(user)
+            and key.status == ApiKeyStatus.PENDING
+            and key.requested_by_id != user.pk  # never one's own request
+        ),
         rotate=(
             member
+            and key.requested_by_id == user.pk  # rotating hands out the secret: owner only
             and key.status == ApiKeyStatus.ACTIVE
             and key_successor(key) is None
             and not key_expired(key)

@@ -44,7 +44,7 @@ from tests.governance.test_policy_as_code_validation import acme_policy
 
 pytestmark = pytest.mark.django_db
 
-PRIYA = Actor(username="priya")
+PRIYA = Actor(username="priya", is_system=True)  # --actor priya
 KEY_PATTERN = re.compile(r"sk-sy-[A-Za-z0-9_-]{20,}")
 
 

@@ -33,7 +33,7 @@ from tests.governance.test_policy_as_code_validation import acme_policy
 pytestmark = pytest.mark.django_db
 
 WORKER = "acme-chatbot-worker"
-PRIYA = Actor(username="priya")
+PRIYA = Actor(username="priya", is_system=True)  # --actor priya
 
 
 @pytest.fixture

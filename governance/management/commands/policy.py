@@ -111,7 +111,10 @@ class Command(BaseCommand):
             raise SystemExit(EXIT_CHANGES)
 
     def _apply(self, document: PolicyDocument, options: dict[str, Any]) -> None:
-        actor = Actor(username=options["actor"]) if options["actor"] else SYSTEM_ACTOR
+        # An operator's command runs as the platform, named after whoever ran it.
+        actor = (
+            Actor(username=options["actor"], is_system=True) if options["actor"] else SYSTEM_ACTOR
+        )
         try:
             result = policy_apply(
                 document=document,
