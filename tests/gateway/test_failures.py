@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -200,6 +201,12 @@ def test_without_valkey_the_gateway_fails_closed_and_recovers(
             server.stop()
 
 
+# What a replica's /metrics must say for the fleet watcher to count it as idle.
+METRICS = (
+    b'vllm:num_requests_waiting{model_name="m"} 0\nvllm:num_requests_running{model_name="m"} 0\n'
+)
+
+
 class _DiesOnEveryRequest(http.server.BaseHTTPRequestHandler):
     """A replica that answers its scrapes, reads every request in full and dies on it."""
 
@@ -207,15 +214,11 @@ class _DiesOnEveryRequest(http.server.BaseHTTPRequestHandler):
     requests: list[bytes]  # set per server, by dying_replica()
 
     def do_GET(self) -> None:
-        metrics = (
-            b'vllm:num_requests_waiting{model_name="m"} 0\n'
-            b'vllm:num_requests_running{model_name="m"} 0\n'
-        )
         self.send_response(200)
         self.send_header("content-type", "text/plain; version=0.0.4")
-        self.send_header("content-length", str(len(metrics)))
+        self.send_header("content-length", str(len(METRICS)))
         self.end_headers()
-        self.wfile.write(metrics)
+        self.wfile.write(METRICS)
 
     def do_POST(self) -> None:
         self.requests.append(self.rfile.read(int(self.headers["content-length"])))
@@ -258,3 +261,69 @@ def test_a_replica_that_read_the_request_and_died_is_a_502_not_a_replay(
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_error"
     assert len(one_received) + len(two_received) == 1
+
+
+@pytest.fixture
+def unconnectable_replica() -> Iterator[Callable[[], tuple[str, Callable[[], None]]]]:
+    """A replica whose fleet watcher keeps its one scrape connection, and to which no new
+    connection can be made once ``shut()``: its accept queue is full, so a connect hangs
+    until the gateway's connect timeout, as to a replica whose host stopped answering."""
+    sockets: list[socket.socket] = []
+
+    def scrapes(connection: socket.socket) -> None:
+        with connection, connection.makefile("rb") as requests:
+            while True:
+                line = requests.readline()
+                if not line:
+                    return
+                if line == b"\r\n":  # the end of a GET's head
+                    connection.sendall(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(METRICS), METRICS)
+                    )
+
+    def start() -> tuple[str, Callable[[], None]]:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        sockets.append(listener)
+        port = listener.getsockname()[1]
+        threading.Thread(
+            target=lambda: scrapes(listener.accept()[0]), daemon=True
+        ).start()  # the watcher's connection, and no other
+
+        def shut() -> None:
+            while True:  # fill the accept queue: from then on a connect's SYN is dropped
+                filler = socket.socket()
+                sockets.append(filler)
+                filler.settimeout(0.3)
+                try:
+                    filler.connect(("127.0.0.1", port))
+                except TimeoutError:
+                    return
+
+        return f"http://127.0.0.1:{port}", shut
+
+    yield start
+    for each in sockets:
+        each.close()
+
+
+def test_failover_attempts_share_one_deadline_the_models_timeout(
+    valkey_client, start_gateway, unconnectable_replica
+) -> None:
+    """GIVEN two replicas that stopped taking connections, a connect timeout of 0.8 s and a
+    model timeout of 1.2 s
+    WHEN a request fails over from the first to the second
+    THEN the second attempt ends at the request's deadline (504), instead of getting a
+    model timeout of its own and failing with 502 after both connect timeouts."""
+    (one, shut_one), (two, shut_two) = unconnectable_replica(), unconnectable_replica()
+    policy = PolicyBuilder().model(CHAT, [one, two], timeout_s=1.2)
+    key = policy.key()
+    policy.publish(valkey_client)
+    gateway = start_gateway(SWITCHYARD_GATEWAY_UPSTREAM_CONNECT_TIMEOUT_SECONDS="0.8")
+    shut_one()
+    shut_two()
+    response = call(gateway, key, timeout=10)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout"
