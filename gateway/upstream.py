@@ -25,7 +25,12 @@ Semantics the gateway relies on:
   back to the pool; any other (the client left, a timeout fired) is aborted, which is how
   vLLM learns to stop generating and free the slot.
 - Reading is paused while a response holds more than ``HIGH_WATER`` unread bytes, so a slow
-  client slows its replica's stream instead of filling the gateway's memory.
+  client slows its replica's stream instead of filling the gateway's memory. Only an idle
+  connection that is reading goes back to the pool.
+- HTTP/1.1 as a client must read it: interim 1xx answers are skipped (101 is malformed: a
+  POST asks for no upgrade), 204 and 304 have no body, a body with neither Content-Length
+  nor chunked framing ends with the connection, a transfer coding other than chunked is
+  refused (the body is relayed as it comes), and the head is bounded (``MAX_HEAD_BYTES``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import httptools
 
 logger = logging.getLogger(__name__)
 
+MAX_HEAD_BYTES = 64 * 1024  # an answer head (status line, headers) longer than this is malformed
 HIGH_WATER = 256 * 1024  # unread response bytes at which the replica's socket is paused
 # Below vLLM's (uvicorn's) default keep-alive of 5 s, so an idle connection is dropped here
 # before the replica closes it under a request.
@@ -122,13 +128,21 @@ class _Connection(asyncio.Protocol):
             # Nothing was asked: a replica talking out of turn is not to be trusted.
             self.abort()
             return
+        response = self.response
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            response = self.response
+            if not response.status:
+                # Still no final head: bound what it may take (the parser keeps a header
+                # whole until it ends), interim answers included.
+                response._before_head += len(data)
+                if response._before_head > MAX_HEAD_BYTES:
+                    raise UpstreamMalformed("the answer's head is too long")
+        except (httptools.HttpParserError, UpstreamMalformed) as exc:
             self.abort()
-            if response is not None:
-                response._fail(UpstreamMalformed(f"malformed answer from the replica: {exc}"))
+            refusal = exc.__context__ if isinstance(exc, httptools.HttpParserError) else exc
+            if not isinstance(refusal, UpstreamMalformed):
+                refusal = UpstreamMalformed(f"malformed answer from the replica: {exc}")
+            response._fail(refusal)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed()
@@ -141,6 +155,8 @@ class _Connection(asyncio.Protocol):
             and time.monotonic() - self.written_at < STALE_CLOSE_S
         ):
             response._fail(_StaleConnection("the replica had closed the idle connection"))
+        elif response.status and not response._framed and exc is None:
+            response._complete()  # a body delimited by the close of the connection: all there
         else:
             response._lost(exc)
 
@@ -151,25 +167,49 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         response = self.response
-        if response is None:
-            return
+        if response is None or response.status:
+            return  # a chunked body's trailers: not the head's
+        response._head_bytes += len(name) + len(value) + 4
         if len(name) == 12 and name.lower() == b"content-type":
             response.content_type = value
         elif len(name) == 14 and name.lower() == b"content-length":
             response.content_length = value
+            response._framed = True
+        elif len(name) == 17 and name.lower() == b"transfer-encoding":
+            if value.strip().lower() != b"chunked":
+                # The body is relayed as it comes: a compressed one would reach the client
+                # unannounced (the parser would also read it to the close of the connection).
+                raise UpstreamMalformed(f"unsupported transfer coding {value!r}")
+            response._framed = True
 
     def on_headers_complete(self) -> None:
-        if self.response is not None:
-            self.response._head(self.parser.get_status_code())
+        response = self.response
+        if response is None:
+            return
+        status = self.parser.get_status_code()
+        if status < 200:
+            if status == 101:
+                raise UpstreamMalformed("the replica switched protocols on a POST")
+            # An interim answer (100 Continue, 103 Early Hints): its headers are not the
+            # answer's; the final head follows on the same connection.
+            response.content_type = b"application/json"
+            response.content_length = None
+            response._framed = False
+            response._head_bytes = 0
+            return
+        if response._head_bytes > MAX_HEAD_BYTES:
+            raise UpstreamMalformed("the answer's head is too long")
+        response._head(status)
 
     def on_body(self, body: bytes) -> None:
         if self.response is not None:
             self.response._feed(body)
 
     def on_message_complete(self) -> None:
-        response, self.response = self.response, None
-        if response is None:
-            return
+        response = self.response
+        if response is None or not response.status:
+            return  # an interim answer's end: the final one follows
+        self.response = None
         paused = response._paused
         response._complete()
         if not self.parser.should_keep_alive():
@@ -197,16 +237,20 @@ class _Connection(asyncio.Protocol):
 
 class UpstreamResponse:
     """A replica's answer: ``status``, ``content_type`` and ``content_length`` (the header's
-    bytes, or None for a chunked stream) once ``post`` returns, then the body through ``read``
-    until it returns b"" — or until ``done`` says nothing more will come. Always ``close`` it."""
+    bytes, or None for a chunked stream or a body that ends with the connection) once
+    ``post`` returns, then the body through ``read`` until it returns b"" — or until ``done``
+    says nothing more will come. Always ``close`` it."""
 
     __slots__ = (
+        "_before_head",
         "_begun",
         "_buffered",
         "_chunks",
         "_connection",
         "_done",
         "_error",
+        "_framed",
+        "_head_bytes",
         "_head_future",
         "_paused",
         "_waiter",
@@ -224,6 +268,9 @@ class UpstreamResponse:
         self._done = False
         self._paused = False
         self._begun = False
+        self._framed = False  # Content-Length or chunked; else the body ends with the connection
+        self._head_bytes = 0  # the final head's headers, as parsed
+        self._before_head = 0  # bytes received while the final head was incomplete
         self._error: UpstreamError | None = None
         self.status = 0
         self.content_type = b"application/json"

@@ -19,9 +19,11 @@ import uvloop
 from config.processes import free_port
 from gateway.upstream import (
     HIGH_WATER,
+    MAX_HEAD_BYTES,
     ReplicaUnreachable,
     Upstream,
     UpstreamBroken,
+    UpstreamMalformed,
     UpstreamResponse,
 )
 
@@ -540,6 +542,156 @@ def test_a_freed_connection_woken_for_a_waiter_that_is_cancelled_goes_to_the_nex
             with pytest.raises(asyncio.CancelledError):
                 await woken
             first.close()
+            await client.close()
+
+    run(scenario())
+
+
+def test_interim_1xx_answers_are_skipped_for_the_final_one():
+    async def interim_first(reader, writer, head, body) -> bool:
+        writer.write(
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+            b"HTTP/1.1 103 Early Hints\r\ncontent-type: text/html\r\nlink: </a>\r\n\r\n"
+        )
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the final answer in another segment
+        writer.write(plain(body))
+        await writer.drain()
+        return True
+
+    async def scenario() -> None:
+        async with Replica(interim_first) as replica:
+            client = upstream()
+            for n in range(2):
+                response = await client.post(replica.url, "/x", b"%d" % n)
+                assert (response.status, response.content_type) == (200, b"application/json")
+                assert await read_all(response) == b"%d" % n
+            assert replica.connections == 1
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_switching_protocols_answer_to_a_post_is_malformed():
+    async def upgrade(reader, writer, head, body) -> bool:
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\nconnection: upgrade\r\n\r\n"
+        )
+        await writer.drain()
+        await reader.read()
+        return False
+
+    async def scenario() -> None:
+        async with Replica(upgrade) as replica:
+            client = upstream()
+            with pytest.raises(UpstreamMalformed):
+                await client.post(replica.url, "/x", b"{}")
+            await asyncio.wait_for(replica.hung_up.wait(), 2)
+            assert client.open_connections == 0
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_body_delimited_by_the_close_of_the_connection_is_complete():
+    """GIVEN an answer with neither Content-Length nor chunked framing (HTTP/1.0 style)
+    WHEN the replica closes the connection after the body
+    THEN the body is whole (not a cut connection) and the connection is not reused."""
+
+    async def until_close(reader, writer, head, body) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"all of " + body)
+        await writer.drain()
+        return False
+
+    async def scenario() -> None:
+        async with Replica(until_close) as replica:
+            client = upstream()
+            for n in range(2):
+                response = await client.post(replica.url, "/x", b"%d" % n)
+                assert (response.status, response.content_length) == (200, None)
+                assert await read_all(response) == b"all of %d" % n
+                assert response.done
+            assert replica.connections == 2
+            await client.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("status", [204, 304])
+def test_a_204_or_304_has_no_body_whatever_its_headers_say(status: int):
+    async def empty(reader, writer, head, body) -> bool:
+        writer.write(b"HTTP/1.1 %d Nothing\r\ncontent-length: 5\r\n\r\n" % status)
+        await writer.drain()
+        return True
+
+    async def scenario() -> None:
+        async with Replica(empty) as replica:
+            client = upstream()
+            for _ in range(2):
+                response = await client.post(replica.url, "/x", b"{}")
+                assert response.status == status
+                assert await asyncio.wait_for(read_all(response), 2) == b""
+            assert replica.connections == 1
+            await client.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_an_answer_head_over_the_bound_is_malformed(split: bool):
+    """A replica's head is bounded (MAX_HEAD_BYTES), whether it comes in one segment with
+    its body or keeps coming without an end: an unbounded one would fill the gateway."""
+
+    async def huge_head(reader, writer, head, body) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nx-filler: ")
+        for _ in range(MAX_HEAD_BYTES // 4096 + 2):
+            if split:
+                await writer.drain()
+                await asyncio.sleep(0)
+            writer.write(b"f" * 4096)
+        writer.write(b"\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        await reader.read()
+        return False
+
+    async def within_bound(reader, writer, head, body) -> bool:
+        writer.write(plain(b"{}", extra=b"x-filler: %s\r\n" % (b"f" * (MAX_HEAD_BYTES // 2))))
+        await writer.drain()
+        return True
+
+    async def scenario() -> None:
+        client = upstream()
+        async with Replica(within_bound) as replica:
+            assert await read_all(await client.post(replica.url, "/x", b"{}")) == b"{}"
+        async with Replica(huge_head) as replica:
+            with pytest.raises(UpstreamMalformed):
+                await client.post(replica.url, "/x", b"{}")
+            await asyncio.wait_for(replica.hung_up.wait(), 2)
+        await client.close()
+
+    run(scenario())
+
+
+def test_a_transfer_coding_other_than_chunked_is_malformed():
+    """The body is relayed as it comes: a gzip transfer coding would reach the client still
+    compressed and unannounced, so it is refused (as h11 refuses it)."""
+
+    async def gzipped(reader, writer, head, body) -> bool:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+        )
+        await writer.drain()
+        await reader.read()
+        return False
+
+    async def scenario() -> None:
+        async with Replica(gzipped) as replica:
+            client = upstream()
+            with pytest.raises(UpstreamMalformed):
+                await client.post(replica.url, "/x", b"{}")
             await client.close()
 
     run(scenario())
