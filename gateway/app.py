@@ -64,7 +64,6 @@ from gateway.scheduling import (
     TicketPlans,
     prefix_hash,
     saturated_entry,
-    wall_ms,
     write_fleet,
 )
 from gateway.service_accounts import KeysUnavailable, TokenRefused, TokenVerifier
@@ -507,7 +506,7 @@ class Gateway:
                     await write_fleet(
                         self.valkey,
                         call.model.public_id,
-                        {exc.replica: saturated_entry(scraped_at_ms=wall_ms())},
+                        {exc.replica: saturated_entry(scraped_at_ms=self.scheduler.now_ms())},
                     )
                 except (valkey.ValkeyError, OSError) as failed:
                     raise _admission_unavailable(failed) from None

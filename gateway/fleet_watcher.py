@@ -16,6 +16,10 @@ what its KV cache holds), and any larger count seen after; 0 until then. It is k
 cycles and restarts (read back from the hash), and caps what the scheduler sends it to that
 plus the threshold.
 
+Times are Valkey's clock (gateway/scheduling/clock.py, re-measured every cycle), not this
+host's: the gateways judge an entry's age in that clock too, so a watcher host whose clock
+is off still writes entries they find fresh.
+
 Failure is never mistaken for idleness: a replica that refuses, hangs past the scrape timeout,
 answers non-200 or serves no vLLM gauges is written as saturated (``UNREACHABLE_WAITING``
 requests waiting, stamped with the time of the attempt); a watcher that stops writing leaves
@@ -52,6 +56,7 @@ from gateway.policy import Policy
 from gateway.policy_store import PolicyStore
 from gateway.scheduling import Scheduler, fleet_entry
 from gateway.scheduling import keys as scheduling_keys
+from gateway.scheduling.clock import ValkeyClock
 
 logger = logging.getLogger("gateway.fleet_watcher")
 
@@ -79,7 +84,7 @@ def _text(value: bytes | str) -> str:
 
 
 def now_ms() -> int:
-    # Wall clock, not monotonic: gateways compare it with their own NTP-synchronised now_ms.
+    """This host's wall clock, for tests and tools; entries are stamped with Valkey's."""
     return time.time_ns() // 1_000_000
 
 
@@ -284,9 +289,12 @@ class FleetWatcher:
         settings: WatcherSettings,
         *,
         on_drained: DrainedCallback | None = None,
+        clock: ValkeyClock | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
+        # Entries are stamped in Valkey's clock, the one every gateway compares them with.
+        self.clock = clock if clock is not None else ValkeyClock()
         self.policy = PolicyStore(
             client,
             refresh_s=settings.policy_refresh_s,
@@ -329,16 +337,20 @@ class FleetWatcher:
                     if response.status != 200:
                         raise ScrapeError(f"/metrics answered {response.status}")
                     text = (await response.read()).decode(errors="replace")
-            return parse_vllm_metrics(text, at_ms=now_ms())
+            return parse_vllm_metrics(text, at_ms=self.clock())
         except (aiohttp.ClientError, TimeoutError, ScrapeError, ValueError) as exc:
             logger.debug("scrape_failed replica=%s error=%r", replica, exc)
-            return ReplicaLoad.unreachable(now_ms())
+            return ReplicaLoad.unreachable(self.clock())
 
     async def run_cycle(self) -> CycleReport:
         started = time.perf_counter()
         policy = self._policy()
         if policy is None:
-            return CycleReport(now_ms(), 0.0, written=False)
+            return CycleReport(self.clock(), 0.0, written=False)
+        try:
+            await self.clock.sync(self.client.time)
+        except (valkey.ValkeyError, OSError) as exc:
+            logger.debug("clock_sync_failed error=%r", exc)  # the write will fail too
         models = {name: model.replicas for name, model in policy.models.items()}
         replicas = sorted({url for urls in models.values() for url in urls})
         # Before the scrape: a grant made while it runs counts twice (in vLLM's gauges and
@@ -352,7 +364,7 @@ class FleetWatcher:
             name: {url: self._entry(scraped[url], name, url, in_flight) for url in urls}
             for name, urls in models.items()
         }
-        at = now_ms()
+        at = self.clock()
         written = await self._write(loads, at, policy.version, started)
         drained = self._drained(loads) if written else frozenset()
         self._log_transitions(loads)
@@ -581,6 +593,7 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping, signum)
+    clock = ValkeyClock()  # synced by the watcher's cycles, shared with its pump
     scheduler: Scheduler | None = None
     if on_drained is None:
         # Queued requests wait for capacity; a replica that drains is capacity, so pump
@@ -589,6 +602,7 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
             client,
             stale_ms=settings.stale_ms,
             waiting_threshold=settings.waiting_threshold,
+            clock=clock,
         )
 
         async def pump(model: str) -> None:
@@ -596,7 +610,7 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
             await scheduler.pump(model)
 
         on_drained = pump
-    watcher = FleetWatcher(client, settings, on_drained=on_drained)
+    watcher = FleetWatcher(client, settings, on_drained=on_drained, clock=clock)
     logger.info(
         "fleet_watcher_started interval_s=%s timeout_s=%s waiting_threshold=%s",
         settings.scrape_interval_s,

@@ -41,6 +41,7 @@ from valkey.asyncio.client import PubSub
 from gateway.admission.limits import limit_args
 from gateway.autopipeline import Arg, AutoPipeline, bulk, pack_values
 from gateway.scheduling import keys
+from gateway.scheduling.clock import ValkeyClock
 from gateway.scheduling.errors import (
     MaxConcurrent,
     QueueFull,
@@ -65,7 +66,8 @@ def lua_source(name: str) -> str:
 
 
 def wall_ms() -> int:
-    """Milliseconds of the wall clock: scripts compare times written by other gateways."""
+    """Milliseconds of this host's wall clock (tests and tools; the scheduler itself reads
+    Valkey's clock, gateway/scheduling/clock.py)."""
     return int(time.time() * 1000)
 
 
@@ -181,7 +183,7 @@ class Scheduler:
         poll_interval_s: float = 0.2,
         reap_interval_s: float = 1.0,
         heartbeat_ms: int = 5_000,
-        clock: Callable[[], int] = wall_ms,
+        clock: Callable[[], int] | None = None,
         prefix: str = keys.KEY_PREFIX,
         pipe: AutoPipeline | None = None,
     ) -> None:
@@ -201,7 +203,10 @@ class Scheduler:
         self.heartbeat_ms = heartbeat_ms
         # Refreshed five times per heartbeat: four refreshes may fail before it expires.
         self._beat_s = min(reap_interval_s, heartbeat_ms / 5000)
-        self._clock = clock
+        # Valkey's clock unless a test drives its own: the scripts compare times written by
+        # other gateways and the fleet watcher, so one clock must stamp them all.
+        self._valkey_clock = ValkeyClock() if clock is None else None
+        self._clock: Callable[[], int] = clock or self._valkey_clock or wall_ms
         self._prefix = prefix
         self._keys: list[Arg] = [prefix]
         # Lease ids: unique without a random number per request.
@@ -421,14 +426,25 @@ class Scheduler:
         """Grant waiters of ``model`` while a replica has room; returns how many."""
         return int(await self.pipe.script("pump", self._keys, [self._clock(), model]))
 
+    def now_ms(self) -> int:
+        """The time the scripts are given (Valkey's clock): for anything written next to
+        what they compare, such as a fleet entry marking a replica saturated."""
+        return self._clock()
+
     async def heartbeat(self) -> None:
-        """Say this gateway is alive for the next ``heartbeat_ms`` (the reaper repeats it)."""
+        """Say this gateway is alive for the next ``heartbeat_ms`` (the reaper repeats it).
+        Re-measures Valkey's clock first, so the expiry is in the clock reapers compare."""
+        if self._valkey_clock is not None:
+            await self._valkey_clock.sync(self._server_time)
         await self.pipe.execute(
             "ZADD",
             keys.gateways(prefix=self._prefix),
             self._clock() + self.heartbeat_ms,
             self.gateway_id,
         )
+
+    async def _server_time(self) -> Any:
+        return await self.pipe.execute("TIME")
 
     async def reap(self) -> tuple[int, int, int]:
         """One reaper pass: (leases released, waiters dropped, waiters granted)."""
