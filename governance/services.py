@@ -200,10 +200,10 @@ def record_delete(*, actor: Actor, instance: DjangoModel) -> None:
 
 
 # --- use cases ----------------------------------------------------------------------------
-# Fields a developer may set on a draft; everything that grants capacity or access
+# Fields a developer may set on a draft; everything that grants capacity, priority or access
 # (status, models, limits, namespace, guardrails) is the officer's to decide.
 DEVELOPER_FIELDS = frozenset(
-    {"name", "slug", "kind", "purpose", "data_classification", "ticket_ref", "namespace"}
+    {"name", "slug", "kind", "purpose", "data_classification", "ticket_ref"}
 )
 
 
@@ -253,9 +253,11 @@ def use_case_update(
     if not _governs(actor):
         if use_case.status != UseCaseStatus.DRAFT:
             raise PermissionDenied("Only an officer may change a use case once it is submitted.")
-        _check_developer_fields(
-            actor, [*changes, *(["allowed_models"] if allowed_models is not None else [])]
-        )
+        # A full update sends back every field; only those it would change need the right.
+        changing = [f for f, value in changes.items() if getattr(use_case, f, None) != value]
+        if allowed_models is not None and set(allowed_models) != set(use_case.allowed_models.all()):
+            changing.append("allowed_models")
+        _check_developer_fields(actor, changing)
     if "tenant" in changes or "status" in changes:
         raise ValidationError(
             "A use case's tenant and status change only through their own actions."

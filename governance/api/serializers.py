@@ -67,8 +67,18 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
         read_only_fields = ("created_at", "updated_at")
 
 
+class DeploymentSummarySerializer(serializers.ModelSerializer[Deployment]):
+    """A deployment as every role may see it in the catalogue: where a model runs is not
+    shown (replica URLs are the fleet's internal addresses; officers read /api/deployments/)."""
+
+    class Meta:
+        model = Deployment
+        fields = ("id", "served_name", "lora_adapters", "active")
+        read_only_fields = fields
+
+
 class ModelSerializer(serializers.ModelSerializer[Model]):
-    deployments = DeploymentSerializer(many=True, read_only=True)
+    deployments = DeploymentSummarySerializer(many=True, read_only=True)
 
     class Meta:
         model = Model

@@ -6,6 +6,7 @@ what): an object outside a person's scope is a 404, an action they may not take 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar, cast
 
@@ -13,9 +14,8 @@ from django.db.models import Model as DjangoModel
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, permissions, viewsets
+from rest_framework import generics, mixins, permissions, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
@@ -35,7 +35,7 @@ from governance.models import (
     Tenant,
     UseCase,
 )
-from governance.roles import can_read_everything, roles_of, visible_tenants
+from governance.roles import AnyUser, can_govern, can_read_everything, roles_of, visible_tenants
 from governance.selectors import (
     api_keys_visible,
     audit_events_visible,
@@ -67,6 +67,33 @@ class HasSwitchyardRole(permissions.BasePermission):
         return bool(request.user and request.user.is_authenticated and roles_of(request.user))
 
 
+class GovernsFleet(permissions.BasePermission):
+    """The fleet's deployments carry its internal addresses (replica URLs): officers and
+    admins only. Everyone with a role still reads the model catalogue."""
+
+    message = "Only governance officers and admins see the fleet's deployments."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return can_govern(request.user)
+
+
+class ScopedRelations(generics.GenericAPIView):  # type: ignore[type-arg]
+    """Related records a person names in a body are looked up in their scope only, so a
+    record outside it gets the same answer as one that does not exist (no existence leak)."""
+
+    # field name → (the person's scope of that relation, the words for "not found")
+    scoped_relations: ClassVar[dict[str, tuple[Callable[[AnyUser], QuerySet[Any]], str]]] = {}
+
+    def get_serializer(self, *args: Any, **kwargs: Any) -> BaseSerializer[Any]:
+        serializer: BaseSerializer[Any] = super().get_serializer(*args, **kwargs)
+        fields = getattr(serializer, "fields", {})
+        for name, (scope, missing) in self.scoped_relations.items():
+            if name in fields:
+                fields[name].queryset = scope(self.request.user)
+                fields[name].error_messages["does_not_exist"] = missing
+        return serializer
+
+
 def actor_of(request: Request) -> Actor:
     return Actor.from_request(cast(HttpRequest, request))
 
@@ -74,7 +101,7 @@ def actor_of(request: Request) -> Actor:
 class GovernedViewSet(viewsets.ModelViewSet):  # type: ignore[type-arg]
     """CRUD for records that only officers change; every write through the record services."""
 
-    permission_classes = (HasSwitchyardRole,)
+    permission_classes: tuple[type[permissions.BasePermission], ...] = (HasSwitchyardRole,)
     m2m_fields: ClassVar[tuple[str, ...]] = ()
 
     def _split(self, serializer: BaseSerializer[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -126,6 +153,7 @@ class ModelViewSet(GovernedViewSet):
 
 class DeploymentViewSet(GovernedViewSet):
     serializer_class = s.DeploymentSerializer
+    permission_classes = (HasSwitchyardRole, GovernsFleet)
     queryset = Deployment.objects.select_related("model")
     filterset_fields = ("model__public_id", "node_pool", "active")
 
@@ -161,6 +189,7 @@ class RateLimitPolicyViewSet(GovernedViewSet):
 
 
 class UseCaseViewSet(
+    ScopedRelations,
     mixins.CreateModelMixin,
     mixins.RetrieveModelMixin,
     mixins.UpdateModelMixin,
@@ -174,6 +203,7 @@ class UseCaseViewSet(
 
     serializer_class = s.UseCaseSerializer
     permission_classes = (HasSwitchyardRole,)
+    scoped_relations = {"tenant": (visible_tenants, "No such tenant.")}
     filterset_fields = ("tenant__slug", "status", "kind", "namespace", "data_classification")
     search_fields = ("slug", "name", "purpose", "ticket_ref")
     ordering_fields = ("created_at", "slug", "status")
@@ -251,6 +281,7 @@ def _secret_response(key: ApiKey, secret: str) -> Response:
 
 
 class ApiKeyViewSet(
+    ScopedRelations,
     mixins.CreateModelMixin,
     mixins.RetrieveModelMixin,
     mixins.ListModelMixin,
@@ -264,6 +295,7 @@ class ApiKeyViewSet(
 
     serializer_class = s.ApiKeySerializer
     permission_classes = (HasSwitchyardRole,)
+    scoped_relations = {"use_case": (use_cases_visible, "No such use case.")}
     filterset_fields = ("use_case", "status", "use_case__tenant__slug")
     search_fields = ("name", "prefix")
     ordering_fields = ("created_at", "expires_at", "last_used_at")
@@ -273,9 +305,7 @@ class ApiKeyViewSet(
 
     def perform_create(self, serializer: BaseSerializer[Any]) -> None:
         data = serializer.validated_data
-        use_case = data["use_case"]
-        if not use_cases_visible(self.request.user).filter(pk=use_case.pk).exists():
-            raise NotFound("No such use case.")
+        use_case = data["use_case"]  # within the person's scope (ScopedRelations)
         serializer.instance = api_key_request(
             actor=actor_of(self.request),
             use_case=use_case,

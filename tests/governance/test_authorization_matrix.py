@@ -105,6 +105,15 @@ CASES = [
     ),
     # the model catalogue and the priority matrix: everyone with a role reads, officers change
     Case("model-list", "get", lambda w: "/api/models/", None, READ_ALL),
+    # deployments hold the fleet's internal addresses: officers and admins only
+    Case("deployment-list", "get", lambda w: "/api/deployments/", None, governed(200)),
+    Case(
+        "deployment-read",
+        "get",
+        lambda w: f"/api/deployments/{w['llama'].deployments.get().pk}/",
+        None,
+        governed(200),
+    ),
     Case(
         "model-create",
         "post",
@@ -161,8 +170,22 @@ CASES = [
         "post",
         lambda w: "/api/use-cases/",
         lambda w: {"tenant": "acme", "slug": "rag", "name": "RAG", "kind": "rag", "purpose": "p"},
-        governed(201, alice=201),
-    ),
+        governed(201, alice=201, bob=400),
+    ),  # bob is told acme does not exist, as for a slug no one has (see below)
+    Case(
+        "usecase-create-with-namespace",
+        "post",
+        lambda w: "/api/use-cases/",
+        lambda w: {
+            "tenant": "acme",
+            "slug": "rag",
+            "name": "RAG",
+            "kind": "rag",
+            "purpose": "p",
+            "namespace": "prod",
+        },
+        governed(201, bob=400),
+    ),  # the namespace decides priority: officers only
     Case(
         "usecase-update-approved",
         "patch",
@@ -205,8 +228,8 @@ CASES = [
         "post",
         lambda w: "/api/api-keys/",
         lambda w: {"use_case": w["use_case"].pk, "name": "batch", "reason": "nightly batch"},
-        everyone(201, bob=404, audrey=403),
-    ),
+        everyone(201, bob=400, audrey=403),
+    ),  # bob is told the use case does not exist, as for an id no one has (see below)
     Case(
         "key-approve",
         "post",
@@ -270,18 +293,108 @@ def test_authorization_matrix(world, case: Case, persona: str) -> None:
     )
 
 
-def test_lists_show_developers_only_their_tenants_records(world) -> None:
+def test_lists_show_developers_only_their_tenants_records_by_id(world) -> None:
+    """Every list bob reads holds globex's records and none of acme's, compared by id."""
+    globex = make_tenant("globex2")
+    bob_user = world["users"]["bob"]
+    globex.members.add(bob_user)
+    search = make_use_case(globex, "search", models=(world["llama"],))
+    bob_key, _ = make_key(search)
+    bob_guardrail = GuardrailSelection.objects.create(
+        use_case=search, guardrail="pii", side="response", action="flag"
+    )
+    bob_event = audit_record(
+        actor=Actor.system("tests"), action="tenant.update", obj=globex, tenant_slug="globex2"
+    )
+    acme_ids = {
+        "/api/tenants/": ("slug", "acme"),
+        "/api/use-cases/": ("id", world["use_case"].pk),
+        "/api/api-keys/": ("id", world["key"].pk),
+        "/api/audit-events/": ("sequence", world["event"].sequence),
+        "/api/guardrail-selections/": ("id", world["guardrail"].pk),
+        "/api/rate-limit-policies/": ("id", world["limit"].pk),
+    }
+    own_ids = {
+        "/api/tenants/": "globex2",
+        "/api/use-cases/": search.pk,
+        "/api/api-keys/": bob_key.pk,
+        "/api/audit-events/": bob_event.sequence,
+        "/api/guardrail-selections/": bob_guardrail.pk,
+    }
+    bob = APIClient()
+    bob.force_authenticate(bob_user)
+    for url, (field, acme_id) in acme_ids.items():
+        seen = [item[field] for item in bob.get(url).json()["results"]]
+        assert acme_id not in seen, f"{url} shows bob acme's record {field}={acme_id}"
+        if url in own_ids:
+            assert own_ids[url] in seen, f"{url} hides bob's own record: {seen}"
+    # ...and the same lists do show acme's records to alice, so the ids are the right ones.
+    alice = APIClient()
+    alice.force_authenticate(world["users"]["alice"])
+    for url, (field, acme_id) in acme_ids.items():
+        assert acme_id in [item[field] for item in alice.get(url).json()["results"]], url
+
+
+def _scrub(body: Any, value: str) -> str:
+    return repr(body).replace(value, "<value>")
+
+
+def test_a_foreign_tenant_and_an_unknown_one_get_the_same_answer(world) -> None:
+    """GIVEN bob of globex WHEN he creates a use case in acme, and in a tenant no one has
+    THEN both answers are the same status and words: acme's existence does not leak."""
     bob = APIClient()
     bob.force_authenticate(world["users"]["bob"])
-    for url in (
-        "/api/tenants/",
-        "/api/use-cases/",
-        "/api/api-keys/",
-        "/api/audit-events/",
-        "/api/guardrail-selections/",
-    ):
-        body = bob.get(url).json()
-        slugs = {str(item) for item in body["results"]}
-        assert "acme" not in " ".join(slugs), f"{url} leaks acme's records to bob: {body}"
-    assert [t["slug"] for t in bob.get("/api/tenants/").json()["results"]] == ["globex"]
-    assert bob.get("/api/rate-limit-policies/").json()["results"] == []
+    body = {"slug": "rag", "name": "RAG", "kind": "rag", "purpose": "p"}
+    foreign = bob.post("/api/use-cases/", {**body, "tenant": "acme"}, format="json")
+    unknown = bob.post("/api/use-cases/", {**body, "tenant": "nosuch"}, format="json")
+    assert foreign.status_code == unknown.status_code == 400
+    assert _scrub(foreign.json(), "acme") == _scrub(unknown.json(), "nosuch")
+    assert "acme" not in repr(foreign.json())
+
+
+def test_a_foreign_use_case_and_an_unknown_one_get_the_same_answer(world) -> None:
+    bob = APIClient()
+    bob.force_authenticate(world["users"]["bob"])
+    foreign_id, unknown_id = world["use_case"].pk, world["use_case"].pk + 1000
+    body = {"name": "batch", "reason": "nightly"}
+    foreign = bob.post("/api/api-keys/", {**body, "use_case": foreign_id}, format="json")
+    unknown = bob.post("/api/api-keys/", {**body, "use_case": unknown_id}, format="json")
+    assert foreign.status_code == unknown.status_code
+    assert foreign.status_code in (400, 404)
+    assert _scrub(foreign.json(), str(foreign_id)) == _scrub(unknown.json(), str(unknown_id))
+
+
+def test_developers_read_model_names_but_no_replica_address(world) -> None:
+    url = world["llama"].deployments.get().replicas[0]
+    alice = APIClient()
+    alice.force_authenticate(world["users"]["alice"])
+    models = alice.get("/api/models/")
+    assert models.status_code == 200
+    assert [m["public_id"] for m in models.json()["results"]] == ["llama"]
+    assert url not in models.content.decode()
+    assert url not in alice.get("/api/models/llama/").content.decode()
+    olivia = APIClient()
+    olivia.force_authenticate(world["users"]["olivia"])
+    assert url in olivia.get("/api/deployments/").content.decode()
+
+
+def test_developers_may_not_set_a_use_cases_namespace(world) -> None:
+    alice = APIClient()
+    alice.force_authenticate(world["users"]["alice"])
+    body = {"tenant": "acme", "slug": "rag", "name": "RAG", "kind": "rag", "purpose": "p"}
+    refused = alice.post("/api/use-cases/", {**body, "namespace": "prod"}, format="json")
+    assert refused.status_code == 403, refused.json()
+    assert "Only an officer may set namespace." in refused.json()["detail"]
+    draft = alice.post("/api/use-cases/", body, format="json")
+    assert draft.status_code == 201, draft.json()
+    assert draft.json()["namespace"] == "dev"
+    patch = alice.patch(f"/api/use-cases/{draft.json()['id']}/", {"namespace": "prod-dr"})
+    assert patch.status_code == 403, patch.json()
+    # Sending back the value it already has changes nothing and is not refused.
+    same = alice.patch(f"/api/use-cases/{draft.json()['id']}/", {"namespace": "dev", "name": "R"})
+    assert same.status_code == 200, same.json()
+    olivia = APIClient()
+    olivia.force_authenticate(world["users"]["olivia"])
+    moved = olivia.patch(f"/api/use-cases/{draft.json()['id']}/", {"namespace": "prod"})
+    assert moved.status_code == 200
+    assert moved.json()["namespace"] == "prod"
