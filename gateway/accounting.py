@@ -3,8 +3,8 @@ streams (persisted to the database by the ``scheduler.persist_usage`` Celery tas
 
 The request path must never wait for, or fail because of, accounting: ``record_usage`` and
 ``record_decision`` are plain synchronous calls, made once the client has its answer, that
-pack the record's ``XADD … MAXLEN ~`` command (a few microseconds) into a bounded
-in-process buffer and return. A background task flushes the buffer every
+pack the record's ``XADD`` command (a few microseconds) into a bounded in-process buffer
+and return. A background task flushes the buffer every
 ``flush_interval_s``: batches of those commands written at once over the gateway's
 auto-pipelined connection (gateway/autopipeline.py). Packing at record time rather than at
 flush time matters for latency: a flush then only joins bytes, where packing a 50 ms batch
@@ -16,6 +16,14 @@ once the buffer is full, new records are dropped and counted (``dropped`` and th
 
 Delivery is at most once per record in the normal case; a write whose reply is lost (a
 timeout after Valkey applied it) is retried, so such a record can land twice.
+
+The writer never trims the streams: a record the persister has not read yet must not be
+lost because it lags (a ``MAXLEN`` here once dropped them silently). The persister trims
+what its consumer group has acknowledged (scheduler/usage.py). What it has not caught up
+with is watched from here instead: every ``backlog_check_s`` each stream's length, unread
+entries (the group's lag) and pending ones go to the gateway's metrics
+(``switchyard_gateway_accounting_stream_{length,unread,pending}``), with one warning when
+the unread ones pass ``backlog_warning``.
 
 Stream entries (every value a string; the schema shared with scheduler/usage.py):
 
@@ -34,11 +42,13 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import Final, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, Literal, NamedTuple
 
 import valkey
 import valkey.asyncio as avalkey
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gateway.autopipeline import Arg, AutoPipeline, bulk
 from gateway.metrics import GatewayMetrics
@@ -47,7 +57,10 @@ logger = logging.getLogger("gateway.accounting")
 
 USAGE_STREAM: Final = "sy:usage"
 DECISIONS_STREAM: Final = "sy:decisions"
-STREAM_MAXLEN: Final = 1_000_000
+STREAMS: Final = (USAGE_STREAM, DECISIONS_STREAM)
+# The persister's consumer group (scheduler/usage.py): what it has not read is the backlog.
+PERSISTER_GROUP: Final = "switchyard-persister"
+BACKLOG_WARNING: Final = 100_000
 
 USAGE_FIELDS: Final = (
     "request_id",
@@ -96,13 +109,13 @@ def _wire(value: object) -> bytes:
 
 
 class _XaddPacker:
-    """One stream's ``XADD stream MAXLEN ~ maxlen * field value …`` packed as RESP: the fixed
-    part once, then each record's values in the stream's field order."""
+    """One stream's ``XADD stream * field value …`` packed as RESP: the fixed part once, then
+    each record's values in the stream's field order."""
 
     __slots__ = ("_fields", "_head")
 
-    def __init__(self, stream: str, fields: tuple[str, ...], maxlen: int) -> None:
-        fixed: tuple[Arg, ...] = ("XADD", stream, "MAXLEN", "~", maxlen, "*")
+    def __init__(self, stream: str, fields: tuple[str, ...]) -> None:
+        fixed: tuple[Arg, ...] = ("XADD", stream, "*")
         count = len(fixed) + 2 * len(fields)
         self._head = b"*%d\r\n%s" % (count, b"".join([bulk(part) for part in fixed]))
         self._fields = tuple(bulk(field) for field in fields)
@@ -112,6 +125,58 @@ class _XaddPacker:
         for field, value in zip(self._fields, values, strict=True):
             parts += (field, _wire(value))
         return b"".join(parts)
+
+
+class Backlog(NamedTuple):
+    """A stream as the persister's consumer group sees it."""
+
+    length: int
+    unread: int  # not yet delivered to the group (all of it when there is no group yet)
+    pending: int  # delivered, not yet acknowledged
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
+    return {_str(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+
+
+def _str(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def parse_backlog(length: int, groups: Sequence[Any] | Exception) -> Backlog:
+    """``XLEN`` and ``XINFO GROUPS`` (RESP2 flat pairs) → the persister group's backlog."""
+    if isinstance(groups, Exception):  # no such stream yet
+        return Backlog(length, length, 0)
+    for flat in groups:
+        group = _pairs(flat)
+        if _str(group.get("name")) == PERSISTER_GROUP:
+            lag = group.get("lag")
+            # lag is nil when Valkey cannot count it (entries deleted mid-stream): the
+            # length is then the bound.
+            unread = int(lag) if lag is not None else length
+            return Backlog(length, unread, int(group.get("pending", 0)))
+    return Backlog(length, length, 0)
+
+
+class _BacklogCollector(Collector):
+    """The streams' backlog as last checked, read at scrape time."""
+
+    def __init__(self, accounting: Accounting) -> None:
+        self._accounting = accounting
+
+    def collect(self) -> Iterator[Metric]:
+        helps = {
+            "length": "Entries in the accounting stream (the persister trims what it has read).",
+            "unread": "Entries of the accounting stream the persister has not read yet.",
+            "pending": "Entries the persister read and has not acknowledged yet.",
+        }
+        for field, text in helps.items():
+            family = GaugeMetricFamily(
+                f"switchyard_gateway_accounting_stream_{field}", text, labels=["stream"]
+            )
+            for stream, backlog in sorted(self._accounting.backlog.items()):
+                family.add_metric([stream], getattr(backlog, field))
+            yield family
 
 
 class Accounting:
@@ -126,7 +191,8 @@ class Accounting:
         batch_size: int = 500,
         flush_interval_s: float = 0.05,
         write_timeout_s: float = 1.0,
-        maxlen: int = STREAM_MAXLEN,
+        backlog_check_s: float = 10.0,
+        backlog_warning: int = BACKLOG_WARNING,
         record_immediate_admissions: bool = False,
         pipe: AutoPipeline | None = None,
     ) -> None:
@@ -139,9 +205,15 @@ class Accounting:
         self._flush_interval_s = flush_interval_s
         self._write_timeout_s = write_timeout_s
         self._packers = {
-            USAGE_STREAM: _XaddPacker(USAGE_STREAM, USAGE_FIELDS, maxlen),
-            DECISIONS_STREAM: _XaddPacker(DECISIONS_STREAM, DECISION_FIELDS, maxlen),
+            USAGE_STREAM: _XaddPacker(USAGE_STREAM, USAGE_FIELDS),
+            DECISIONS_STREAM: _XaddPacker(DECISIONS_STREAM, DECISION_FIELDS),
         }
+        self._backlog_check_s = backlog_check_s
+        self._backlog_warning = backlog_warning
+        self.backlog: dict[str, Backlog] = {}
+        self._backlogged: set[str] = set()  # streams warned about, until they catch up
+        if metrics is not None:
+            metrics.registry.register(_BacklogCollector(self))
         self._immediate = record_immediate_admissions
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -314,6 +386,35 @@ class Accounting:
                 logger.error("accounting_record_refused stream=%s error=%s", stream, reply)
                 self._drop(stream, 1)
 
+    async def check_backlog(self) -> None:
+        """Read each stream's backlog into ``backlog`` (the metrics); warn once when the
+        persister is ``backlog_warning`` entries or more behind, and say when it caught up."""
+        commands: list[tuple[Arg, ...]] = []
+        for stream in STREAMS:
+            commands += [("XLEN", stream), ("XINFO", "GROUPS", stream)]
+        replies = await self._pipe.execute_many(commands)
+        for index, stream in enumerate(STREAMS):
+            length, groups = replies[2 * index], replies[2 * index + 1]
+            if isinstance(length, Exception):
+                raise length
+            backlog = parse_backlog(int(length), groups)
+            self.backlog[stream] = backlog
+            if backlog.unread >= self._backlog_warning and stream not in self._backlogged:
+                self._backlogged.add(stream)
+                logger.warning(
+                    "accounting_backlog stream=%s unread=%s pending=%s length=%s "
+                    "(the usage persister is behind; nothing unread is trimmed)",
+                    stream,
+                    backlog.unread,
+                    backlog.pending,
+                    backlog.length,
+                )
+            elif backlog.unread < self._backlog_warning // 2 and stream in self._backlogged:
+                self._backlogged.discard(stream)
+                logger.info(
+                    "accounting_backlog_cleared stream=%s unread=%s", stream, backlog.unread
+                )
+
     def _requeue(self, batch: list[_Record]) -> None:
         # Older records go back to the front; whatever no longer fits is dropped, oldest last.
         room = max(0, self._limit - len(self._buffer))
@@ -324,9 +425,17 @@ class Accounting:
 
     async def _run(self) -> None:
         backoff = self._flush_interval_s
+        loop = asyncio.get_running_loop()
+        check_at = loop.time()
         while not self._closing:
             await asyncio.sleep(backoff)
             ok = True
             while self._buffer and ok and not self._closing:
                 ok = await self.flush_once()
             backoff = self._flush_interval_s if ok else min(1.0, max(backoff * 2, 0.05))
+            if ok and loop.time() >= check_at and not self._closing:
+                check_at = loop.time() + self._backlog_check_s
+                try:
+                    await self.check_backlog()
+                except (valkey.ValkeyError, OSError) as exc:
+                    logger.debug("accounting_backlog_check_failed error=%r", exc)

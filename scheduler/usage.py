@@ -14,6 +14,14 @@ Exactly-once effects over at-least-once delivery, in three parts:
    transaction as the upserts; an entry at or below it was already counted (its run died
    before XACK) and is only acknowledged.
 
+4. **Trimming only what is done.** The gateway never trims the streams; after each run the
+   persister trims the entries every consumer group of the stream has read and
+   acknowledged (``XTRIM MINID``, below the oldest entry still pending or undelivered in any
+   group), so a lagging persister loses nothing; acknowledged entries of the last
+   ``KEEP_ACKNOWLEDGED_MS`` (an hour) stay, for inspection and redelivery. The backlog
+   left (entries not yet read) is in the report, and a warning is logged when it is over
+   ``BACKLOG_WARNING``.
+
 Roll-ups are one ``INSERT … ON CONFLICT DO UPDATE SET n = n + excluded.n`` per (use case,
 tenant, model, minute) — the same SQL on SQLite and PostgreSQL. Malformed entries are
 logged, acknowledged and skipped, so one bad record cannot wedge the stream.
@@ -42,14 +50,15 @@ import valkey
 from django.conf import settings
 from django.db import connection, models, transaction
 
-from gateway.accounting import DECISIONS_STREAM, USAGE_STREAM
+from gateway.accounting import BACKLOG_WARNING, DECISIONS_STREAM, PERSISTER_GROUP, USAGE_STREAM
 from governance.audit import Actor, audit_record
 from governance.models import UseCase
 from scheduler.models import AdmissionDecision, StreamCursor, UsageMinute
 
 logger = logging.getLogger(__name__)
 
-GROUP = "switchyard-persister"
+GROUP = PERSISTER_GROUP
+KEEP_ACKNOWLEDGED_MS = 3_600_000
 BATCH_SIZE = 1000
 _MAX_BIGINT = 2**63 - 1
 
@@ -73,6 +82,8 @@ class PersistReport:
     malformed: int = 0
     refusal_summaries: int = 0  # audit events written for groups of refusals
     skipped_locked: list[str] = field(default_factory=list)
+    trimmed: int = 0  # entries trimmed after every group had acknowledged them
+    unread: dict[str, int] = field(default_factory=dict)  # per stream, left for the next run
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -83,6 +94,8 @@ class PersistReport:
             "malformed": self.malformed,
             "refusal_summaries": self.refusal_summaries,
             "skipped_locked": self.skipped_locked,
+            "trimmed": self.trimmed,
+            "unread": self.unread,
         }
 
 
@@ -101,8 +114,10 @@ def usage_persist(
     consumer: str | None = None,
     batch_size: int = BATCH_SIZE,
     max_batches: int = 20,
+    keep_acknowledged_ms: int = KEEP_ACKNOWLEDGED_MS,
 ) -> PersistReport:
-    """Drain both streams into the database, up to ``max_batches`` batches each."""
+    """Drain both streams into the database, up to ``max_batches`` batches each, then trim
+    what every consumer group acknowledged more than ``keep_acknowledged_ms`` ago."""
     client = client or _client_for(settings.VALKEY_URL)
     consumer = consumer or default_consumer()
     report = PersistReport()
@@ -115,7 +130,56 @@ def usage_persist(
                 break
             if taken < batch_size:
                 break
+        report.trimmed += _trim_consumed(client, stream, keep_acknowledged_ms)
+        report.unread[stream] = unread = _unread(client, stream)
+        if unread >= BACKLOG_WARNING:
+            logger.warning(
+                "usage_persist_backlog stream=%s unread=%s (runs read at most %s a run)",
+                stream,
+                unread,
+                batch_size * max_batches,
+            )
     return report
+
+
+def _next_id(entry_id: bytes | str) -> str:
+    ms, seq = _parse_id(entry_id)
+    return f"{ms}-{seq + 1}"
+
+
+def _trim_consumed(client: valkey.Valkey, stream: str, keep_ms: int) -> int:
+    """Trim the entries every consumer group has read and acknowledged, but those of the
+    last ``keep_ms`` (entry ids are Valkey's clock); returns how many.
+
+    The floor is the oldest entry any group still needs: its oldest pending one, or the one
+    after its last delivered. No group: nothing is known to be read, nothing is trimmed.
+    Entries delivered after the floor was read are above it, so a run reading meanwhile
+    loses nothing."""
+    groups = cast(list[dict[str, Any]], client.xinfo_groups(stream))
+    if not groups:
+        return 0
+    seconds, microseconds = cast(tuple[int, int], client.time())
+    floors = [f"{max(0, seconds * 1000 + microseconds // 1000 - keep_ms)}-0"]
+    for group in groups:
+        floor = _next_id(group["last-delivered-id"])
+        if int(group["pending"]):
+            oldest = cast(dict[str, Any], client.xpending(stream, group["name"]))["min"]
+            floor = min(floor, _text_id(oldest), key=_parse_id)
+        floors.append(floor)
+    return int(cast(int, client.xtrim(stream, minid=min(floors, key=_parse_id), approximate=False)))
+
+
+def _text_id(entry_id: bytes | str) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+def _unread(client: valkey.Valkey, stream: str) -> int:
+    """Entries not yet delivered to the persister's group (its lag; the stream's length
+    when Valkey cannot count it)."""
+    for group in cast(list[dict[str, Any]], client.xinfo_groups(stream)):
+        if _text_id(group["name"]) == GROUP and group.get("lag") is not None:
+            return int(group["lag"])
+    return int(cast(int, client.xlen(stream)))
 
 
 def _ensure_group(client: valkey.Valkey, stream: str) -> None:
