@@ -1,8 +1,9 @@
 """Governance records in the Django admin, for platform admins.
 
-Every save is audited and republishes the gateway's policy snapshot. Lifecycle moves (use
-case approval, key decisions) are admin actions that go through the same services as the
-portal and the API; their status fields are read-only here.
+Every write — a form, an inline row, a deletion, an action — goes through the services, so it
+is role-checked, audited and republishes the gateway's policy snapshot, as on every other
+door. Lifecycle moves (use case approval, key decisions) are admin actions that go through
+the same services as the portal and the API; their status fields are read-only here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
-from governance.audit import Actor, object_state
+from governance.audit import Actor
 from governance.errors import Conflict
 from governance.models import (
     ApiKey,
@@ -33,30 +34,60 @@ from governance.models import (
 from governance.services import (
     api_key_decide,
     api_key_revoke,
+    record_create,
     record_delete,
-    record_saved,
+    record_update,
     use_case_transition,
 )
 
 
+def _m2m_of(form: ModelForm[Any]) -> dict[str, Any]:
+    opts = form.instance._meta
+    return {
+        f.name: form.cleaned_data[f.name] for f in opts.many_to_many if f.name in form.cleaned_data
+    }
+
+
+def _save_through_services(request: HttpRequest, form: ModelForm[Any], change: bool) -> None:
+    """Save the form's row (and its many-to-many fields) with the record services."""
+    actor = Actor.from_request(request)
+    if change:
+        record_update(actor=actor, instance=form.instance, changes={}, m2m=_m2m_of(form))
+    else:
+        record_create(actor=actor, instance=form.instance, m2m=_m2m_of(form))
+
+
 class AuditedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A ModelAdmin whose every write is a service call (the admin's own saves are skipped).
+
+    The admin runs the whole request in one transaction, so a refusal (a 403 for someone
+    without an officer's or admin's role) leaves nothing half-written.
+    """
+
     def save_model(
         self, request: HttpRequest, obj: Any, form: ModelForm[Any], change: bool
     ) -> None:
-        before = object_state(type(obj)._default_manager.get(pk=obj.pk)) if change else None
-        request._switchyard_before = before  # type: ignore[attr-defined]
-        super().save_model(request, obj, form, change)
+        pass  # saved in save_related, with its many-to-many fields, by the services
 
     def save_related(
         self, request: HttpRequest, form: ModelForm[Any], formsets: Any, change: bool
     ) -> None:
-        super().save_related(request, form, formsets, change)
-        # After the many-to-many fields are saved, so the "after" state is complete.
-        record_saved(
-            actor=Actor.from_request(request),
-            instance=form.instance,
-            before=getattr(request, "_switchyard_before", None),
-        )
+        _save_through_services(request, form, change)
+        for formset in formsets:
+            self.save_formset(request, form, formset, change=change)
+
+    def save_formset(
+        self, request: HttpRequest, form: ModelForm[Any], formset: Any, change: bool
+    ) -> None:
+        """Inline rows (a use case's guardrails) are records too: each through the services."""
+        actor = Actor.from_request(request)
+        formset.save(commit=False)
+        for obj in formset.deleted_objects:
+            record_delete(actor=actor, instance=obj)
+        for obj in formset.new_objects:
+            record_create(actor=actor, instance=obj)
+        for obj, _fields in formset.changed_objects:
+            record_update(actor=actor, instance=obj, changes={})
 
     def delete_model(self, request: HttpRequest, obj: DjangoModel) -> None:
         record_delete(actor=Actor.from_request(request), instance=obj)
@@ -121,6 +152,12 @@ class UseCaseAdmin(AuditedAdmin):
     filter_horizontal = ("allowed_models",)
     readonly_fields = ("status", "status_changed_at", "status_changed_by", "status_reason")
     inlines = (GuardrailInline,)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # A use case never moves to another tenant (the API refuses it too).
+        fixed = ("tenant",) if obj is not None else ()
+        return (*super().get_readonly_fields(request, obj), *fixed)
+
     actions = ("approve", "suspend", "reinstate", "retire")
 
     def _transition(
@@ -195,6 +232,7 @@ class ApiKeyAdmin(AuditedAdmin):
     list_filter = ("status",)
     search_fields = ("prefix", "name", "use_case__slug")
     readonly_fields = (
+        "use_case",  # a key never moves to another use case, let alone another tenant
         "status",
         "prefix",
         "requested_by",

@@ -167,22 +167,6 @@ def record_update(
     return instance
 
 
-def record_saved(*, actor: Actor, instance: DjangoModel, before: dict[str, Any] | None) -> None:
-    """Audit and republish a row something else already saved (the Django admin's forms)."""
-    after = object_state(instance)
-    if after == before:
-        return
-    audit_record(
-        actor=actor,
-        action=_action(instance, "update" if before is not None else "create"),
-        obj=instance,
-        before=before,
-        after=after,
-        tenant_slug=_tenant_of(instance),
-    )
-    policy_changed()
-
-
 @transaction.atomic
 def record_delete(*, actor: Actor, instance: DjangoModel) -> None:
     _require_governor(actor)
