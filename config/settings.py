@@ -188,7 +188,7 @@ REST_FRAMEWORK = {
         "rest_framework.filters.SearchFilter",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "governance.api.schema.AutoSchema",  # + the error responses
     "EXCEPTION_HANDLER": "governance.api.exceptions.exception_handler",
 }
 SPECTACULAR_SETTINGS = {

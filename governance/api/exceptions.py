@@ -1,20 +1,53 @@
-"""Domain errors to HTTP, for the whole API, in one place."""
+"""Domain errors to HTTP, for the whole API, in one place.
+
+Every error but a 400 answers ``{"detail": "..."}``; a 409 for a record that others still refer
+to adds ``"code": "protected"`` and ``referenced_by``, the records in the way (docs/api.md).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Model, ProtectedError, RestrictedError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from governance.errors import Conflict
+
+# Enough to act on; the count says how many more there are.
+MAX_REFERENCES = 20
 
 
 class ConflictError(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_code = "conflict"
+
+
+def _protected(exc: ProtectedError | RestrictedError) -> Response:
+    """409 naming the records that still refer to the one being deleted."""
+    referrers: Iterable[Model] = (
+        exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects
+    )
+    ordered = sorted(referrers, key=lambda obj: (obj._meta.label, str(obj.pk)))
+    shown = ordered[:MAX_REFERENCES]
+    names = ", ".join(str(obj) for obj in shown)
+    more = f" and {len(ordered) - len(shown)} more" if len(ordered) > len(shown) else ""
+    return Response(
+        {
+            "detail": f"Other records still refer to this one: {names}{more}. "
+            "Change or remove them first.",
+            "code": "protected",
+            "referenced_by": [
+                {"type": str(obj._meta.verbose_name), "id": str(obj.pk), "repr": str(obj)}
+                for obj in shown
+            ],
+        },
+        status=status.HTTP_409_CONFLICT,
+    )
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -23,4 +56,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.ValidationError(detail)
     elif isinstance(exc, Conflict):
         exc = ConflictError(str(exc))
+    elif isinstance(exc, ProtectedError | RestrictedError):
+        set_rollback()  # as DRF does for its own errors: nothing half-deleted stays
+        return _protected(exc)
     return drf_exception_handler(exc, context)

@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
+from governance.choices import Capability
 from governance.models import (
     ApiKey,
     AuditEvent,
@@ -23,10 +24,62 @@ from governance.models import (
 
 User = get_user_model()
 
+# Bounds of the database's integer columns, the same on every backend (SQLite would take 64-bit
+# values that PostgreSQL refuses), so the schema and the server agree on what fits.
+INT32_MAX = 2**31 - 1
+SMALLINT_MAX = 2**15 - 1
+LIMIT = {"min_value": 1, "max_value": INT32_MAX}  # a per-minute or per-day limit, if set
+# A string list item: non-empty, and short enough for any sane use.
+ITEM_MAX = 2048
+# Base URLs of vLLM replicas, as the model's clean() requires them.
+REPLICA_URL = r"^https?://\S+$"
+
+
+class UniqueListField(serializers.ListField):
+    """A JSON list whose items may not repeat; the schema says so with ``uniqueItems``."""
+
+    default_error_messages = {"not_unique": "Remove the duplicates."}
+
+    def to_internal_value(self, data: Any) -> list[Any]:
+        values: list[Any] = super().to_internal_value(data)
+        if len({repr(value) for value in values}) != len(values):
+            self.fail("not_unique")
+        return values
+
+
+def _strings(**kwargs: Any) -> UniqueListField:
+    """A list of distinct non-empty strings (the JSON lists of the governance records)."""
+    return UniqueListField(
+        child=serializers.CharField(max_length=ITEM_MAX, trim_whitespace=False), **kwargs
+    )
+
+
+class ReferenceSerializer(serializers.Serializer[Any]):
+    """One record that still refers to the one a request tried to delete."""
+
+    type = serializers.CharField(help_text="e.g. use case, priority rule")
+    id = serializers.CharField(help_text="its primary key")
+    repr = serializers.CharField(help_text="how it reads, e.g. acme/chatbot")
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
+    """The body of every error but a 400: what went wrong, in words; a code for some."""
+
+    detail = serializers.CharField()
+    code = serializers.CharField(required=False, help_text="e.g. protected")
+    referenced_by = ReferenceSerializer(
+        many=True, required=False, help_text="With code protected: the records still in the way"
+    )
+
 
 class TenantSerializer(serializers.ModelSerializer[Tenant]):
     members = serializers.SlugRelatedField(
         many=True, slug_field="username", queryset=User.objects.all(), required=False
+    )
+    contacts = UniqueListField(
+        child=serializers.EmailField(max_length=254),
+        required=False,
+        help_text="Further contact e-mails",
     )
 
     class Meta:
@@ -49,6 +102,14 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
 
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     model = serializers.SlugRelatedField(slug_field="public_id", queryset=Model.objects.all())
+    replicas = UniqueListField(
+        child=serializers.RegexField(REPLICA_URL, max_length=ITEM_MAX),
+        min_length=1,
+        help_text="Base URLs of the vLLM replicas",
+    )
+    lora_adapters = _strings(
+        required=False, help_text="LoRA adapter names served on this base model"
+    )
 
     class Meta:
         model = Deployment
@@ -65,6 +126,7 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
             "updated_at",
         )
         read_only_fields = ("created_at", "updated_at")
+        extra_kwargs = {"max_in_flight_per_replica": LIMIT}
 
 
 class DeploymentSummarySerializer(serializers.ModelSerializer[Deployment]):
@@ -79,6 +141,11 @@ class DeploymentSummarySerializer(serializers.ModelSerializer[Deployment]):
 
 class ModelSerializer(serializers.ModelSerializer[Model]):
     deployments = DeploymentSummarySerializer(many=True, read_only=True)
+    capabilities = UniqueListField(
+        child=serializers.ChoiceField(Capability.choices),
+        min_length=1,
+        help_text="What clients may call it for",
+    )
 
     class Meta:
         model = Model
@@ -94,9 +161,15 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
             "updated_at",
         )
         read_only_fields = ("created_at", "updated_at")
+        extra_kwargs = {
+            "timeout_seconds": {"min_value": 0.1, "max_value": 86400.0},
+            "max_tokens": LIMIT,
+        }
 
 
 class GuardrailSelectionSerializer(serializers.ModelSerializer[GuardrailSelection]):
+    config = serializers.DictField(required=False, help_text="Guardrail-specific settings")
+
     class Meta:
         model = GuardrailSelection
         fields = ("id", "use_case", "guardrail", "side", "action", "config")
@@ -109,7 +182,7 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
     )
     guardrails = GuardrailSelectionSerializer(many=True, read_only=True)
     status_changed_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="username", read_only=True
+        slug_field="username", read_only=True, allow_null=True
     )
 
     class Meta:
@@ -145,6 +218,13 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
             "created_at",
             "updated_at",
         )
+        extra_kwargs = {
+            "purpose": {"max_length": 10_000},
+            "requests_per_minute": LIMIT,
+            "tokens_per_minute": LIMIT,
+            "tokens_per_day": LIMIT,
+            "max_concurrent": LIMIT,
+        }
 
     def validate_tenant(self, tenant: Tenant) -> Tenant:
         if self.instance is not None and tenant != self.instance.tenant:
@@ -167,6 +247,12 @@ class PriorityClassSerializer(serializers.ModelSerializer[PriorityClass]):
             "queue_timeout_seconds",
             "max_queue_length",
         )
+        extra_kwargs = {
+            "rank": {"min_value": 0, "max_value": SMALLINT_MAX},
+            "vllm_priority": {"min_value": -INT32_MAX - 1, "max_value": INT32_MAX},
+            "queue_timeout_seconds": {"min_value": 0.0, "max_value": 86400.0},
+            "max_queue_length": {"min_value": 0, "max_value": INT32_MAX},
+        }
 
 
 class PriorityRuleSerializer(serializers.ModelSerializer[PriorityRule]):
@@ -199,6 +285,11 @@ class RateLimitPolicySerializer(serializers.ModelSerializer[RateLimitPolicy]):
             "tokens_per_minute",
             "tokens_per_day",
         )
+        extra_kwargs = {
+            "requests_per_minute": LIMIT,
+            "tokens_per_minute": LIMIT,
+            "tokens_per_day": LIMIT,
+        }
 
 
 class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
@@ -206,10 +297,10 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
 
     use_case = serializers.PrimaryKeyRelatedField(queryset=UseCase.objects.all())
     requested_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="username", read_only=True
+        slug_field="username", read_only=True, allow_null=True
     )
     decided_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="username", read_only=True
+        slug_field="username", read_only=True, allow_null=True
     )
 
     class Meta:
@@ -241,7 +332,7 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
             "rotated_from",
             "created_at",
         )
-        extra_kwargs = {"reason": {"required": True, "allow_blank": False}}
+        extra_kwargs = {"reason": {"required": True, "allow_blank": False, "max_length": 2000}}
 
 
 class ApiKeyDecisionSerializer(serializers.Serializer[Any]):

@@ -385,7 +385,7 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg
     def get_queryset(self) -> QuerySet[AuditEvent]:
         return audit_events_visible(self.request.user)
 
-    @extend_schema(responses=s.ChainReportSerializer)
+    @extend_schema(responses={200: s.ChainReportSerializer, 409: s.ChainReportSerializer})
     @action(detail=False, methods=["get"], permission_classes=(HasSwitchyardRole, CanVerifyAudit))
     def verify(self, request: Request) -> Response:
         """Walk the whole hash chain; report the first broken link, if any."""
