@@ -174,9 +174,12 @@ def test_a_guardrail_edited_in_the_admin_inline_is_audited_and_republished(
     assert response.status_code == 302, response.content.decode()[:3000]
 
     update = AuditEvent.objects.get(action="guardrailselection.update")
+    assert update.before is not None
+    assert update.after is not None
     assert (update.before["action"], update.after["action"]) == ("redact", "block")
     assert update.actor == "root"
     created = AuditEvent.objects.get(action="guardrailselection.create")
+    assert created.after is not None
     assert created.after["guardrail"] == "prompt_injection"
     assert audit_verify().ok
     snapshot = parse_snapshot(valkey_client.get(SNAPSHOT_KEY))
@@ -194,6 +197,7 @@ def test_a_guardrail_deleted_in_the_admin_inline_is_audited(admin_client: Client
     assert response.status_code == 302, response.content.decode()[:3000]
     assert not GuardrailSelection.objects.exists()
     deleted = AuditEvent.objects.get(action="guardrailselection.delete")
+    assert deleted.before is not None
     assert deleted.before["action"] == "redact"
 
 
@@ -257,4 +261,5 @@ def test_a_tenant_added_in_the_admin_is_created_through_the_services(admin_clien
     tenant = Tenant.objects.get(slug="initech")
     assert list(tenant.members.all()) == [member]
     created = AuditEvent.objects.get(action="tenant.create")
+    assert created.after is not None
     assert created.after["members"] == [member.pk]  # audited with its many-to-many fields

@@ -19,11 +19,10 @@ from django.test import Client
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.settings import api_settings
 
-from governance.api import views
-from governance.api.authentication import ServiceAccountJWTAuthentication
-from governance.models import AuditEvent, Model, Tenant
+from governance.audit import Actor, audit_record
+from governance.models import ApiKey, AuditEvent, GuardrailSelection, Model, RateLimitPolicy, Tenant
 from governance.roles import Role, roles_of, roles_set
-from tests.factories import make_tenant
+from tests.factories import make_key, make_tenant, make_use_case
 from tests.support.oidc import (
     API_AUDIENCE,
     AUTOMATION_CLIENT,
@@ -56,17 +55,12 @@ def api_values(provider: Provider) -> dict[str, Any]:
 
 
 @pytest.fixture
-def realm(settings, provider: Provider, api_values: dict[str, Any], monkeypatch) -> Provider:
+def realm(settings, provider: Provider, api_values: dict[str, Any]) -> Provider:
+    # Only the realm's settings, as config/settings.py makes them from the environment; the
+    # API's authentication classes are the real ones from REST_FRAMEWORK, unpatched.
     for name, value in api_values.items():
         if name.startswith(("OIDC_", "SSO_")):
             setattr(settings, name, value)
-    # The API's views read DEFAULT_AUTHENTICATION_CLASSES once, at import; make sure the
-    # class under test is among them, first, whatever the settings list today.
-    classes: list[Any] = list(api_settings.DEFAULT_AUTHENTICATION_CLASSES)
-    configured = [c for c in classes if c is not ServiceAccountJWTAuthentication]
-    monkeypatch.setattr(
-        views.ModelViewSet, "authentication_classes", [ServiceAccountJWTAuthentication, *configured]
-    )
     make_tenant("acme")
     Model.objects.create(public_id="llama-3.1-8b-instruct", capabilities=["chat"])
     return provider
@@ -190,3 +184,110 @@ def test_the_class_is_wired_into_the_api_settings() -> None:
     paths = [f"{c.__module__}.{c.__qualname__}" for c in classes]
     assert SessionAuthentication in classes
     assert "governance.api.authentication.ServiceAccountJWTAuthentication" in paths
+
+
+# --- every route family of /api/, through the real REST_FRAMEWORK wiring ---------------------
+@pytest.fixture
+def acme_records(realm: Provider) -> dict[str, Any]:
+    """One record of acme's in each family, so each list has something the account may see."""
+    acme = Tenant.objects.get(slug="acme")
+    llama = Model.objects.get()
+    chatbot = make_use_case(acme, "chatbot", models=(llama,))
+    key, _ = make_key(chatbot)
+    guardrail = GuardrailSelection.objects.create(
+        use_case=chatbot, guardrail="pii", side="request", action="redact"
+    )
+    limit = RateLimitPolicy.objects.create(
+        name="acme-cap", scope="tenant", tenant=acme, requests_per_minute=600
+    )
+    event = audit_record(
+        actor=Actor.system("tests"), action="tenant.update", obj=acme, tenant_slug="acme"
+    )
+    return {
+        "/api/tenants/": ("slug", "acme"),
+        "/api/models/": ("public_id", llama.public_id),
+        "/api/use-cases/": ("id", chatbot.pk),
+        "/api/guardrail-selections/": ("id", guardrail.pk),
+        "/api/priority-classes/": ("name", None),
+        "/api/priority-rules/": ("id", None),
+        "/api/rate-limit-policies/": ("id", limit.pk),
+        "/api/api-keys/": ("id", key.pk),
+        "/api/audit-events/": ("sequence", event.sequence),
+        "/api/admission-decisions/": ("id", None),
+    }
+
+
+LIST_ROUTES = [
+    "/api/tenants/",
+    "/api/models/",
+    "/api/use-cases/",
+    "/api/guardrail-selections/",
+    "/api/priority-classes/",
+    "/api/priority-rules/",
+    "/api/rate-limit-policies/",
+    "/api/api-keys/",
+    "/api/audit-events/",
+    "/api/admission-decisions/",
+]
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.mark.parametrize("url", LIST_ROUTES)
+def test_a_realm_token_reads_every_route_family_as_its_service_account(
+    realm: Provider, acme_records: dict[str, Any], url: str
+) -> None:
+    """GIVEN the automation client (developer of acme) WHEN it lists a family with its token
+    THEN it is served as that account, with acme's record in the list."""
+    response = Client().get(url, headers=bearer(realm.client_credentials_token()))
+    assert response.status_code == 200, response.content
+    field, expected = acme_records[url]
+    if expected is not None:
+        assert expected in [item[field] for item in response.json()["results"]]
+
+
+@pytest.mark.parametrize("url", [*LIST_ROUTES, "/api/deployments/", "/api/me/"])
+def test_a_tampered_token_is_refused_on_every_route_family(realm: Provider, url: str) -> None:
+    """The JWT authenticator judges the token on every route, not only where it was tried."""
+    header, payload, signature = realm.client_credentials_token().split(".")
+    flipped = ("A" if signature[0] != "A" else "B") + signature[1:]
+    assert_refused(Client().get(url, headers=bearer(f"{header}.{payload}.{flipped}")), "signature")
+
+
+def test_a_realm_token_on_the_officers_routes_is_forbidden_not_unauthenticated(
+    realm: Provider,
+) -> None:
+    """Signed in as a developer: the fleet's deployments are refused for the role (403)."""
+    response = Client().get("/api/deployments/", headers=bearer(realm.client_credentials_token()))
+    assert response.status_code == 403, response.content
+    assert "officers and admins" in response.json()["detail"]
+
+
+def test_me_answers_who_the_token_is(realm: Provider) -> None:
+    response = Client().get("/api/me/", headers=bearer(realm.client_credentials_token()))
+    assert response.status_code == 200, response.content
+    assert response.json() == {
+        "username": SERVICE_ACCOUNT,
+        "roles": ["developer"],
+        "tenants": ["acme"],
+    }
+
+
+def test_a_realm_token_writes_through_the_api_as_its_service_account(
+    realm: Provider, acme_records: dict[str, Any]
+) -> None:
+    """A key request made with the token is the service account's, audited under its name."""
+    _, chatbot_id = acme_records["/api/use-cases/"]
+    response = Client().post(
+        "/api/api-keys/",
+        {"use_case": chatbot_id, "name": "nightly", "reason": "the nightly batch"},
+        content_type="application/json",
+        headers=bearer(realm.client_credentials_token()),
+    )
+    assert response.status_code == 201, response.content
+    key = ApiKey.objects.get(pk=response.json()["id"])
+    assert key.requested_by is not None
+    assert key.requested_by.get_username() == SERVICE_ACCOUNT
+    assert AuditEvent.objects.filter(actor=SERVICE_ACCOUNT, action="apikey.request").exists()
