@@ -103,7 +103,9 @@ def test_a_key_requested_approved_and_revealed_in_the_browser_works_until_suspen
         with alice.expect_response(lambda r: r.url.endswith("/reveal/")) as revealed:
             alice.get_by_role("button", name="Reveal key").click()
         assert "no-store" in revealed.value.headers["cache-control"]
-        expect(alice.get_by_role("heading", name="Copy it now — it will not be shown again"))
+        expect(
+            alice.get_by_role("heading", name="Copy it now — it will not be shown again")
+        ).to_be_visible()
         secret = alice.locator("#secret-key").inner_text().strip()
         assert secret.startswith("sk-sy-")
         assert len(secret) > 40

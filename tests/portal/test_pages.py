@@ -30,11 +30,25 @@ def test_the_admin_asks_for_a_login_then_opens_for_a_superuser(client: Client) -
     assert page.status_code == 200
 
 
+SIGNED_IN_AS = '<span class="who">{}'  # the header's "signed in as", first thing in it
+
+
 def test_local_login_works_in_the_embedded_demo(client: Client) -> None:
-    get_user_model().objects.create_user("dev", password="pw-x-123456")
-    response = client.post(reverse("portal:login"), {"username": "dev", "password": "pw-x-123456"})
+    get_user_model().objects.create_user("alice", password="pw-x-123456")
+    # Before signing in, the header names no one (so the check below can fail).
+    assert SIGNED_IN_AS.format("") not in client.get("/").content.decode()
+    response = client.post(
+        reverse("portal:login"), {"username": "alice", "password": "pw-x-123456"}
+    )
     assert response.status_code == 302
-    assert "dev" in client.get("/").content.decode()
+    assert SIGNED_IN_AS.format("alice") in client.get("/").content.decode()
+
+
+def test_a_wrong_password_signs_no_one_in(client: Client) -> None:
+    get_user_model().objects.create_user("alice", password="pw-x-123456")
+    response = client.post(reverse("portal:login"), {"username": "alice", "password": "wrong"})
+    assert response.status_code == 200  # the form again
+    assert SIGNED_IN_AS.format("") not in client.get("/").content.decode()
 
 
 def test_local_login_is_absent_when_disabled(client: Client, settings) -> None:
