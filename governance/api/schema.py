@@ -12,6 +12,7 @@ from typing import Any, Literal
 from django.core.validators import RegexValidator
 from drf_spectacular.extensions import (
     OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
     OpenApiSerializerFieldExtension,
 )
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
@@ -19,6 +20,9 @@ from drf_spectacular.plumbing import analyze_named_regex_pattern, anchor_pattern
 from rest_framework import serializers
 
 from governance.api.serializers import ErrorSerializer, UniqueListField
+from governance.choices import RateLimitScope
+
+Direction = Literal["request", "response"]
 
 
 class ServiceAccountJWTScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
@@ -47,6 +51,45 @@ class UniqueListFieldExtension(OpenApiSerializerFieldExtension):  # type: ignore
         return schema
 
 
+class RateLimitPolicyExtension(OpenApiSerializerExtension):  # type: ignore[no-untyped-call]
+    """A whole rate-limit policy (create, replace) as its clean() requires it: the scope says
+    whether it names a model and a tenant, and at least one limit is set. A PATCH merges into
+    the stored policy, so its body alone is checked by the server only."""
+
+    target_class = "governance.api.serializers.RateLimitPolicySerializer"
+
+    def map_serializer(self, auto_schema: Any, direction: Direction) -> dict[str, Any]:
+        schema: dict[str, Any] = auto_schema._map_serializer(
+            self.target, direction, bypass_extensions=True
+        )
+        if direction != "request" or auto_schema.method == "PATCH":
+            return schema
+        named = {"type": "string"}  # present, and not null
+        unnamed = {"not": {"type": "string"}}  # absent or null
+        variants = []
+        for scope in RateLimitScope:
+            needs = {
+                "model": scope in (RateLimitScope.MODEL, RateLimitScope.TENANT_MODEL),
+                "tenant": scope in (RateLimitScope.TENANT, RateLimitScope.TENANT_MODEL),
+            }
+            variant: dict[str, Any] = {
+                "properties": {
+                    # (in allOf: drf-spectacular would fold a bare enum into the scope enum)
+                    "scope": {"allOf": [{"enum": [scope.value]}]},
+                    **{field: named if need else unnamed for field, need in needs.items()},
+                }
+            }
+            if required := [field for field, need in needs.items() if need]:
+                variant["required"] = required
+            variants.append(variant)
+        schema["oneOf"] = variants
+        schema["anyOf"] = [
+            {"properties": {limit: {"type": "integer"}}, "required": [limit]}
+            for limit in ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
+        ]
+        return schema
+
+
 # A 400's body: field name → messages (or nested errors for nested fields); ``detail`` for
 # problems that belong to no one field.
 VALIDATION_ERROR_SCHEMA: dict[str, Any] = {
@@ -61,7 +104,6 @@ VALIDATION_ERROR_SCHEMA: dict[str, Any] = {
 # `oneOf` with the empty string, which must then match one branch only.
 NO_NUL = "^[^\\u0000]+$"
 NO_NUL_NOT_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"
-Direction = Literal["request", "response"]
 _UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 

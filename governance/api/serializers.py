@@ -335,6 +335,13 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         extra_kwargs = {"reason": {"required": True, "allow_blank": False, "max_length": 2000}}
 
 
+class ReasonRequiredSerializer(serializers.Serializer[Any]):
+    """The body of a refusal (rejecting, suspending), as the schema states it: the services
+    require the reason, which is what the requester or the tenant reads."""
+
+    reason = serializers.CharField(max_length=2000)
+
+
 class ApiKeyDecisionSerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 

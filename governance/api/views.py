@@ -22,6 +22,7 @@ from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
 from governance.api import serializers as s
+from governance.api.filtersets import ApiKeyFilterSet, GuardrailSelectionFilterSet
 from governance.audit import Actor, audit_verify
 from governance.models import (
     ApiKey,
@@ -160,7 +161,7 @@ class DeploymentViewSet(GovernedViewSet):
 
 class GuardrailSelectionViewSet(GovernedViewSet):
     serializer_class = s.GuardrailSelectionSerializer
-    filterset_fields = ("use_case", "guardrail", "side", "action")
+    filterset_class = GuardrailSelectionFilterSet
 
     def get_queryset(self) -> QuerySet[GuardrailSelection]:
         return guardrails_visible(self.request.user)
@@ -251,12 +252,12 @@ class UseCaseViewSet(
     def approve(self, request: Request, pk: str | None = None) -> Response:
         return self._transition(request, "approve")
 
-    @extend_schema(request=s.UseCaseTransitionSerializer, responses=s.UseCaseSerializer)
+    @extend_schema(request=s.ReasonRequiredSerializer, responses=s.UseCaseSerializer)
     @action(detail=True, methods=["post"])
     def reject(self, request: Request, pk: str | None = None) -> Response:
         return self._transition(request, "reject")
 
-    @extend_schema(request=s.UseCaseTransitionSerializer, responses=s.UseCaseSerializer)
+    @extend_schema(request=s.ReasonRequiredSerializer, responses=s.UseCaseSerializer)
     @action(detail=True, methods=["post"])
     def suspend(self, request: Request, pk: str | None = None) -> Response:
         return self._transition(request, "suspend")
@@ -296,7 +297,7 @@ class ApiKeyViewSet(
     serializer_class = s.ApiKeySerializer
     permission_classes = (HasSwitchyardRole,)
     scoped_relations = {"use_case": (use_cases_visible, "No such use case.")}
-    filterset_fields = ("use_case", "status", "use_case__tenant__slug")
+    filterset_class = ApiKeyFilterSet
     search_fields = ("name", "prefix")
     ordering_fields = ("created_at", "expires_at", "last_used_at")
 
@@ -330,7 +331,7 @@ class ApiKeyViewSet(
     def approve(self, request: Request, pk: str | None = None) -> Response:
         return self._decide(request, approve=True)
 
-    @extend_schema(request=s.ApiKeyDecisionSerializer, responses=s.ApiKeySerializer)
+    @extend_schema(request=s.ReasonRequiredSerializer, responses=s.ApiKeySerializer)
     @action(detail=True, methods=["post"])
     def reject(self, request: Request, pk: str | None = None) -> Response:
         return self._decide(request, approve=False)

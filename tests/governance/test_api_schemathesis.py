@@ -97,7 +97,8 @@ REFERENCES = {
 
 @schema.hook
 def flatmap_body(context: schemathesis.HookContext, body: Any) -> st.SearchStrategy[Any]:
-    """Half the time, a field that names another record names one that exists.
+    """Half the time, a field that names another record names one that exists (and null
+    stays null).
 
     The schema cannot list which records exist; without this nearly every create would be a
     400 for a dangling reference and the handlers behind it would never run.
@@ -107,7 +108,7 @@ def flatmap_body(context: schemathesis.HookContext, body: Any) -> st.SearchStrat
     choices: dict[str, st.SearchStrategy[Any]] = {}
     for field, value in body.items():
         known = KNOWN.get(REFERENCES.get(field, ""), [])
-        if not known:
+        if not known or value is None:  # null where the schema wants no reference
             continue
         real = st.sampled_from(known)
         if isinstance(value, list):
