@@ -398,3 +398,14 @@ def test_developers_may_not_set_a_use_cases_namespace(world) -> None:
     moved = olivia.patch(f"/api/use-cases/{draft.json()['id']}/", {"namespace": "prod"})
     assert moved.status_code == 200
     assert moved.json()["namespace"] == "prod"
+
+
+@pytest.mark.parametrize("url", ["/api/api-keys/", "/api/guardrail-selections/"])
+def test_filtering_by_a_foreign_use_case_answers_as_for_an_unknown_one(world, url: str) -> None:
+    bob = APIClient()
+    bob.force_authenticate(world["users"]["bob"])
+    foreign_id, unknown_id = world["use_case"].pk, world["use_case"].pk + 1000
+    foreign = bob.get(url, {"use_case": foreign_id})
+    unknown = bob.get(url, {"use_case": unknown_id})
+    assert foreign.status_code == unknown.status_code
+    assert _scrub(foreign.json(), str(foreign_id)) == _scrub(unknown.json(), str(unknown_id))
