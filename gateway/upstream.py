@@ -162,7 +162,11 @@ class _Connection(asyncio.Protocol):
 
     # --- httptools callbacks ------------------------------------------------------------
     def on_message_begin(self) -> None:
-        if self.response is not None:
+        if self.response is None:
+            # Another answer right behind the last one, unasked: this parser is mid-message
+            # now, so the connection must not be reused.
+            self.abort()
+        else:
             self.response._begun = True  # a byte of an answer: the replica read the request
 
     def on_header(self, name: bytes, value: bytes) -> None:

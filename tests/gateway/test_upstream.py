@@ -695,3 +695,29 @@ def test_a_transfer_coding_other_than_chunked_is_malformed():
             await client.close()
 
     run(scenario())
+
+
+def test_bytes_after_a_complete_answer_keep_its_connection_out_of_the_pool():
+    """GIVEN an answer followed, in the same segment, by the start of an answer no one asked
+    for
+    WHEN the next request goes out
+    THEN it is on a new connection and answered: the parser of the old one is mid-message."""
+
+    async def and_more(reader, writer, head, body) -> bool:
+        if body == b"first":
+            writer.write(plain(b"first") + b"HTTP/1.1 200 OK\r\n")
+        else:
+            writer.write(plain(body))
+        await writer.drain()
+        return True
+
+    async def scenario() -> None:
+        async with Replica(and_more) as replica:
+            client = upstream()
+            assert await read_all(await client.post(replica.url, "/x", b"first")) == b"first"
+            answer = await asyncio.wait_for(client.post(replica.url, "/x", b"second"), 3)
+            assert await read_all(answer) == b"second"
+            assert replica.connections == 2
+            await client.close()
+
+    run(scenario())
