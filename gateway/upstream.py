@@ -203,6 +203,8 @@ class _Connection(asyncio.Protocol):
             return
         if response._head_bytes > MAX_HEAD_BYTES:
             raise UpstreamMalformed("the answer's head is too long")
+        if status in (204, 304):
+            response.content_length = None  # no body, whatever the header says
         response._head(status)
 
     def on_body(self, body: bytes) -> None:

@@ -307,6 +307,8 @@ async def exchange(client: Upstream, url: str, how: Client) -> tuple[int, bytes]
             reads += 1
             if not chunk:
                 assert response.done
+                if response.content_length is not None:  # the gateway relays it as it is
+                    assert int(response.content_length) == len(body)
                 return response.status, bytes(body)
             body += chunk
     except UpstreamBroken:
