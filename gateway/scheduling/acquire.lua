@@ -78,6 +78,15 @@ if w.maxc > 0 then
   end
 end
 
+-- What the limits were charged, kept until the request ends: given back if no replica
+-- answers it (common.lua drop_waiter, release_lease). No key for a request without limits.
+local function keep_charge(request_id, state)
+  local spec = limits_spec(state)
+  if spec ~= "" then
+    redis.call("SET", P .. "rf:" .. request_id, spec)
+  end
+end
+
 local q = P .. "q:" .. model
 local bound = "(" .. string.format("%.0f", (rank + 1) * RANK_SCALE)
 local room = load_room(model, pool, now)
@@ -85,7 +94,7 @@ if #redis.call("ZRANGEBYSCORE", q, "-inf", bound, "LIMIT", 0, 1) == 0 then
   local replica = pick(model, pool, room, w.prefix)
   if replica then
     limits_commit(limits)
-    w.rf = limits_spec(limits)
+    keep_charge(id, limits)
     w.start = start_tag(model, w.tenant, cost, true)
     grant(model, pool, room, id, replica, w, now)
     return {1, replica}
@@ -98,6 +107,7 @@ if tonumber(redis.call("GET", qlen) or "0") >= max_queue then
     higher_rate(model, rank, now)}
 end
 limits_commit(limits)
+keep_charge(id, limits)
 local conc_key = ""
 if w.maxc > 0 then
   conc_key = P .. "conc:" .. w.uc
@@ -109,8 +119,7 @@ redis.call("ZADD", q, rank * RANK_SCALE + w.start, id)
 redis.call("ZADD", P .. "qdl:" .. model, deadline, id)
 redis.call("HSET", P .. "qi:" .. id, "tenant", w.tenant, "class", class, "rank", rank,
   "cost", cost, "uc", w.uc, "maxc", w.maxc, "lease", w.lease, "gw", w.gw, "prefix", w.prefix,
-  "deadline", deadline, "start", w.start, "enqueued_at", now, "ck", conc_key,
-  "rf", limits_spec(limits))
+  "deadline", deadline, "start", w.start, "enqueued_at", now, "ck", conc_key)
 redis.call("INCR", qlen)
 
 -- Room and waiters together means nobody pumped since the room appeared (a watcher that

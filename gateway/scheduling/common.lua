@@ -23,8 +23,12 @@
 --   pools                set    models with a pool hash (what reap walks)
 --   aff:<model>:<hash>   string replica that last served this prompt prefix
 --   gone:<id>            string a cancel that found nothing: a late acquire must not enqueue
---   rfd:<id>             string a reaped lease's refunded charge (limits_spec): put back if
---                               its gateway releases it after all (it was served)
+--   rf:<id>              string what acquire counted on the rate limits (limits_spec), while
+--                               the request waits or runs: given back if it ends without a
+--                               replica answering; after a reap kept a while, so that a
+--                               release arriving after all puts it back (a key of its own: in
+--                               qi/li its length would turn those hashes from listpacks into
+--                               hash tables, several µs a call)
 --   gws                  zset   gateway id -> heartbeat expiry (ms); missing or past: dead
 --   arr:<model>:<window> hash   rank -> requests enqueued in that window (ARRIVAL_WINDOW_MS)
 
@@ -246,7 +250,7 @@ local function grant(model, pool, room, id, replica, w, now)
   end
   redis.call("ZADD", P .. "lease:" .. model, now + w.lease, id)
   redis.call("HSET", P .. "li:" .. id, "replica", replica, "model", model, "tenant", w.tenant,
-    "uc", w.uc, "gw", w.gw, "ck", conc_key, "granted_at", now, "rf", w.rf or "")
+    "uc", w.uc, "gw", w.gw, "ck", conc_key, "granted_at", now)
   if w.prefix ~= "" then
     redis.call("SET", P .. "aff:" .. model .. ":" .. w.prefix, replica, "PX", AFFINITY_TTL_MS)
   end
@@ -277,12 +281,17 @@ end
 -- moves back by its cost; a request that starts later starts where it would have).
 -- Returns the waiter's class and rank (nil when it was already gone).
 local function drop_waiter(model, id)
-  local f = redis.call("HMGET", P .. "qi:" .. id, "class", "rank", "tenant", "cost", "ck", "rf")
+  local f = redis.call("HMGET", P .. "qi:" .. id, "class", "rank", "tenant", "cost", "ck")
   remove_waiter(model, id, f[1])
   if not f[1] then
     return nil, nil
   end
-  limits_uncount(f[6], -1)
+  local charged = P .. "rf:" .. id
+  local spec = redis.call("GET", charged)
+  if spec then
+    limits_uncount(spec, -1)
+    redis.call("DEL", charged)
+  end
   if f[5] and f[5] ~= "" then
     decr_or_del(f[5])
   end
@@ -297,16 +306,32 @@ end
 -- Gives a lease's capacity back. Returns its replica, or nil when there was none (already
 -- released or reaped: releasing is idempotent). refund: nil for a request a replica
 -- answered (release.lua reconciles its tokens), "cancelled" for one that ended before
--- (its rate-limit charge is given back), "reaped" for one whose gateway stopped renewing
--- it (given back too, and kept in rfd:<id>, so that a release arriving after all puts it
--- back).
+-- (its rate-limit charge, rf:<id>, is given back), "reaped" for one whose gateway stopped
+-- renewing it (given back too, and rf:<id> kept for REFUNDED_TTL_MS, so that a release
+-- arriving after all puts it back: release.lua).
 local function release_lease(model, id, now, record_hold, refund)
   local li = P .. "li:" .. id
-  local f = redis.call("HMGET", li, "replica", "model", "ck", "granted_at", "rf")
-  redis.call("DEL", li, P .. "grant:" .. id)
+  local charged = P .. "rf:" .. id
+  local f = redis.call("HMGET", li, "replica", "model", "ck", "granted_at")
   if not f[1] then
+    -- Already released, or reaped: a reaped lease's rf:<id> is release.lua's to read.
+    redis.call("DEL", li, P .. "grant:" .. id)
     redis.call("ZREM", P .. "lease:" .. model, id)
     return nil
+  end
+  if refund then
+    redis.call("DEL", li, P .. "grant:" .. id)
+    local spec = redis.call("GET", charged)
+    if spec then
+      limits_uncount(spec, -1)
+      if refund == "reaped" then
+        redis.call("PEXPIRE", charged, REFUNDED_TTL_MS)
+      else
+        redis.call("DEL", charged)
+      end
+    end
+  else
+    redis.call("DEL", li, P .. "grant:" .. id, charged)
   end
   model = f[2]
   redis.call("ZREM", P .. "lease:" .. model, id)
@@ -315,12 +340,6 @@ local function release_lease(model, id, now, record_hold, refund)
   end
   if f[3] ~= "" and redis.call("DECR", f[3]) <= 0 then
     redis.call("DEL", f[3])
-  end
-  if refund and f[5] and f[5] ~= "" then
-    limits_uncount(f[5], -1)
-    if refund == "reaped" then
-      redis.call("SET", P .. "rfd:" .. id, f[5], "PX", REFUNDED_TTL_MS)
-    end
   end
   if record_hold then
     local held = math.max(0, now - tonumber(f[4]))
@@ -357,9 +376,10 @@ local function pump(model, now, pool, room, quiet_id)
     end
     local id = head[1]
     local f = redis.call("HMGET", P .. "qi:" .. id, "tenant", "class", "deadline", "uc", "maxc",
-      "lease", "gw", "prefix", "start", "ck", "rf")
+      "lease", "gw", "prefix", "start", "ck")
     if not f[2] then
       remove_waiter(model, id, nil)
+      redis.call("DEL", P .. "rf:" .. id)
     elseif tonumber(f[3]) <= now or (id ~= quiet_id and not gateway_alive(f[7], now)) then
       drop_waiter(model, id)
       dropped = dropped + 1
@@ -367,7 +387,7 @@ local function pump(model, now, pool, room, quiet_id)
       -- ck: the use case's counter the waiter was counted in ("" for none); nil for a
       -- waiter enqueued by an older script, which grant counts as before.
       local w = {tenant = f[1], uc = f[4], maxc = tonumber(f[5]), lease = tonumber(f[6]),
-        gw = f[7], prefix = f[8], start = tonumber(f[9]), ck = f[10] or nil, rf = f[11]}
+        gw = f[7], prefix = f[8], start = tonumber(f[9]), ck = f[10] or nil}
       local replica = pick(model, pool, room, w.prefix)
       remove_waiter(model, id, f[2])
       grant(model, pool, room, id, replica, w, now)

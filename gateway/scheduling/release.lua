@@ -15,11 +15,11 @@
 local now = tonumber(ARGV[1])
 local replica = release_lease(ARGV[3], ARGV[2], now, true)
 if not replica then
-  local refunded = P .. "rfd:" .. ARGV[2]
-  local spec = redis.call("GET", refunded)
+  local charged = P .. "rf:" .. ARGV[2]
+  local spec = redis.call("GET", charged)
   if spec then
     limits_uncount(spec, 1)
-    redis.call("DEL", refunded)
+    redis.call("DEL", charged)
   end
 end
 local adjusted = limits_reconcile(now, ARGV, 4)

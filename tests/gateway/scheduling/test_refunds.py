@@ -246,3 +246,25 @@ async def test_a_client_that_goes_away_while_queued_is_refunded(valkey_client, v
         await eventually(lambda: valkey_client.zcard(keys.queue(MODEL)) == 0)
         await eventually(lambda: real_counters(valkey_client) == before)
         assert tenant_finish(valkey_client) == 0
+
+
+def test_a_request_leaves_no_charge_record_behind_once_it_ends(lua):
+    """The charge kept for a refund lives as long as the request: gone after a release, a
+    cancel or a drop; a reaped lease's is kept only for a while."""
+    lua.fleet(T0, (R1, 0))
+    assert lua.acquire(T0, "served", limits=LIMITS, replicas=[(R1, 2)])[0] == 1
+    assert lua.client.exists(keys.KEY_PREFIX + "rf:served") == 1
+    lua.release(T0 + 1, "served")
+    saturate(lua)
+    assert lua.acquire(T0, "cancelled", limits=LIMITS)[0] == 0
+    lua.cancel(T0 + 1, "cancelled")
+    assert lua.acquire(T0, "late", deadline=T0 + 10, limits=LIMITS)[0] == 0
+    lua("reap", T0 + 10)
+
+    assert (
+        lua.client.exists(*(keys.KEY_PREFIX + f"rf:{n}" for n in ("served", "cancelled", "late")))
+        == 0
+    )
+
+    assert [int(v) for v in lua("reap", T0 + 30_000)] == [1, 0, 0]  # the holder's lease
+    assert 0 < lua.client.pttl(keys.KEY_PREFIX + "rf:holder") <= 3_600_000
