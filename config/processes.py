@@ -20,6 +20,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import psutil
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
@@ -41,6 +43,44 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def port_bindable(host: str, port: int) -> bool:
+    """Whether a server could bind the port now. Binds as uvicorn and valkey do, with
+    SO_REUSEADDR, so that a previous run's TIME-WAIT connections do not count as "in use"
+    (on Linux a live listener still refuses the bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def port_listeners(port: int) -> list[str]:
+    """Who listens on a TCP port, as "pid N (command line)", for an error worth acting on.
+    Sockets of other users' processes show no pid without privileges; those read "a process
+    of another user"."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return []
+    holders: list[str] = []
+    for conn in connections:
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
+            continue
+        if conn.pid is None:
+            holders.append("a process of another user")
+            continue
+        try:
+            command = (
+                " ".join(psutil.Process(conn.pid).cmdline()) or psutil.Process(conn.pid).name()
+            )
+        except psutil.Error:
+            command = "exited"
+        holders.append(f"pid {conn.pid} ({command[:120]})")
+    return sorted(set(holders))
 
 
 def http_ready(url: str, *, expect: int | None = None) -> Callable[[], bool]:

