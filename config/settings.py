@@ -41,6 +41,9 @@ ALLOWED_HOSTS = env_list(
     "SWITCHYARD_ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"]
 )
 CSRF_TRUSTED_ORIGINS = env_list("SWITCHYARD_CSRF_TRUSTED_ORIGINS", [])
+# How many reverse proxies in front of the web process append to X-Forwarded-For: the audit
+# takes the Nth address from the right as the client's; 0 takes the peer (REMOTE_ADDR).
+TRUSTED_PROXY_HOPS = env_int("SWITCHYARD_TRUSTED_PROXY_HOPS", 0, minimum=0)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

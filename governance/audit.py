@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Model as DjangoModel
@@ -70,10 +71,18 @@ class Actor:
 
 
 def _client_ip(request: HttpRequest) -> str | None:
-    # Behind the load balancer REMOTE_ADDR is the proxy; production sets the proxy to write
-    # X-Forwarded-For and only the first (client) address is taken.
-    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-    candidate = forwarded.split(",")[0].strip() or request.META.get("REMOTE_ADDR", "")
+    """The address the outermost of our own proxies saw. Each proxy appends its peer to
+    X-Forwarded-For, so with N trusted hops the Nth entry from the right is the client and
+    anything left of it is the client's own writing; with none, the peer is the client."""
+    hops: int = settings.TRUSTED_PROXY_HOPS
+    candidate = request.META.get("REMOTE_ADDR", "")
+    if hops:
+        forwarded = [
+            part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")
+        ]
+        forwarded = [part for part in forwarded if part]
+        if len(forwarded) >= hops:
+            candidate = forwarded[-hops]
     try:
         return str(ipaddress.ip_address(candidate))
     except ValueError:
