@@ -8,6 +8,7 @@ the same 503 as for any other admission outage.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -116,22 +117,20 @@ def test_a_client_leaving_before_a_plain_answer_still_records_the_prompt(
 
 class TrapReplica:
     """A replica in front of a real simulator (the fleet watcher scrapes it over its kept-alive
-    connection) that, once armed, takes no new connection and hangs up on the next request
-    without a byte, then stops Valkey.
+    connection) that, once armed, kills Valkey on the next request, stops listening and hangs
+    up without a byte.
 
-    Nothing reached vLLM, so the gateway tries a fresh connection, whose connect hangs (the
-    listener's queue is full) until it times out: the replica is unreachable and is marked
-    saturated in Valkey — which has stopped meanwhile."""
+    Nothing reached vLLM: the gateway tries a fresh connection (the replica may have closed
+    an idle one), which is refused, so the replica is unreachable and is marked saturated in
+    Valkey — which is gone."""
 
     def __init__(self, backend: str, valkey_server: ValkeyServer) -> None:
         self.backend = backend
         self.valkey_server = valkey_server
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=1)
-        self.port: int = self.listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.armed = threading.Event()
         self.sprung = threading.Event()
-        self.held: list[socket.socket] = []  # sockets kept open until close()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -139,23 +138,16 @@ class TrapReplica:
             try:
                 connection, _ = self.listener.accept()
             except OSError:
-                return
-            if self.armed.is_set():
-                self.held.append(connection)  # accepted, never served
-                return
+                return  # closed
             threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
-    def arm(self) -> None:
-        self.armed.set()
-        # Fill the listener's queue: from then on a connect gets no answer (SYNs are dropped).
-        while True:
-            filler = socket.socket()
-            filler.settimeout(0.2)
-            self.held.append(filler)
-            try:
-                filler.connect(("127.0.0.1", self.port))
-            except TimeoutError:
-                return
+    def _spring(self, connection: socket.socket) -> None:
+        # All at once (a few milliseconds): the gateway takes a hang-up this soon after its
+        # request for an idle connection the replica had closed, and tries a new one.
+        self.sprung.set()
+        self.valkey_server.terminate()  # SIGKILL
+        self.close()
+        connection.shutdown(socket.SHUT_RDWR)
 
     def _serve(self, connection: socket.socket) -> None:
         reader = connection.makefile("rb")
@@ -168,9 +160,7 @@ class TrapReplica:
             body = reader.read(length)
             method, path, _ = request_line.split(b" ", 2)
             if method == b"POST" and self.armed.is_set():
-                connection.shutdown(socket.SHUT_RDWR)
-                self.valkey_server.stop()
-                self.sprung.set()
+                self._spring(connection)
                 return
             answer = httpx.request(
                 method.decode(),
@@ -189,9 +179,9 @@ class TrapReplica:
             )
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):  # already closed
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
         self.listener.close()
-        for held in self.held:
-            held.close()
 
 
 @pytest.fixture
@@ -214,10 +204,7 @@ def test_valkey_failing_while_a_replica_is_failed_over_is_a_503_not_a_500(
         policy = PolicyBuilder().model(CHAT, [replica.url])
         key = policy.key()
         policy.publish(valkey.Valkey(port=own_valkey.port))
-        gateway = start_gateway(
-            valkey=f"valkey://127.0.0.1:{own_valkey.port}/0",
-            SWITCHYARD_GATEWAY_UPSTREAM_CONNECT_TIMEOUT_SECONDS="5",
-        )
+        gateway = start_gateway(valkey=f"valkey://127.0.0.1:{own_valkey.port}/0")
 
         def call() -> httpx.Response:
             return httpx.post(
@@ -228,9 +215,9 @@ def test_valkey_failing_while_a_replica_is_failed_over_is_a_503_not_a_500(
             )
 
         assert call().status_code == 200  # the gateway now holds a kept-alive connection
-        replica.arm()
+        replica.armed.set()
         response = call()
-        assert replica.sprung.is_set()  # the replica was tried, and Valkey stopped under it
+        assert replica.sprung.is_set(), response.text  # the replica was tried; Valkey died
         assert response.status_code == 503, response.text
         assert response.json()["error"]["code"] == "admission_unavailable"
         assert int(response.headers["retry-after"]) >= 1
