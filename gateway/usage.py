@@ -11,11 +11,13 @@ the admission estimate.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gateway.costs import AUDIO_TOKENS_PER_SECOND
 from gateway.http import with_member
 
 _USAGE = b'"usage"'
@@ -184,10 +186,19 @@ class UsageMeter:
                 self._take(usage)
 
     def _take(self, usage: object) -> None:
-        if isinstance(usage, dict):
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens = int(usage.get("completion_tokens") or 0)
-            self.reported = True
+        if not isinstance(usage, dict):
+            return
+        if usage.get("type") == "duration":
+            # A transcription's usage is seconds of audio (OpenAI's shape, and vLLM's):
+            # counted as admission estimated it, so that reconcile does not refund it all.
+            seconds = usage.get("seconds")
+            if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+                self.prompt_tokens = math.ceil(seconds * AUDIO_TOKENS_PER_SECOND)
+                self.reported = True
+            return
+        self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        self.completion_tokens = int(usage.get("completion_tokens") or 0)
+        self.reported = True
 
 
 def _last(kept: bytes, chunk: bytes) -> bytes:

@@ -19,6 +19,8 @@ import openai
 import pytest
 import valkey
 
+from config.processes import wait_until
+from gateway.accounting import USAGE_STREAM
 from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
 from tests.support.policy import PolicyBuilder
 
@@ -73,6 +75,37 @@ def test_an_audio_upload_costs_its_duration_not_its_bytes(limited) -> None:
         model=WHISPER, file=("call.wav", audio, "audio/wav")
     )
     assert result.text
+
+
+def test_a_transcription_is_recorded_by_its_duration_as_it_was_estimated(
+    limited, valkey_client: valkey.Valkey
+) -> None:
+    """vLLM reports a transcription's usage as seconds of audio: the record (and the token
+    windows' reconcile) counts them as admission did, 50 audio tokens a second, not 0."""
+    gateway, key = limited
+    response = httpx.post(
+        gateway.base_url + "/v1/audio/transcriptions",
+        files={"file": ("call.wav", wav(12), "audio/wav")},
+        data={"model": WHISPER},
+        headers={"Authorization": f"Bearer {key}", "X-Request-Id": "twelve-seconds"},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    assert response.json()["usage"] == {"type": "duration", "seconds": 12}
+
+    def record() -> dict[bytes, bytes] | None:
+        found = [
+            f
+            for _, f in valkey_client.xrange(USAGE_STREAM)
+            if f[b"request_id"] == b"twelve-seconds"
+        ]
+        return found[0] if found else None
+
+    assert wait_until(lambda: record() is not None)
+    found = record()
+    assert found is not None
+    assert int(found[b"prompt_tokens"]) == 12 * 50
+    assert int(found[b"completion_tokens"]) == 0
 
 
 def test_an_image_part_costs_a_fixed_amount_not_its_base64(limited) -> None:
