@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import valkey
 import valkey.asyncio as avalkey
-from django.test import override_settings
 
+from config.processes import PYTHON, ManagedProcess, wait_until
+from config.valkey_urls import for_kombu
 from gateway.accounting import (
     DECISION_FIELDS,
     DECISIONS_STREAM,
@@ -282,21 +284,61 @@ def test_a_backlog_larger_than_a_batch_is_drained_in_batches(
     assert StreamCursor.objects.get(stream=USAGE_STREAM).last_id == last
 
 
-def test_the_celery_task_persists_through_the_configured_valkey(
-    valkey_client: valkey.Valkey, valkey_url: str
+def _database_url() -> str:
+    """The test database as a URL, for a process that must write where the test reads."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
+    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def celery_worker(valkey_url: str, tmp_path) -> Iterator[ManagedProcess]:
+    """A real worker, started as the embedded stack starts it, on the test's Valkey and
+    database (solo pool: one process, and a stop that is quick and certain)."""
+    process = ManagedProcess(
+        "celery-worker",
+        [
+            PYTHON, "-m", "celery", "-A", "config.celery", "worker", "--pool", "solo",
+            "--loglevel", "INFO", "--hostname", "usage-test@%h",
+            "--without-mingle", "--without-gossip", "--without-heartbeat",
+        ],
+        env={
+            "SWITCHYARD_VALKEY_URL": valkey_url,
+            "SWITCHYARD_DATABASE_URL": _database_url(),
+            "SWITCHYARD_RUN_DIR": str(tmp_path),
+        },
+    )  # fmt: skip
+    process.start(ready=lambda: "ready." in process.log_text(), timeout=60)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.mark.django_db(transaction=True)  # the worker's connection sees committed rows only
+def test_the_celery_task_persists_through_a_real_worker(
+    valkey_client: valkey.Valkey, valkey_url: str, celery_worker: ManagedProcess
 ) -> None:
     from config.celery import app
     from scheduler.tasks import persist_usage
 
     add_usage(valkey_client)
     add_decision(valkey_client)
-    # Called in-process, as the worker's pool does; .apply() would bind the app's result
-    # backend to the default URL for the rest of the session.
-    with override_settings(VALKEY_URL=valkey_url):
-        result = persist_usage()
-    assert result["usage"] == 1
-    assert result["decisions"] == 1
+    # Sent through the Valkey broker on a connection of its own, as beat sends it.
+    with app.connection_for_write(for_kombu(valkey_url)) as broker:
+        app.send_task(persist_usage.name, connection=broker, ignore_result=True)
+
+    assert wait_until(lambda: UsageMinute.objects.exists(), timeout=30), celery_worker.log_tail()
     assert UsageMinute.objects.get().requests == 1
+    assert wait_until(lambda: AdmissionDecision.objects.exists(), timeout=5)
+    assert AdmissionDecision.objects.get().reason == "acme-requests-per-minute"
+    assert wait_until(lambda: "succeeded" in celery_worker.log_text(), timeout=10)
+    assert "scheduler.persist_usage" in celery_worker.log_text()
+    assert pending(valkey_client, USAGE_STREAM) == 0
     beat = app.conf.beat_schedule["persist-usage"]
     assert beat["task"] == "scheduler.persist_usage"
 
