@@ -280,6 +280,17 @@ API_KEY_ROTATION_GRACE_SECONDS = env_int(
 USAGE_RETENTION_DAYS = env_int("SWITCHYARD_USAGE_RETENTION_DAYS", 400, minimum=0)
 DECISION_RETENTION_DAYS = env_int("SWITCHYARD_DECISION_RETENTION_DAYS", 90, minimum=0)
 
+# --- Anchoring the audit chain outside the database (governance/anchors.py) ----------------
+# The key signs checkpoints of the chain's head; the database must never hold it. Production
+# refuses to start without one (give it as SWITCHYARD_AUDIT_ANCHOR_KEY_FILE from a secret).
+if PRODUCTION:
+    AUDIT_ANCHOR_KEY = env_required("SWITCHYARD_AUDIT_ANCHOR_KEY")
+else:
+    AUDIT_ANCHOR_KEY = env_str(
+        "SWITCHYARD_AUDIT_ANCHOR_KEY", "embedded-demo-only-audit-anchor-" + "x" * 20
+    )
+AUDIT_ANCHOR_DIR = Path(env_str("SWITCHYARD_AUDIT_ANCHOR_DIR", str(RUN_DIR / "audit-anchors")))
+
 # --- The gateway's public address, shown in snippets and the portal -----------------------
 GATEWAY_PUBLIC_URL = env_str("SWITCHYARD_GATEWAY_PUBLIC_URL", "http://127.0.0.1:8080")
 

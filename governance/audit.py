@@ -8,6 +8,7 @@ workers) form one unbroken chain on PostgreSQL as on SQLite.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +23,7 @@ from django.forms.models import model_to_dict
 from django.http import HttpRequest
 from django.utils import timezone
 
+from governance.anchors import UnreadableCheckpoint, checkpoints_read
 from governance.models import AuditChainHead, AuditEvent
 
 GENESIS_HASH = "0" * 64
@@ -181,10 +183,26 @@ class ChainReport:
     events_checked: int
     first_broken_sequence: int | None = None
     problem: str = ""
+    checkpoints_checked: int = 0
 
 
 def audit_verify() -> ChainReport:
-    """Walk the chain in order; report the first event whose link or content is wrong."""
+    """Walk the chain in order; report the first event whose link or content is wrong, or
+    that disagrees with a signed checkpoint written outside the database (the only thing a
+    rewrite that recomputes every hash cannot also rewrite)."""
+    try:
+        checkpoints = checkpoints_read()
+    except UnreadableCheckpoint as exc:
+        return ChainReport(False, 0, None, str(exc))
+    for checkpoint in checkpoints:
+        if not checkpoint.signed_correctly():
+            return ChainReport(
+                False,
+                0,
+                checkpoint.sequence,
+                f"checkpoint {checkpoint.name} has a signature the anchor key did not make",
+            )
+    anchored = {c.sequence: c for c in checkpoints}
     expected_prev = GENESIS_HASH
     expected_sequence = 1
     checked = 0
@@ -201,6 +219,15 @@ def audit_verify() -> ChainReport:
             return ChainReport(
                 False, checked, event.sequence, "its content does not match its hash"
             )
+        anchor = anchored.get(event.sequence)
+        if anchor is not None and not hmac.compare_digest(anchor.hash, event.hash):
+            return ChainReport(
+                False,
+                checked,
+                event.sequence,
+                f"its hash differs from signed checkpoint {anchor.name}: "
+                "the chain up to here was rewritten",
+            )
         expected_prev = event.hash
         expected_sequence += 1
         checked += 1
@@ -214,4 +241,13 @@ def audit_verify() -> ChainReport:
             checked + 1,
             f"the chain ends at #{checked} but its head says #{head.last_sequence}",
         )
-    return ChainReport(True, checked)
+    beyond = [c for c in checkpoints if c.sequence > checked]
+    if beyond:
+        return ChainReport(
+            False,
+            checked,
+            checked + 1,
+            f"the chain ends at #{checked} but signed checkpoint {beyond[0].name} "
+            f"vouches for #{beyond[0].sequence}: events were removed",
+        )
+    return ChainReport(True, checked, checkpoints_checked=len(checkpoints))

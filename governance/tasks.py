@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from governance.anchors import checkpoint_write
 from governance.snapshot import snapshot_publish
 
 
@@ -14,3 +15,10 @@ from governance.snapshot import snapshot_publish
 def publish_policy_snapshot() -> int:
     """Republish the gateway's policy snapshot; also runs on beat as a safety net."""
     return snapshot_publish()
+
+
+@shared_task(name="governance.anchor_audit_chain", ignore_result=True)
+def anchor_audit_chain() -> int | None:
+    """Sign the audit chain's head into a checkpoint outside the database (on beat)."""
+    checkpoint = checkpoint_write()
+    return checkpoint.sequence if checkpoint is not None else None

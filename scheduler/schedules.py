@@ -14,6 +14,13 @@ BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "governance.publish_policy_snapshot",
         "schedule": env_float("SWITCHYARD_SNAPSHOT_REPUBLISH_SECONDS", 30.0, minimum=1.0),
     },
+    # The audit chain's head, HMAC-signed into a checkpoint outside the database, so that a
+    # chain rewritten in the database no longer verifies (see governance/anchors.py).
+    "anchor-audit-chain": {
+        "task": "governance.anchor_audit_chain",
+        "schedule": env_float("SWITCHYARD_AUDIT_ANCHOR_SECONDS", 300.0, minimum=1.0),
+        "options": {"expires": 60.0},
+    },
     # The gateway's usage and admission streams into the database; a run that could not
     # start within one interval is superseded by the next rather than piling up.
     "persist-usage": {

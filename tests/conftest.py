@@ -7,6 +7,7 @@ start so the reason is in the test report.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import valkey
@@ -178,6 +179,16 @@ def _reset_audit_chain_before_flush(request: pytest.FixtureRequest) -> Iterator[
     from governance.models import AuditChainHead
 
     AuditChainHead.objects.all().delete()
+
+
+@pytest.fixture(autouse=True)
+def _audit_anchors_of_this_test(tmp_path: Path) -> Iterator[None]:
+    """Audit checkpoints live outside the database; each test's fresh database gets a fresh
+    anchor directory, so one test's checkpoints never vouch for another test's chain."""
+    from django.test import override_settings
+
+    with override_settings(AUDIT_ANCHOR_DIR=tmp_path / "audit-anchors"):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,12 +9,18 @@ from governance.audit import audit_verify
 
 
 class Command(BaseCommand):
-    help = "Verify the audit trail's hash chain; exit 1 and name the first broken link if any."
+    help = (
+        "Verify the audit trail's hash chain against the signed checkpoints outside the "
+        "database; exit 1 and name the first broken link if any."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         report = audit_verify()
         if report.ok:
-            self.stdout.write(f"audit chain intact: {report.events_checked} events verified")
+            self.stdout.write(
+                f"audit chain intact: {report.events_checked} events verified, matching "
+                f"{report.checkpoints_checked} signed checkpoint(s)"
+            )
             return
         self.stderr.write(
             f"audit chain BROKEN at event #{report.first_broken_sequence}: {report.problem} "
