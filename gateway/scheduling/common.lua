@@ -269,12 +269,6 @@ local function remove_waiter(model, id, class)
   end
 end
 
-local function decr_or_del(key)
-  if redis.call("DECR", key) <= 0 then
-    redis.call("DEL", key)
-  end
-end
-
 -- A waiter leaves without a grant (cancelled, past its deadline, its gateway dead): it
 -- gives back what it took when it enqueued — its rate-limit charge, its place in its use
 -- case's max concurrent, and its tenant's fair-share position (the tenant's virtual finish
@@ -292,8 +286,8 @@ local function drop_waiter(model, id)
     limits_uncount(spec, -1)
     redis.call("DEL", charged)
   end
-  if f[5] and f[5] ~= "" then
-    decr_or_del(f[5])
+  if f[5] and f[5] ~= "" and redis.call("DECR", f[5]) <= 0 then
+    redis.call("DEL", f[5])
   end
   local vt = P .. "vt:" .. model
   local finish = redis.call("HGET", vt, "t:" .. f[3])
