@@ -37,6 +37,11 @@ else:
     SECRET_KEY = env_str("SWITCHYARD_SECRET_KEY", "embedded-demo-only-not-secret-" + "x" * 20)
 
 DEBUG = env_bool("SWITCHYARD_DEBUG", not PRODUCTION)
+if PRODUCTION and DEBUG:
+    raise ConfigurationError(
+        "SWITCHYARD_DEBUG=true is refused in production mode: DEBUG pages show settings, "
+        "source and SQL to whoever triggers an error"
+    )
 ALLOWED_HOSTS = env_list(
     "SWITCHYARD_ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"]
 )
@@ -54,7 +59,6 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -66,6 +70,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -100,6 +105,11 @@ DATABASES = {
         conn_max_age=env_int("SWITCHYARD_DATABASE_CONN_MAX_AGE", 0, minimum=0),
     )
 }
+if PRODUCTION and DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    raise ConfigurationError(
+        "production mode refuses SQLite (one writer, no failover, the audit trail on a local "
+        "file): set SWITCHYARD_DATABASE_URL to PostgreSQL, e.g. postgres://user:pw@host/db"
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # WAL lets the web process, the Celery worker and the seeder write without lock errors.
@@ -175,12 +185,11 @@ CHANNEL_LAYERS = {
 }
 
 REST_FRAMEWORK = {
-    # Sessions for the portal; tokens (manage.py drf_create_token) and Keycloak service-account
-    # JWTs for automation.
+    # Sessions for the portal; Keycloak service-account JWTs for automation (DRF's own
+    # tokens, plaintext in the database and never expiring, are not used).
     # The first class's challenge decides a 401 (with WWW-Authenticate) over a bare 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "governance.api.authentication.ServiceAccountJWTAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -259,9 +268,17 @@ SSO_API_ENABLED = bool(SSO_ISSUER)
 SSO_API_AUDIENCE = env_str("SWITCHYARD_OIDC_API_AUDIENCE", "switchyard-api")
 SSO_API_CLIENTS = env_list("SWITCHYARD_OIDC_API_CLIENTS", [])
 SSO_API_LEEWAY_SECONDS = env_int("SWITCHYARD_OIDC_API_LEEWAY_SECONDS", 30, minimum=0)
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("SWITCHYARD_OIDC_RENEW_SECONDS", 900, minimum=60)
 AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
 if SSO_ENABLED:
     AUTHENTICATION_BACKENDS.insert(0, "portal.auth.SwitchyardOIDCBackend")
+    # An SSO session renews its ID token silently (prompt=none) this often; every renewal
+    # signs in again, which re-reads the roles and tenants from the claims (portal/auth.py),
+    # so a role removed in Keycloak is gone from the portal within this time.
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+        "mozilla_django_oidc.middleware.SessionRefresh",
+    )
     if not LOCAL_LOGIN_ENABLED:
         # No password sign-in anywhere, the admin's form included; the SSO backend (a
         # ModelBackend) still answers permission checks.
@@ -294,8 +311,32 @@ AUDIT_ANCHOR_DIR = Path(env_str("SWITCHYARD_AUDIT_ANCHOR_DIR", str(RUN_DIR / "au
 # --- The gateway's public address, shown in snippets and the portal -----------------------
 GATEWAY_PUBLIC_URL = env_str("SWITCHYARD_GATEWAY_PUBLIC_URL", "http://127.0.0.1:8080")
 
+# --- Sessions and the browser's security policy --------------------------------------------
+# A bounded session: after this a person signs in again (and SSO re-reads their roles).
+SESSION_COOKIE_AGE = env_int("SWITCHYARD_SESSION_SECONDS", 8 * 3600, minimum=60)
+# Scripts and styles from our own origin only: the templates hold no inline script or style
+# (tests/config/test_production_settings.py checks them), so injected markup cannot run.
+_FORM_TARGETS = ["'self'"] + (
+    ["/".join(SSO_ISSUER.split("/")[:3])] if SSO_ISSUER else []
+)  # the SSO sign-out form redirects to the IdP
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],  # the live fleet view's websocket is same-origin
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "frame-ancestors": ["'none'"],
+        "form-action": _FORM_TARGETS,
+    }
+}
+
 # Production hardening that would only get in the way of a loopback demo.
 if PRODUCTION:
+    SECURE_HSTS_SECONDS = env_int("SWITCHYARD_HSTS_SECONDS", 31_536_000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SWITCHYARD_HSTS_INCLUDE_SUBDOMAINS", True)
     SESSION_COOKIE_SECURE = env_bool("SWITCHYARD_SECURE_COOKIES", True)
     CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -1,5 +1,6 @@
+from csp.decorators import csp_update
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
 from governance.api import decisions, views
@@ -24,6 +25,14 @@ router.register(
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # The split view loads its start-up script from a URL, not inline, as the
+    # Content-Security-Policy requires; Swagger UI's own page styles are inline.
+    path(
+        "docs/",
+        csp_update({"style-src": ["'unsafe-inline'"]})(
+            SpectacularSwaggerSplitView.as_view(url_name="schema")
+        ),
+        name="api-docs",
+    ),
     *router.urls,
 ]

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
 
 import pytest
 from django.core.management import call_command
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from governance.keys import key_hash
@@ -121,17 +119,11 @@ def test_lists_filter_search_and_paginate(people) -> None:
     assert olivia.get("/api/use-cases/", {"search": "uc-07"}).json()["count"] == 1
 
 
-def test_automation_authenticates_with_a_token(people) -> None:
-    user = make_user("ci-bot", Role.OFFICER)
-    token = Token.objects.create(user=cast(Any, user))
+def test_a_drf_token_is_not_a_way_in(people) -> None:
+    # DRF's plaintext, never-expiring tokens are gone: automation uses Keycloak
+    # service-account JWTs (tests/governance/test_api_jwt.py).
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    assert client.get("/api/me/").json() == {
-        "username": "ci-bot",
-        "roles": ["officer"],
-        "tenants": ["acme"],
-    }
-    client.credentials(HTTP_AUTHORIZATION="Token not-a-token")
+    client.credentials(HTTP_AUTHORIZATION="Token 0123456789abcdef0123456789abcdef01234567")
     assert client.get("/api/me/").status_code == 401
 
 

@@ -354,6 +354,7 @@ def test_production_signs_in_with_sso_only() -> None:
         SWITCHYARD_MODE="production",
         SWITCHYARD_SECRET_KEY="s" * 50,
         SWITCHYARD_AUDIT_ANCHOR_KEY="a" * 50,
+        SWITCHYARD_DATABASE_URL="postgres://switchyard@db.example.com:5432/switchyard",
         SWITCHYARD_ALLOWED_HOSTS="switchyard.example.com",
         SWITCHYARD_OIDC_ISSUER="https://kc.example.com/realms/switchyard",
         SWITCHYARD_OIDC_CLIENT_ID="switchyard-portal",
