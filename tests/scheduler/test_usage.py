@@ -328,9 +328,11 @@ def test_the_celery_task_persists_through_a_real_worker(
 
     add_usage(valkey_client)
     add_decision(valkey_client)
-    # Sent through the Valkey broker on a connection of its own, as beat sends it.
-    with app.connection_for_write(for_kombu(valkey_url)) as broker:
-        app.send_task(persist_usage.name, connection=broker, ignore_result=True)
+    # Through the Valkey broker, as beat sends it. The app's broker and result backend are
+    # bound once per session (its backend is cached on first use): to the session's Valkey,
+    # as tests/scheduler/test_celery_roundtrip.py binds them too.
+    app.conf.update(broker_url=for_kombu(valkey_url), result_backend=for_kombu(valkey_url))
+    persist_usage.delay()
 
     assert wait_until(lambda: UsageMinute.objects.exists(), timeout=30), celery_worker.log_tail()
     assert UsageMinute.objects.get().requests == 1
