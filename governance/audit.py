@@ -24,7 +24,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from governance.anchors import UnreadableCheckpoint, checkpoints_read
-from governance.models import AuditChainHead, AuditEvent
+from governance.models import AuditChainHead, AuditEvent, Tenant
 
 GENESIS_HASH = "0" * 64
 # Fields that never enter the audit trail: a key's hash is not the key, but there is no need
@@ -113,25 +113,29 @@ def _jsonable(value: Any) -> Any:
     return orjson.loads(orjson.dumps(value, default=str))
 
 
+HASH_VERSION = 2  # the hash covers tenant_id (events before it have hash_version null)
+
+
 def _canonical(event: AuditEvent) -> bytes:
-    return orjson.dumps(
-        {
-            "sequence": event.sequence,
-            "occurred_at": event.occurred_at.isoformat(),
-            "actor": event.actor,
-            "action": event.action,
-            "object_type": event.object_type,
-            "object_id": event.object_id,
-            "object_repr": event.object_repr,
-            "tenant_slug": event.tenant_slug,
-            "before": event.before,
-            "after": event.after,
-            "request_id": event.request_id,
-            "source_ip": event.source_ip,
-            "prev_hash": event.prev_hash,
-        },
-        option=orjson.OPT_SORT_KEYS,
-    )
+    fields: dict[str, Any] = {
+        "sequence": event.sequence,
+        "occurred_at": event.occurred_at.isoformat(),
+        "actor": event.actor,
+        "action": event.action,
+        "object_type": event.object_type,
+        "object_id": event.object_id,
+        "object_repr": event.object_repr,
+        "tenant_slug": event.tenant_slug,
+        "before": event.before,
+        "after": event.after,
+        "request_id": event.request_id,
+        "source_ip": event.source_ip,
+        "prev_hash": event.prev_hash,
+    }
+    if event.hash_version is not None:
+        fields["hash_version"] = event.hash_version
+        fields["tenant_id"] = event.tenant_id
+    return orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
 
 
 def event_hash(event: AuditEvent) -> str:
@@ -147,8 +151,13 @@ def audit_record(
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
     tenant_slug: str = "",
+    tenant_id: int | None = None,
     object_repr: str | None = None,
 ) -> AuditEvent:
+    """Append one event. History is keyed by the tenant's id (a slug can be renamed and then
+    reused): given, or taken from the object, or from the slug as it stands right now."""
+    if tenant_id is None and tenant_slug:
+        tenant_id = _tenant_id_of(obj, tenant_slug)
     head, _ = AuditChainHead.objects.select_for_update().get_or_create(
         id=1, defaults={"last_sequence": 0, "last_hash": GENESIS_HASH}
     )
@@ -162,12 +171,14 @@ def audit_record(
         object_repr=(
             object_repr if object_repr is not None else str(obj) if obj is not None else ""
         )[:200],
+        tenant_id=tenant_id,
         tenant_slug=tenant_slug,
         before=_jsonable(before) if before is not None else None,
         after=_jsonable(after) if after is not None else None,
         request_id=actor.request_id,
         source_ip=actor.source_ip,
         prev_hash=head.last_hash,
+        hash_version=HASH_VERSION,
     )
     event.hash = event_hash(event)
     event.save()
@@ -175,6 +186,18 @@ def audit_record(
     head.last_hash = event.hash
     head.save(update_fields=["last_sequence", "last_hash"])
     return event
+
+
+def _tenant_id_of(obj: DjangoModel | None, tenant_slug: str) -> int | None:
+    if isinstance(obj, Tenant) and obj.pk is not None:
+        return int(obj.pk)
+    owner = getattr(obj, "tenant_id", None)
+    if isinstance(owner, int):
+        return owner
+    owner = getattr(getattr(obj, "use_case", None), "tenant_id", None)
+    if isinstance(owner, int):
+        return owner
+    return Tenant.objects.filter(slug=tenant_slug).values_list("pk", flat=True).first()
 
 
 @dataclass(frozen=True)

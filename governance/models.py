@@ -399,6 +399,10 @@ class AuditEvent(models.Model):
     object_type = models.CharField(max_length=64, editable=False, blank=True)
     object_id = models.CharField(max_length=64, editable=False, blank=True)
     object_repr = models.CharField(max_length=200, editable=False, blank=True)
+    # History is keyed by the tenant's id: a slug can be renamed, and then reused by another
+    # tenant. The slug stays as it was at the time, for display. Not a foreign key: the trail
+    # outlives a deleted tenant and is never updated.
+    tenant_id = models.BigIntegerField(null=True, blank=True, editable=False, db_index=True)
     tenant_slug = models.CharField(max_length=63, editable=False, blank=True, db_index=True)
     before = models.JSONField(null=True, editable=False)
     after = models.JSONField(null=True, editable=False)
@@ -406,6 +410,9 @@ class AuditEvent(models.Model):
     source_ip = models.GenericIPAddressField(null=True, editable=False)
     prev_hash = models.CharField(max_length=64, editable=False)
     hash = models.CharField(max_length=64, editable=False, unique=True)
+    # Which fields the hash covers: null for events written before ``tenant_id`` existed (their
+    # tenant id was filled in later, outside the hash), 2 for events whose hash covers it.
+    hash_version = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["sequence"]

@@ -38,8 +38,9 @@ def rate_limits_visible(user: AnyUser) -> QuerySet[RateLimitPolicy]:
 def audit_events_visible(user: AnyUser) -> QuerySet[AuditEvent]:
     if can_read_everything(user):
         return AuditEvent.objects.all()
-    slugs = visible_tenants(user).values_list("slug", flat=True)
-    return AuditEvent.objects.filter(tenant_slug__in=list(slugs)).exclude(tenant_slug="")
+    # By id: a slug can be renamed and reused, and history stays with its tenant.
+    ids = visible_tenants(user).values_list("pk", flat=True)
+    return AuditEvent.objects.filter(tenant_id__in=list(ids))
 
 
 def admission_decisions_visible(user: AnyUser) -> QuerySet[AdmissionDecision]:
@@ -47,5 +48,5 @@ def admission_decisions_visible(user: AnyUser) -> QuerySet[AdmissionDecision]:
     auditors and admins, their own tenants' for developers (as with the audit trail)."""
     if can_read_everything(user):
         return AdmissionDecision.objects.all()
-    slugs = visible_tenants(user).values_list("slug", flat=True)
-    return AdmissionDecision.objects.filter(tenant__in=list(slugs))
+    ids = visible_tenants(user).values_list("pk", flat=True)
+    return AdmissionDecision.objects.filter(tenant_id__in=list(ids))

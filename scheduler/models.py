@@ -1,7 +1,7 @@
 """Usage roll-ups and the admission audit, persisted from the gateway's Valkey streams.
 
-Rows carry the use case's id and the tenant's slug as the gateway saw them, not foreign
-keys: usage history must outlive a use case being deleted, and the persister must never
+Rows carry the use case's id, the tenant's id and its slug as the gateway saw them, not
+foreign keys: usage history must outlive a use case being deleted, and the persister must never
 refuse a batch because governance changed meanwhile.
 """
 
@@ -61,7 +61,10 @@ class AdmissionDecision(models.Model):
     occurred_at = models.DateTimeField(db_index=True)
     decision = models.CharField(max_length=16, choices=Kind.choices)
     reason = models.CharField(max_length=200, blank=True, help_text="The limit or cause.")
-    tenant = models.CharField(max_length=100)
+    tenant = models.CharField(max_length=100, help_text="The slug as the gateway saw it.")
+    # The key for scoping: a slug can be renamed and reused; the use case's tenant cannot
+    # change, so the persister takes the tenant's id from the use case.
+    tenant_id = models.BigIntegerField(null=True, blank=True)
     use_case_id = models.BigIntegerField()
     key_id = models.BigIntegerField(null=True, blank=True)
     model = models.CharField(max_length=200)
@@ -77,7 +80,10 @@ class AdmissionDecision(models.Model):
     )
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "occurred_at"], name="decision_tenant_time")]
+        indexes = [
+            models.Index(fields=["tenant", "occurred_at"], name="decision_tenant_time"),
+            models.Index(fields=["tenant_id", "occurred_at"], name="decision_tenant_id_time"),
+        ]
         ordering = ["-occurred_at"]
 
     def __str__(self) -> str:

@@ -37,6 +37,7 @@ summarised again, so a redelivered batch — or a cursor reset — writes no sec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -52,7 +53,7 @@ from django.db import connection, models, transaction
 
 from gateway.accounting import BACKLOG_WARNING, DECISIONS_STREAM, PERSISTER_GROUP, USAGE_STREAM
 from governance.audit import Actor, audit_record
-from governance.models import UseCase
+from governance.models import Tenant, UseCase
 from scheduler.models import AdmissionDecision, StreamCursor, UsageMinute
 
 logger = logging.getLogger(__name__)
@@ -353,6 +354,7 @@ def _upsert(sums: Mapping[RollUpKey, Sequence[int]]) -> None:
 
 def _store_decisions(entries: Sequence[StreamEntry], report: PersistReport) -> int:
     rows = []
+    tenant_of, tenant_of_slug = _tenants_of(entries)
     for entry_id, fields in entries:
         try:
             decision = _text(fields, "decision", 16)
@@ -366,6 +368,10 @@ def _store_decisions(entries: Sequence[StreamEntry], report: PersistReport) -> i
                     decision=decision,
                     reason=_text(fields, "reason", 200),
                     tenant=_text(fields, "tenant", 100),
+                    tenant_id=tenant_of.get(
+                        _int(fields, "use_case_id"),
+                        tenant_of_slug.get(_text(fields, "tenant", 100)),
+                    ),
                     use_case_id=_int(fields, "use_case_id"),
                     key_id=_number(fields, "key_id", optional=True),
                     model=_text(fields, "model", 200),
@@ -382,6 +388,21 @@ def _store_decisions(entries: Sequence[StreamEntry], report: PersistReport) -> i
         [row.stream_id for row in rows if row.decision in REFUSALS]
     )
     return len(rows)
+
+
+def _tenants_of(entries: Sequence[StreamEntry]) -> tuple[dict[int, int], dict[str, int]]:
+    """The tenant ids decisions are scoped by: each use case's (a use case never changes
+    tenant, whereas the slug the gateway saw can since have been renamed, even reused), and,
+    for a use case unknown here, the slug's tenant now (seconds after the gateway saw it)."""
+    ids, slugs = set(), set()
+    for _, fields in entries:
+        with contextlib.suppress(ValueError, OverflowError):
+            ids.add(_int(fields, "use_case_id"))
+            slugs.add(_text(fields, "tenant", 100))
+    return (
+        dict(UseCase.objects.filter(pk__in=ids).values_list("pk", "tenant_id")),
+        dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "pk")),
+    )
 
 
 class RefusalKey(NamedTuple):
@@ -410,6 +431,7 @@ def _audit_refusals(stream_ids: Sequence[str]) -> int:
             "decision",
             "reason",
             "tenant",
+            "tenant_id",
             "use_case_id",
             "model",
             "policy_version",
@@ -437,6 +459,7 @@ def _audit_refusals(stream_ids: Sequence[str]) -> int:
             obj=UseCase(pk=key.use_case_id),
             object_repr=_refusal_repr(key, len(rows)),
             tenant_slug=key.tenant[:63],
+            tenant_id=rows[0].tenant_id,  # one use case, so one tenant
             after=_refusal_detail(key, rows),
         )
         AdmissionDecision.objects.filter(pk__in=[row.pk for row in rows]).update(

@@ -38,6 +38,7 @@ class AdmissionDecisionSerializer(serializers.ModelSerializer[AdmissionDecision]
             "decision",
             "reason",
             "tenant",
+            "tenant_id",
             "use_case_id",
             "key_id",
             "model",
@@ -60,7 +61,8 @@ class AdmissionDecisionSerializer(serializers.ModelSerializer[AdmissionDecision]
 class AdmissionDecisionViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
     """Admission refusals and queue waits, one per request, as the gateway decided them.
 
-    Filter by ``request_id``, ``use_case_id``, ``tenant``, ``model``, ``decision``,
+    Filter by ``request_id``, ``use_case_id``, ``tenant_id``, ``tenant`` (the slug as the
+    gateway saw it), ``model``, ``decision``,
     ``reason``, ``policy_version``, ``audit_sequence`` and a time range
     (``occurred_at__gte``, ``occurred_at__lt``, ISO 8601).
     """
@@ -70,6 +72,7 @@ class AdmissionDecisionViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[t
     filterset_fields = {
         "request_id": ["exact"],
         "tenant": ["exact"],
+        "tenant_id": ["exact"],
         "use_case_id": ["exact"],
         "key_id": ["exact"],
         "model": ["exact"],

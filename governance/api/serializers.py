@@ -368,6 +368,7 @@ class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
             "object_type",
             "object_id",
             "object_repr",
+            "tenant_id",
             "tenant_slug",
             "before",
             "after",
@@ -375,6 +376,7 @@ class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
             "source_ip",
             "prev_hash",
             "hash",
+            "hash_version",
         )
         read_only_fields = fields
 

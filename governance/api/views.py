@@ -379,7 +379,15 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg
     serializer_class = s.AuditEventSerializer
     permission_classes = (HasSwitchyardRole,)
     lookup_field = "sequence"
-    filterset_fields = ("action", "actor", "tenant_slug", "object_type", "object_id", "request_id")
+    filterset_fields = (
+        "action",
+        "actor",
+        "tenant_id",
+        "tenant_slug",
+        "object_type",
+        "object_id",
+        "request_id",
+    )
     search_fields = ("actor", "object_repr", "action")
     ordering_fields = ("sequence", "occurred_at")
 

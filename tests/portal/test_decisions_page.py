@@ -214,6 +214,8 @@ def test_a_use_case_the_viewer_cannot_open_is_named_by_id_without_a_link(world: 
         decision="rejected",
         reason="queue_full",
         tenant="acme",
+        # The persister takes an unknown use case's tenant from the slug it was seen under.
+        tenant_id=world.acme_chatbot.tenant_id,
         use_case_id=999_999,  # as a standalone gateway saw it: no such use case here
         model="llama-3.1-8b",
     )
@@ -278,6 +280,7 @@ def test_the_list_is_paginated_fifty_a_page_keeping_the_search(world: World) -> 
             decision="rejected",
             reason=TPM,
             tenant="acme",
+            tenant_id=world.acme_chatbot.tenant_id,
             use_case_id=world.acme_chatbot.pk,
             model="llama-3.1-8b",
         )
