@@ -386,6 +386,9 @@ class ChainReportSerializer(serializers.Serializer[Any]):
     events_checked = serializers.IntegerField()
     first_broken_sequence = serializers.IntegerField(allow_null=True)
     problem = serializers.CharField(allow_blank=True)
+    checkpoints_checked = serializers.IntegerField(
+        help_text="Signed checkpoints outside the database that the chain matched."
+    )
 
 
 class MeSerializer(serializers.Serializer[Any]):

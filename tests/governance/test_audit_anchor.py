@@ -144,3 +144,22 @@ def test_beat_writes_checkpoints_periodically() -> None:
     entry = app.conf.beat_schedule["anchor-audit-chain"]
     assert entry["task"] == "governance.anchor_audit_chain"
     assert float(entry["schedule"]) > 0
+
+
+def test_the_verify_endpoint_reports_the_checkpoints() -> None:
+    from rest_framework.test import APIClient
+
+    from governance.roles import Role
+    from tests.factories import make_user
+
+    record(2)
+    checkpoint()
+    client = APIClient()
+    client.force_authenticate(make_user("audrey", Role.AUDITOR))
+    intact = client.get("/api/audit-events/verify/")
+    assert intact.status_code == 200
+    assert intact.json()["checkpoints_checked"] == 1
+    rewrite_chain_consistently(2, "mallory")
+    broken = client.get("/api/audit-events/verify/")
+    assert broken.status_code == 409
+    assert "checkpoint" in broken.json()["problem"]
