@@ -68,3 +68,54 @@ def test_deleting_an_unreferenced_tenant_still_works(admin_client: APIClient) ->
 
     assert response.status_code == 204, response.content
     assert not Tenant.objects.filter(slug="initech").exists()
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [
+        # PostgreSQL takes offsets up to ±15:59 only; ISO 8601 (and Python) allow ±23:59.
+        "2026-01-28T23:15:39-17:00",
+        "0170-01-28T23:15:39+23:30",
+        # Valid as written, out of datetime's range once taken to UTC.
+        "0001-01-01T00:00:00+01:00",
+    ],
+)
+def test_a_time_filter_with_an_extreme_offset_is_answered_not_a_500(
+    admin_client: APIClient, bound: str
+) -> None:
+    """GIVEN a time bound whose offset the database cannot take as written
+    WHEN the admission decisions are filtered by it
+    THEN the answer is a plain 200 (the bound, taken to UTC) or a 400 naming the filter."""
+    response = admin_client.get("/api/admission-decisions/", {"occurred_at__gte": bound})
+
+    assert response.status_code in (200, 400), response.content
+    if response.status_code == 400:
+        assert "occurred_at__gte" in response.json()
+
+
+def test_a_time_filter_is_compared_in_utc(admin_client: APIClient) -> None:
+    """An offset bound means the same instant as its UTC spelling: a decision stamped at
+    12:00 UTC is found by '>= 13:30+01:30' (12:00 UTC) and not by '>= 14:00+01:30'."""
+    from datetime import UTC, datetime
+
+    from scheduler.models import AdmissionDecision
+
+    acme = make_tenant("acme")
+    AdmissionDecision.objects.create(
+        stream_id="1-0",
+        occurred_at=datetime(2026, 3, 1, 12, 0, tzinfo=UTC),
+        request_id="r-1",
+        decision=AdmissionDecision.Kind.REJECTED,
+        tenant_id=acme.pk,
+        tenant=acme.slug,
+        use_case_id=make_use_case(acme, "chatbot").pk,
+        model="m",
+    )
+
+    def found(bound: str) -> int:
+        response = admin_client.get("/api/admission-decisions/", {"occurred_at__gte": bound})
+        assert response.status_code == 200, response.content
+        return int(response.json()["count"])
+
+    assert found("2026-03-01T13:30:00+01:30") == 1
+    assert found("2026-03-01T14:00:00+01:30") == 0
