@@ -39,7 +39,8 @@ def ms(at: datetime, plus_s: float = 0) -> int:
     return int(at.timestamp() * 1000 + plus_s * 1000)
 
 
-def add_usage(client: valkey.Valkey, **values: object) -> None:
+def add_usage(client: valkey.Valkey, **values: object) -> bytes:
+    """One usage entry as the gateway writes it; returns its stream id."""
     fields: dict[str, object] = dict.fromkeys(USAGE_FIELDS, "")
     fields.update(
         request_id="r",
@@ -58,7 +59,8 @@ def add_usage(client: valkey.Valkey, **values: object) -> None:
         policy_version=3,
     )
     fields.update(values)
-    client.xadd(USAGE_STREAM, {k: str(v) for k, v in fields.items()})
+    entry_id: Any = client.xadd(USAGE_STREAM, {k: str(v) for k, v in fields.items()})
+    return entry_id
 
 
 def add_decision(client: valkey.Valkey, **values: object) -> None:

@@ -5,36 +5,20 @@ keeps them short — never past the consumer group's oldest unacknowledged entry
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import valkey
 
-from gateway.accounting import DECISIONS_STREAM, USAGE_FIELDS, USAGE_STREAM
+from gateway.accounting import DECISIONS_STREAM, USAGE_STREAM
 from scheduler.usage import GROUP, usage_persist
+from tests.scheduler.test_usage import add_usage as add_usage_entry
 
 pytestmark = pytest.mark.django_db
 
 
 def add_usage(client: valkey.Valkey, n: int) -> bytes:
-    fields: dict[str, object] = dict.fromkeys(USAGE_FIELDS, "")
-    fields.update(
-        request_id=f"r-{n}",
-        at_ms=1_741_096_925_000 + n,
-        tenant="acme",
-        use_case_id=7,
-        key_id=11,
-        model="llama-test",
-        status=200,
-        prompt_tokens=1,
-        completion_tokens=1,
-        queued_ms=0,
-        upstream_ms=1,
-        total_ms=1,
-        policy_version=3,
+    return add_usage_entry(
+        client, request_id=f"r-{n}", at_ms=1_741_096_925_000 + n, prompt_tokens=1
     )
-    entry_id: Any = client.xadd(USAGE_STREAM, {k: str(v) for k, v in fields.items()})
-    return entry_id
 
 
 def test_a_run_trims_what_it_committed_and_keeps_what_it_has_not_read(
