@@ -101,6 +101,14 @@ def _same_person(actor: Actor, requester: AbstractBaseUser | None) -> bool:
     return actor.username == requester.get_username()
 
 
+def _require_owner(actor: Actor, key: ApiKey, verb: str) -> None:
+    """Only the key's requester receives its secret (reveal, rotate): not a teammate, not an
+    officer, not the platform."""
+    user = _person(actor)
+    if user is None or key.requested_by_id != user.pk:
+        raise PermissionDenied(f"Only the person who requested this key can {verb} it.")
+
+
 def _tenant_of(obj: DjangoModel) -> str:
     tenant = getattr(obj, "tenant", None) or getattr(getattr(obj, "use_case", None), "tenant", None)
     if isinstance(obj, Tenant):
@@ -432,9 +440,7 @@ def _activate(key_id: int, *, from_status: str) -> str | None:
 @transaction.atomic
 def api_key_reveal(*, actor: Actor, key: ApiKey) -> tuple[ApiKey, str]:
     """Show an approved key's secret to its requester — exactly once, ever."""
-    _person(actor)
-    if actor.user is None or key.requested_by_id != actor.user.pk:
-        raise PermissionDenied("Only the person who requested this key can reveal it.")
+    _require_owner(actor, key, "reveal")
     plaintext = _activate(key.pk, from_status=ApiKeyStatus.APPROVED)
     if plaintext is None:
         key.refresh_from_db()
@@ -459,8 +465,7 @@ def api_key_rotate(
     an officer who must stop a key revokes it instead.
     """
     _require_member(actor, key.use_case.tenant)
-    if actor.user is None or key.requested_by_id != actor.user.pk:
-        raise PermissionDenied("Only the person who requested this key can rotate it.")
+    _require_owner(actor, key, "rotate")
     grace = timedelta(seconds=settings.API_KEY_ROTATION_GRACE_SECONDS) if grace is None else grace
     if grace < timedelta(0) or grace > timedelta(days=7):
         raise ValidationError({"grace": "Choose a grace period between 0 and 7 days."})

@@ -19,10 +19,10 @@ import valkey
 import valkey.asyncio as avalkey
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.accounting import DECISIONS_STREAM, USAGE_STREAM, Accounting
+from gateway.accounting import DECISIONS_STREAM, PERSISTER_GROUP, USAGE_STREAM, Accounting
 from gateway.metrics import GatewayMetrics
 
-GROUP = "switchyard-persister"  # scheduler/usage.py's consumer group
+GROUP = PERSISTER_GROUP
 BACKLOG = 1_000_000  # what the stream held when the gateway used to trim it to this
 
 
