@@ -1,0 +1,95 @@
+"""Every portal page, as the role that uses it, in a real browser under the real headers.
+
+GIVEN acme's chatbot, a key request from alice (developer) and one from olivia (officer),
+WHEN each role opens the pages of its job,
+THEN each page renders without one Content-Security-Policy violation or console error (a
+template scanned for inline scripts says nothing about what the browser refuses), and the
+review queue shows olivia no Approve button on her own request, but one on alice's.
+
+Screenshots of every page land in pytest's temp dir (``--basetemp`` puts them in view).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect
+
+from governance import services
+from governance.audit import Actor
+from governance.roles import Role
+from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def acme_requests() -> dict[str, int]:
+    acme = make_tenant("acme")
+    chatbot = make_use_case(acme, "chatbot", models=(make_model("llama-sim"),))
+    alice = make_user("alice", Role.DEVELOPER, tenants=(acme,))
+    olivia = make_user("olivia", Role.OFFICER)
+    make_user("avery", Role.AUDITOR)
+    keys = {}
+    for person, name in ((alice, "alice-ci"), (olivia, "olivia-probe")):
+        key = services.api_key_request(
+            actor=Actor.for_user(person), use_case=chatbot, name=name, reason="integration"
+        )
+        keys[name] = key.pk
+    return {"use_case": chatbot.pk, **keys}
+
+
+def _open_as(browser: Browser, base_url: str, username: str) -> tuple[Page, list[str]]:
+    """A signed-in page, and the list its console errors and CSP violations go to."""
+    page = browser.new_context(base_url=base_url).new_page()
+    page.set_default_timeout(10_000)
+    problems: list[str] = []
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            problems.append(f"{page.url}: {message.text}")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: problems.append(f"{page.url}: {error}"))
+    page.goto("/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in", exact=True).click()
+    expect(page.locator(".who")).to_contain_text(username)
+    return page, problems
+
+
+def _visit(page: Page, path: str, shots: Path, name: str) -> None:
+    response = page.goto(path)
+    assert response is not None
+    assert response.status == 200, f"{path}: {response.status}"
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+
+
+def test_every_page_renders_under_the_content_security_policy(
+    browser: Browser, portal_server: str, acme_requests: dict[str, int], screenshot_dir: Path
+) -> None:
+    use_case, alice_key = acme_requests["use_case"], acme_requests["alice-ci"]
+    journeys = {
+        "olivia": ["/", "/dashboard/", "/review/", "/admission-decisions/", "/api/docs/"],
+        "alice": ["/dashboard/", f"/use-cases/{use_case}/", f"/keys/{alice_key}/"],
+        "avery": ["/dashboard/", "/admission-decisions/"],
+    }
+    problems: list[str] = []
+    for username, paths in journeys.items():
+        page, seen = _open_as(browser, portal_server, username)
+        for path in paths:
+            _visit(page, path, screenshot_dir, f"{username}{path.replace('/', '_')}")
+        if username == "olivia":
+            page.goto("/review/")
+            own = page.get_by_role("row").filter(has_text="olivia-probe")
+            theirs = page.get_by_role("row").filter(has_text="alice-ci")
+            expect(own).to_contain_text("another officer decides it")
+            expect(own.get_by_role("button", name="Approve")).to_have_count(0)
+            expect(theirs.get_by_role("button", name="Approve")).to_be_visible()
+        problems += seen
+        page.context.close()
+
+    assert problems == [], "\n".join(problems)
