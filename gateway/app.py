@@ -9,7 +9,6 @@ always closed — on completion, on error and when the client goes away.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import hashlib
 import itertools
@@ -494,14 +493,18 @@ class Gateway:
             grant = await self._acquire(call, ticket)
             try:
                 async with self.scheduler.keep_alive(
-                    grant, lambda: self._reconciliation(call), wait_for_release=False
+                    grant,
+                    lambda: self._reconciliation(call),
+                    wait_for_release=False,
+                    refund_on=(ReplicaUnreachable,),
                 ):
                     await self._relay(call, grant, send)
                     return
             except ReplicaUnreachable as exc:
-                # Nothing reached vLLM. Tell every gateway at once (the watcher confirms or
-                # clears it on its next scrape) and ask the scheduler for another replica,
-                # without counting the rate limits a second time.
+                # Nothing reached vLLM: the grant was refunded on the way out. Tell every
+                # gateway at once (the watcher confirms or clears it on its next scrape) and
+                # ask the scheduler for another replica, charged afresh: a request is charged
+                # once, by the attempt a replica took (or by none).
                 try:
                     await write_fleet(
                         self.valkey,
@@ -510,7 +513,6 @@ class Gateway:
                     )
                 except (valkey.ValkeyError, OSError) as failed:
                     raise _admission_unavailable(failed) from None
-                ticket = dataclasses.replace(ticket, limits=(), plan=None)
         raise GatewayError(
             502,
             f"No replica of model '{call.model.public_id}' could be reached.",
@@ -533,8 +535,7 @@ class Gateway:
             raise _refusal(503, "service_unavailable", refused) from None
         except (valkey.ValkeyError, OSError) as exc:
             raise _admission_unavailable(exc) from None
-        if call.grant is None:
-            call.admitted_ms = grant.admitted_ms  # the first grant counted the limits
+        call.admitted_ms = grant.admitted_ms  # this grant's charge is the one reconciled
         call.grant = grant
         if grant.queued:
             self.metrics.queue_waited(
@@ -545,8 +546,8 @@ class Gateway:
         return grant
 
     def _reconciliation(self, call: Call) -> Sequence[Arg]:
-        """At release: correct the token windows by what the request really used. Only once
-        a replica answered (a failed-over attempt leaves the estimate to the next one)."""
+        """At release: correct the token windows by what the request really used. (An attempt
+        no replica took is refunded instead: ``keep_alive``'s ``refund_on``.)"""
         meter, ticket = call.meter, call.ticket
         if meter is None or ticket is None or not ticket.limits:
             return ()
@@ -755,7 +756,7 @@ class Call:
     status: int = 500
     responded: bool = False  # the whole response is out; a disconnect now is not the client's
     ticket: Ticket | None = None
-    admitted_ms: int = 0  # when the first grant counted the rate limits (for reconcile)
+    admitted_ms: int = 0  # when the serving grant counted the rate limits (for reconcile)
     handler: asyncio.Task[Any] | None = None  # the task serving it, for interrupt()
     interrupted: str | None = None  # "client" (gone mid-request) or "timeout" (the model's)
     grant: Grant | None = None

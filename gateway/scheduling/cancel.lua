@@ -10,7 +10,10 @@
 --                                           as acquire.lua's queue_full)
 --          {2, replica}                     it had been granted and keeps it (keep = "1")
 --          {0, replica}                     it had been granted; released, refunded (no
---                                           replica was asked), and waiters pumped
+--                                           replica served it: a waiter that gave up, or a
+--                                           grant whose replica could not be reached), and
+--                                           waiters pumped; its hold is not a service time,
+--                                           so the hold estimate is left alone
 --          {-1}                             nothing to cancel: dropped past its deadline,
 --                                           already released, or acquire has not run yet (a
 --                                           "gone" marker makes a late acquire refuse)
@@ -35,7 +38,7 @@ if replica then
   if ARGV[4] == "1" then
     return {2, replica}
   end
-  release_lease(model, id, now, true, "cancelled")
+  release_lease(model, id, now, false, "cancelled")
   pump(model, now)
   return {0, replica}
 end

@@ -75,7 +75,7 @@ class _KeepAlive:
     """What ``Scheduler.keep_alive`` returns: a plain class, as cheap as an async context
     manager gets (it runs on every request)."""
 
-    __slots__ = ("_grant", "_reconcile", "_scheduler", "_wait")
+    __slots__ = ("_grant", "_reconcile", "_refund_on", "_scheduler", "_wait")
 
     def __init__(
         self,
@@ -83,20 +83,29 @@ class _KeepAlive:
         grant: Grant,
         reconcile: Callable[[], Sequence[Arg]] | None,
         wait: bool,
+        refund_on: tuple[type[BaseException], ...],
     ) -> None:
         self._scheduler = scheduler
         self._grant = grant
         self._reconcile = reconcile
         self._wait = wait
+        self._refund_on = refund_on
 
     async def __aenter__(self) -> Grant:
         self._scheduler._held[self._grant.lease_id] = self._grant
         return self._grant
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: object, traceback: object
+    ) -> None:
         scheduler, grant = self._scheduler, self._grant
-        reconcile = self._reconcile() if self._reconcile is not None else ()
         try:
+            if kind is not None and self._refund_on and issubclass(kind, self._refund_on):
+                # The grant was never used (no replica took the request): give the capacity
+                # back and refund the rate-limit charge, as for a waiter that gave up.
+                await scheduler.release_unused(grant)
+                return
+            reconcile = self._reconcile() if self._reconcile is not None else ()
             if self._wait:
                 await scheduler.release(grant, reconcile)
             else:
@@ -390,6 +399,14 @@ class Scheduler:
             "release", self._keys, [self._clock(), grant.lease_id, grant.model, *reconcile]
         )
 
+    async def release_unused(self, grant: Grant) -> None:
+        """Release a grant no replica served: capacity back, rate-limit charge refunded,
+        waiters pumped (cancel.lua's granted path), so a retry is charged afresh."""
+        self._held.pop(grant.lease_id, None)
+        await self.pipe.script(
+            "cancel", self._keys, [self._clock(), grant.lease_id, grant.model, "0"]
+        )
+
     @contextlib.asynccontextmanager
     async def hold(self, ticket: Ticket) -> AsyncIterator[Grant]:
         """``async with scheduler.hold(ticket) as grant:`` acquire, keep alive, always release."""
@@ -403,6 +420,7 @@ class Scheduler:
         reconcile: Callable[[], Sequence[Arg]] | None = None,
         *,
         wait_for_release: bool = True,
+        refund_on: tuple[type[BaseException], ...] = (),
     ) -> _KeepAlive:
         """``async with scheduler.keep_alive(grant):`` renew ``grant`` while the block runs;
         release it on any exit.
@@ -411,8 +429,10 @@ class Scheduler:
         the request really used is known only then). ``wait_for_release=False``: the exit
         returns once the release is on its way, without waiting for Valkey's reply (the
         gateway's request path, where nobody needs it; a failure is logged all the same).
+        ``refund_on``: exceptions that mean the grant was never used (a replica that could
+        not be reached); leaving with one releases it with ``release_unused`` instead.
         """
-        return _KeepAlive(self, grant, reconcile, wait_for_release)
+        return _KeepAlive(self, grant, reconcile, wait_for_release, refund_on)
 
     def _released(self, lease_id: str, reply: asyncio.Future[Any]) -> None:
         """The reply to a release nobody waited for: only a failure needs saying."""

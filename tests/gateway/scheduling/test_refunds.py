@@ -268,3 +268,41 @@ def test_a_request_leaves_no_charge_record_behind_once_it_ends(lua):
 
     assert [int(v) for v in lua("reap", T0 + 30_000)] == [1, 0, 0]  # the holder's lease
     assert 0 < lua.client.pttl(keys.KEY_PREFIX + "rf:holder") <= 3_600_000
+
+
+class _Unreached(Exception):
+    """Stands for the gateway's ReplicaUnreachable: the grant was never used."""
+
+
+async def test_a_grant_left_with_a_refund_exception_is_refunded_and_frees_its_slot(
+    valkey_client, valkey_url
+):
+    """GIVEN a granted request whose replica turns out unreachable
+    WHEN its keep-alive block ends with one of ``refund_on``'s exceptions
+    THEN its rate-limit charge is given back, its slot is free again, and the hold-time
+    estimate the Retry-After uses is not lowered by a hold that served nothing; any other
+    exit is a normal release that keeps the charge."""
+    async with running_schedulers(valkey_url) as (scheduler,):
+        client = avalkey.Valkey.from_url(valkey_url)
+        try:
+            await write_fresh_fleet(client, [R1])
+        finally:
+            await client.aclose()
+        valkey_client.hset(keys.service(MODEL), "hold_ms", "2000")
+        before = real_counters(valkey_client)
+
+        grant = await scheduler.acquire(_ticket("unreached"))
+        assert real_counters(valkey_client) != before
+        with pytest.raises(_Unreached):
+            async with scheduler.keep_alive(grant, refund_on=(_Unreached,)):
+                raise _Unreached
+
+        assert real_counters(valkey_client) == before
+        assert valkey_client.hlen(keys.in_flight(MODEL)) == 0
+        assert float(valkey_client.hget(keys.service(MODEL), "hold_ms") or 0) == 2000
+
+        grant = await scheduler.acquire(_ticket("failed"))  # R1's one slot is free again
+        with pytest.raises(RuntimeError):
+            async with scheduler.keep_alive(grant, refund_on=(_Unreached,)):
+                raise RuntimeError("the replica answered, then something broke")
+        assert real_counters(valkey_client) != before  # served: charged
