@@ -91,6 +91,26 @@ DECISION_FIELDS: Final = (
     "policy_version",
 )
 
+# Guardrail findings (issue 11): one entry per guardrail that found something (or could not
+# run) in one request's stage. ``action``: blocked | redacted | flagged | failed_open |
+# failed_closed; ``entities``: a JSON object of entity type → count (never the text);
+# ``stage``: request | response. Written by the gateway, persisted and rolled up by Celery.
+GUARDRAILS_STREAM: Final = "sy:guardrails"
+GUARDRAIL_FIELDS: Final = (
+    "request_id",
+    "at_ms",
+    "tenant",
+    "use_case_id",
+    "key_id",
+    "model",
+    "stage",
+    "guardrail",
+    "action",
+    "entities",
+    "score",
+    "policy_version",
+)
+
 Decision = Literal["admitted", "queued", "rejected", "shed"]
 _Record = tuple[str, bytes]  # (stream, its XADD command packed)
 
