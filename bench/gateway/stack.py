@@ -65,6 +65,10 @@ class Stack:
     relay_ports: dict[str, int]
     api_key: str
     fleet_watcher: ManagedProcess | None
+    # A second gateway started from another checkout (``--baseline``): before and after a
+    # change, measured in the same run, slices taking turns.
+    baseline: ManagedProcess | None = None
+    baseline_port: int = 0
 
     def valkey_info(self, section: str) -> dict[str, Any]:
         return cast(dict[str, Any], self.valkey.info(section))
@@ -89,7 +93,12 @@ class Stack:
             pids[self.replica_name(index)] = replica.pid
         if self.fleet_watcher is not None:
             pids["fleet watcher"] = self.fleet_watcher.pid
+        if self.baseline is not None:
+            pids[BASELINE_PROCESS] = self.baseline.pid
         return pids
+
+
+BASELINE_PROCESS = "gateway (baseline)"
 
 
 def relay_name(client: str) -> str:
@@ -163,7 +172,11 @@ def _replica(upstream: str, port: int, logs: Path) -> ManagedProcess:
 
 
 @contextlib.contextmanager
-def running_stack(replicas: int = 2, upstream: str = "instant") -> Iterator[Stack]:
+def running_stack(
+    replicas: int = 2, upstream: str = "instant", baseline_src: Path | None = None
+) -> Iterator[Stack]:
+    """``baseline_src``: another checkout of the project (``git worktree``) whose gateway is
+    started beside this one's, on the same Valkey, replicas and policy."""
     if upstream not in UPSTREAMS:
         raise ValueError(f"upstream is one of {UPSTREAMS}, not {upstream!r}")
     with contextlib.ExitStack() as stack:
@@ -210,6 +223,23 @@ def running_stack(replicas: int = 2, upstream: str = "instant") -> Iterator[Stac
             ready=http_ready(f"http://127.0.0.1:{gateway_port}/healthz", expect=200), timeout=20
         )
 
+        baseline, baseline_port = None, 0
+        if baseline_src is not None:
+            baseline_port = free_port()
+            baseline = ManagedProcess(
+                "gateway-baseline",
+                gateway_command("127.0.0.1", baseline_port),
+                # Its own packages first: the editable install's finder comes after sys.path.
+                env={"SWITCHYARD_VALKEY_URL": valkey_url, "PYTHONPATH": str(baseline_src)},
+                cwd=baseline_src,
+                log_path=logs / "gateway-baseline.log",
+            )
+            stack.callback(baseline.stop)
+            baseline.start(
+                ready=http_ready(f"http://127.0.0.1:{baseline_port}/healthz", expect=200),
+                timeout=20,
+            )
+
         relays: dict[str, ManagedProcess] = {}
         relay_ports: dict[str, int] = {}
         for relay_client in RELAY_CLIENTS:
@@ -239,6 +269,8 @@ def running_stack(replicas: int = 2, upstream: str = "instant") -> Iterator[Stac
             relay_ports=relay_ports,
             api_key=api_key,
             fleet_watcher=watcher,
+            baseline=baseline,
+            baseline_port=baseline_port,
         )
 
 
