@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = SimulatorConfig()
     f = FaultSettings()
     p = argparse.ArgumentParser(
-        prog="python -m gateway.simulator",
+        prog="python -m simulator",
         description="A vLLM stand-in: same HTTP API and metrics, simulated timing.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

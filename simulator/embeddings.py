@@ -16,14 +16,14 @@ from typing import Any
 
 import orjson
 
-from gateway.simulator import tokens
-from gateway.simulator.asgi import DisconnectWatch, Receive, Send, send_response
-from gateway.simulator.engine import Sequence
-from gateway.simulator.errors import bad_request, model_not_found, validation_error, vllm_validation
-from gateway.simulator.faults import exit_process_soon, strike_before_work
-from gateway.simulator.protocol import check_prompt_length
-from gateway.simulator.state import Simulator
-from gateway.simulator.validation import Body, Invalid, format_error, to_int, to_str
+from simulator import tokens
+from simulator.asgi import DisconnectWatch, Receive, Send, send_response
+from simulator.engine import Sequence
+from simulator.errors import bad_request, model_not_found, validation_error, vllm_validation
+from simulator.faults import exit_process_soon, strike_before_work
+from simulator.protocol import check_prompt_length
+from simulator.state import Simulator
+from simulator.validation import Body, Invalid, format_error, to_int, to_str
 
 # An encoder's tokenizer wraps every input in [CLS] ... [SEP].
 SPECIAL_TOKENS = 2

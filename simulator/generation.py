@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.simulator import tokens, wire
-from gateway.simulator.asgi import (
+from simulator import tokens, wire
+from simulator.asgi import (
     DisconnectWatch,
     Receive,
     Send,
@@ -23,15 +23,15 @@ from gateway.simulator.asgi import (
     send_response,
     start_stream,
 )
-from gateway.simulator.engine import Sequence, Status, wait_until
-from gateway.simulator.faults import (
+from simulator.engine import Sequence, Status, wait_until
+from simulator.faults import (
     CUT_STREAM_LOG_FILTER,
     FaultPlan,
     exit_process_soon,
     strike_before_work,
 )
-from gateway.simulator.protocol import GenerationRequest, Prompt
-from gateway.simulator.state import Simulator
+from simulator.protocol import GenerationRequest, Prompt
+from simulator.state import Simulator
 
 
 @dataclass(slots=True)

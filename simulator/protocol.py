@@ -13,10 +13,10 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.simulator import tokens
-from gateway.simulator.config import SimulatorConfig
-from gateway.simulator.errors import model_not_found, vllm_validation
-from gateway.simulator.validation import (
+from simulator import tokens
+from simulator.config import SimulatorConfig
+from simulator.errors import model_not_found, vllm_validation
+from simulator.validation import (
     Body,
     Invalid,
     to_bool,
