@@ -117,7 +117,7 @@ def _routes(kind: str) -> dict[str, dict[str, Handler]]:
         "/metrics": {"GET": admin.metrics},
         "/sim/faults": {"GET": admin.get_faults, "POST": admin.set_faults},
     }
-    if kind == "chat":
+    if kind in ("chat", "guard"):
         routes["/v1/chat/completions"] = {"POST": chat_completions}
         routes["/v1/completions"] = {"POST": completions}
     elif kind == "embedding":

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-ModelKind = Literal["chat", "embedding", "transcription"]
+ModelKind = Literal["chat", "guard", "embedding", "transcription"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 
 
@@ -133,7 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind",
         choices=get_args(ModelKind),
         default=d.kind,
-        help="which API the model serves: chat+completions, embeddings or transcriptions",
+        help=(
+            "which API the model serves: chat+completions, the same as a deterministic guard "
+            "model (Llama Guard prompts, docs/simulator.md), embeddings or transcriptions"
+        ),
     )
     add(
         "--max-model-len",
