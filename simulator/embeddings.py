@@ -1,7 +1,10 @@
 """``POST /v1/embeddings`` for a pooling model: deterministic unit vectors.
 
-Each input's vector is drawn from a hash of the input, so equal inputs embed equally and
-different inputs (almost surely) do not. Unless ``--no-matryoshka``, the model behaves as a
+An input's vector is a bag of words: the sum of one fixed pseudo-random direction per content
+word (``lexicon.content_words``), normalised. Equal inputs embed equally, and cosine similarity
+follows the words two texts share, as a real embedding model's roughly does, so checks built
+on similarity (groundedness) can be tested. An input with no content word gets a direction
+drawn from its whole text. Unless ``--no-matryoshka``, the model behaves as a
 Matryoshka model: ``dimensions`` keeps the leading components and renormalises.
 """
 
@@ -12,6 +15,7 @@ import hashlib
 import math
 import struct
 import time
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -21,6 +25,7 @@ from simulator.asgi import DisconnectWatch, Receive, Send, send_response
 from simulator.engine import Sequence
 from simulator.errors import bad_request, model_not_found, validation_error, vllm_validation
 from simulator.faults import exit_process_soon, strike_before_work
+from simulator.lexicon import content_words
 from simulator.protocol import check_prompt_length
 from simulator.state import Simulator
 from simulator.validation import Body, Invalid, format_error, to_int, to_str
@@ -35,16 +40,28 @@ EncodedInput = tuple[str | None, tuple[int, ...] | None]
 
 
 def embedding_vector(text: str | None, ids: tuple[int, ...] | None, dim: int) -> list[float]:
-    source = text.encode() if text is not None else repr(ids).encode()
-    raw = hashlib.shake_256(source).digest(4 * dim)
-    return _unit(struct.unpack(f"<{dim}i", raw))
+    words = content_words(text) if text is not None else [f"#{i}" for i in ids or ()]
+    if not words:
+        return _unit(_direction(text if text is not None else repr(ids), dim))
+    total = [0.0] * dim
+    for word in words:
+        for i, v in enumerate(_direction(word, dim)):
+            total[i] += v
+    return _unit(total)
+
+
+@lru_cache(maxsize=65536)
+def _direction(word: str, dim: int) -> tuple[float, ...]:
+    """A unit vector fixed by the word: nearly orthogonal to every other word's."""
+    raw = hashlib.shake_256(word.encode()).digest(4 * dim)
+    return tuple(_unit(struct.unpack(f"<{dim}i", raw)))
 
 
 def truncate(vector: list[float], dimensions: int) -> list[float]:
     return _unit(vector[:dimensions])
 
 
-def _unit(values: tuple[int, ...] | list[float]) -> list[float]:
+def _unit(values: tuple[int, ...] | tuple[float, ...] | list[float]) -> list[float]:
     """Normalised, at float32 precision: vLLM's vectors are float32 tensors."""
     norm = math.sqrt(math.fsum(v * v for v in values)) or 1.0
     n = len(values)
