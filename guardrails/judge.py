@@ -101,7 +101,11 @@ class GuardModelJudge:
         if first == "safe" and len(lines) == 1:
             return []
         if first != "unsafe" or len(lines) > 2:
-            raise VerdictError(f"The guard model's answer is not a verdict: {answer[:80]!r}.")
+            # The answer is not quoted: a misconfigured model may echo the text being judged.
+            raise VerdictError(
+                "The guard model's answer is not a verdict ('safe', or 'unsafe' and a line of "
+                "category codes); is the model a Llama Guard?"
+            )
         if len(lines) == 1:
             return [Finding("topic:unspecified")]
         topics = settings["topics"]
@@ -111,8 +115,8 @@ class GuardModelJudge:
             number = int(match.group(1)) if match else 0
             if not 1 <= number <= len(topics):
                 raise VerdictError(
-                    f"The guard model named {code.strip()!r}, which is not one of the "
-                    f"{len(topics)} topics asked about."
+                    f"The guard model named a category that is not one of the {len(topics)} "
+                    "topics asked about (S1…Sn)."
                 )
             found.append(Finding(f"topic:{topics[number - 1]['name']}"))
         return found
