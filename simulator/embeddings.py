@@ -15,9 +15,12 @@ import hashlib
 import math
 import struct
 import time
+from collections import Counter
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 from simulator import tokens
@@ -42,26 +45,31 @@ EncodedInput = tuple[str | None, tuple[int, ...] | None]
 def embedding_vector(text: str | None, ids: tuple[int, ...] | None, dim: int) -> list[float]:
     words = content_words(text) if text is not None else [f"#{i}" for i in ids or ()]
     if not words:
-        return _unit(_direction(text if text is not None else repr(ids), dim))
-    total = [0.0] * dim
-    for word in words:
-        for i, v in enumerate(_direction(word, dim)):
-            total[i] += v
-    return _unit(total)
+        source = text.encode() if text is not None else repr(ids).encode()
+        raw = hashlib.shake_256(source).digest(4 * dim)
+        return _unit(struct.unpack(f"<{dim}i", raw))
+    total = np.zeros(dim)
+    for word, count in Counter(words).items():
+        total += count * _direction(word, dim)
+    return _unit(total.tolist())
 
 
-@lru_cache(maxsize=65536)
-def _direction(word: str, dim: int) -> tuple[float, ...]:
-    """A unit vector fixed by the word: nearly orthogonal to every other word's."""
+@lru_cache(maxsize=16384)
+def _direction(word: str, dim: int) -> npt.NDArray[np.float64]:
+    """A unit vector fixed by the word: nearly orthogonal to every other word's. Read-only:
+    the cache hands the same array to every caller."""
     raw = hashlib.shake_256(word.encode()).digest(4 * dim)
-    return tuple(_unit(struct.unpack(f"<{dim}i", raw)))
+    vector = np.frombuffer(raw, dtype="<i4").astype(np.float64)
+    vector /= np.linalg.norm(vector) or 1.0
+    vector.flags.writeable = False
+    return vector
 
 
 def truncate(vector: list[float], dimensions: int) -> list[float]:
     return _unit(vector[:dimensions])
 
 
-def _unit(values: tuple[int, ...] | tuple[float, ...] | list[float]) -> list[float]:
+def _unit(values: tuple[int, ...] | list[float]) -> list[float]:
     """Normalised, at float32 precision: vLLM's vectors are float32 tensors."""
     norm = math.sqrt(math.fsum(v * v for v in values)) or 1.0
     n = len(values)
