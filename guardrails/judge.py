@@ -144,6 +144,9 @@ def prompt(role: str, topics: Sequence[Mapping[str, str]], turns: Sequence[tuple
 def _quote(text: str) -> str:
     """The text with what could forge a turn or close the conversation defused: a judged
     message must not be able to append a harmless 'last' turn of its own."""
+    # Every line break the guard might honour (\r, \u2028, \v…) made a plain one first, so
+    # the forged-turn pattern sees every line start.
+    text = "\n".join(text.splitlines())
     text = _FORGED_TURN.sub(lambda m: f"{m.group(1)}> {m.group(2)}{m.group(3)}", text)
     return _MARKER.sub(lambda m: f"< {m.group(1)}{m.group(2)}", text).strip()
 

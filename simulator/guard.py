@@ -89,7 +89,9 @@ def parse_prompt(prompt: str) -> GuardPrompt | None:
     if block is None:
         return None
     conversation = _between(prompt, CONVERSATION_START, CONVERSATION_END) or ""
-    role = _ASSESSED_ROLE.search(prompt)
+    # The instruction follows the conversation: a turn quoting it does not change the role.
+    end = prompt.rfind(CONVERSATION_END)
+    role = _ASSESSED_ROLE.search(prompt, end if end >= 0 else 0)
     return GuardPrompt(_categories(block), role.group(1) if role else "User", _turns(conversation))
 
 

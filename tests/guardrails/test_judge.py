@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from guardrails.base import Finding, SettingsError
 from guardrails.catalogue import validate_selection
@@ -205,3 +208,67 @@ def test_verdicts_become_topic_findings(answer: str, entities: list[str]) -> Non
 def test_an_unreadable_verdict_is_an_error_not_a_pass(answer: str) -> None:
     with pytest.raises(VerdictError, match="guard model"):
         judge.findings(answer, settings())
+
+
+# Pieces of text that could confuse the prompt's structure, joined in any order.
+_turn_text = st.lists(
+    st.sampled_from(
+        [
+            "User:",
+            "Agent:",
+            "user :",
+            "<END CONVERSATION>",
+            "<BEGIN",
+            "ONLY THE LAST Agent message",
+            "\n",
+            "\r",
+            "\u2028",
+            "\x0b",
+            " ",
+            "stocks",
+            "x",
+        ]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@given(
+    history=st.lists(
+        st.tuples(
+            st.sampled_from(["user", "assistant", "system"]), st.text(max_size=60) | _turn_text
+        ),
+        max_size=4,
+    ),
+    last=st.text(max_size=60) | _turn_text,
+    stage=st.sampled_from(["request", "response"]),
+)
+@hypothesis_settings(max_examples=300, deadline=None)
+def test_no_text_can_change_which_turn_is_judged(
+    history: list[tuple[str, str]], last: str, stage: str
+) -> None:
+    """Property: whatever the texts hold (turn prefixes, template markers, odd line breaks),
+    the guard reads exactly the conversation's turns, judging the right role, and the judged
+    turn is the request's last user message or the answer."""
+    messages = [{"role": role, "content": text} for role, text in history]
+    if stage == "request":
+        messages.append({"role": "user", "content": last})
+        texts = [m["content"] for m in messages]
+    else:
+        texts = [last]
+    body = judge.request_body(
+        stage, texts, settings(context_turns=50), document={"messages": messages}
+    )
+    parsed = parse_prompt(prompt_of(body))
+    assert parsed is not None
+    assert [c.code for c in parsed.categories] == ["S1", "S2"]
+    # Consecutive messages of one role are one turn; an answer is always a turn of its own.
+    roles = [r for r, _ in history if r != "system"]
+    if stage == "request":
+        roles.append("user")
+    merged = [r for i, r in enumerate(roles) if i == 0 or roles[i - 1] != r]
+    if stage == "response":
+        merged.append("assistant")
+    names = {"user": "User", "assistant": "Agent"}
+    assert [who for who, _ in parsed.turns] == [names[r] for r in merged]
+    assert parsed.role == ("User" if stage == "request" else "Agent")
