@@ -157,7 +157,8 @@ def _request_turns(texts: Sequence[str], document: object) -> list[tuple[str, st
     the request itself; a request without messages (a completion prompt) is one user turn."""
     parts = list(fleet_settings.message_parts(document))
     if not parts:
-        return [("User", "\n\n".join(texts))] if texts else []
+        prompt = texts or _prompt_texts(document)
+        return [("User", "\n\n".join(prompt))] if prompt else []
     if len(texts) == len(parts):
         parts = [(role, text) for (role, _), text in zip(parts, texts, strict=True)]
     turns: list[tuple[str, str]] = []
@@ -170,6 +171,14 @@ def _request_turns(texts: Sequence[str], document: object) -> list[tuple[str, st
         else:
             turns.append((who, text))
     return turns
+
+
+def _prompt_texts(document: object) -> list[str]:
+    """A completion request's prompt(s): the user turn an answer to it follows."""
+    prompt = document.get("prompt") if isinstance(document, Mapping) else None
+    if isinstance(prompt, str):
+        return [prompt]
+    return [p for p in prompt if isinstance(p, str)] if isinstance(prompt, list) else []
 
 
 def _topics(value: object) -> list[dict[str, str]]:

@@ -157,6 +157,15 @@ def test_a_completion_prompt_is_one_user_turn() -> None:
     assert parsed.turns == [("User", "first\n\nsecond")]
 
 
+def test_an_answer_to_a_completion_prompt_follows_it_as_the_agents_turn() -> None:
+    body = judge.request_body(
+        "response", ["Buy bonds."], settings(), document={"prompt": "Investment tip:"}
+    )
+    parsed = parse_prompt(prompt_of(body))
+    assert parsed is not None
+    assert parsed.turns == [("User", "Investment tip:"), ("Agent", "Buy bonds.")]
+
+
 def test_only_the_last_context_turns_are_sent() -> None:
     roles = ["user", "assistant"]
     messages = [{"role": roles[i % 2], "content": f"turn {i}"} for i in range(9)]
