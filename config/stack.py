@@ -168,7 +168,7 @@ class Stack:
                         [
                             PYTHON,
                             "-m",
-                            "gateway.simulator",
+                            "simulator",
                             "--host",
                             config.host,
                             "--port",

@@ -64,7 +64,7 @@ def start_simulator() -> Iterator[SimulatorFactory]:
             [
                 PYTHON,
                 "-m",
-                "gateway.simulator",
+                "simulator",
                 "--host",
                 "127.0.0.1",
                 "--port",

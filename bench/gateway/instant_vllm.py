@@ -4,7 +4,7 @@
 
 Why it exists: the gateway's throughput and latency targets are defined against a fake vLLM
 that answers at once, so that what is measured is the gateway and not its upstream. The
-simulator (``gateway.simulator``) is held to real vLLM — batching, KV cache, tokenizer, every
+simulator (``simulator``) is held to real vLLM — batching, KV cache, tokenizer, every
 field — and every other benchmark and test uses it; even with ``--time-scale 0`` it spends
 about 0.25 ms of CPU a request, which on a 2-core machine takes most of a core away from the
 process under test. This one is a raw ``asyncio.Protocol`` on uvloop with httptools' request
@@ -37,7 +37,7 @@ import httptools
 import orjson
 import uvloop
 
-from gateway.simulator import wire
+from simulator import wire
 
 COMPLETION_TOKENS = 4
 TOKENS = ("The", " sky", " is", " blue")

@@ -164,7 +164,7 @@ def _replica(upstream: str, port: int, logs: Path) -> ManagedProcess:
     return ManagedProcess(
         f"simulator-{port}",
         [
-            PYTHON, "-m", "gateway.simulator", "--host", "127.0.0.1", "--port", str(port),
+            PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", MODEL, "--time-scale", "0", "--max-num-seqs", "1024",
         ],
         log_path=logs / f"simulator-{port}.log",

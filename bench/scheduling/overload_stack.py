@@ -108,7 +108,7 @@ def start_stack(
             port = free_port()
             sim = ManagedProcess(
                 f"overload-sim-{index + 1}",
-                [PYTHON, "-m", "gateway.simulator", "--host", "127.0.0.1", "--port", str(port),
+                [PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
                  "--served-model-name", MODEL, "--seed", str(index), *timing.argv()],
             )  # fmt: skip
             started.append(sim)

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.simulator.throughput [--duration 10] [--connections 32]
 
-Starts ``python -m gateway.simulator --time-scale 0`` on loopback and drives it with wrk
+Starts ``python -m simulator --time-scale 0`` on loopback and drives it with wrk
 (Debian: ``apt-get install -y wrk``), a C load generator that stays far from being the
 bottleneck, for short non-streaming chat completions and for short streams. Prints a
 Markdown table for bench/RESULTS.md, with the machine it ran on. Bounded: every run stops
@@ -58,7 +58,7 @@ def free_port() -> int:
 
 def start_simulator(port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.simulator", "--port", str(port),
+        [sys.executable, "-m", "simulator", "--port", str(port),
          "--served-model-name", MODEL, "--time-scale", "0", "--max-num-seqs", "1024"],
         start_new_session=True,
     )  # fmt: skip

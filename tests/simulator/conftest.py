@@ -45,7 +45,7 @@ def target() -> Iterator[Target]:
         process = ManagedProcess(
             f"simulator-contract-{port}",
             [
-                PYTHON, "-m", "gateway.simulator", "--host", "127.0.0.1", "--port", str(port),
+                PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
                 "--served-model-name", model, *SIMULATOR_FLAGS,
             ],
         )  # fmt: skip

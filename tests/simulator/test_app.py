@@ -6,8 +6,8 @@ import asyncio
 import json
 from typing import Any
 
-from gateway.simulator.app import create_app
-from gateway.simulator.config import SimulatorConfig, parse_args
+from simulator.app import create_app
+from simulator.config import SimulatorConfig, parse_args
 
 
 async def call(app: Any, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:

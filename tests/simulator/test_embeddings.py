@@ -149,3 +149,27 @@ def test_embeddings_count_as_finished_with_stop(sim: RunningSimulator) -> None:
         in metrics
     )
     assert f'vllm:generation_tokens_total{{engine="0",model_name="{MODEL}"}} 0.0' in metrics
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    return math.fsum(x * y for x, y in zip(a, b, strict=True))
+
+
+def test_similarity_follows_the_content_words_texts_share(sim: RunningSimulator) -> None:
+    """GIVEN a context sentence WHEN an answer repeats its content words, shares some, or none
+    THEN cosine similarity orders them so (docs/simulator.md, "Embeddings")."""
+    texts = [
+        "The Eiffel Tower was completed in 1889 and stands in Paris.",
+        "The Eiffel Tower stands in Paris.",
+        "Paris has a tower with many museums near it.",
+        "Our savings account pays four percent interest.",
+    ]
+    context, close, partial, unrelated = (d["embedding"] for d in embed(sim, input=texts)["data"])
+    assert cosine(context, close) > 0.7  # eiffel, tower, stand, pari of five content words
+    assert 0.2 < cosine(context, partial) < cosine(context, close)
+    assert abs(cosine(context, unrelated)) < 0.2
+
+
+def test_word_order_and_case_do_not_change_the_vector(sim: RunningSimulator) -> None:
+    a, b = (d["embedding"] for d in embed(sim, input=["Tower Eiffel", "eiffel TOWERS"])["data"])
+    assert cosine(a, b) > 0.9999

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from gateway.simulator.config import SimulatorConfig
-from gateway.simulator.engine import Engine, Sequence, Status
-from gateway.simulator.metrics import SimulatorMetrics
+from simulator.config import SimulatorConfig
+from simulator.engine import Engine, Sequence, Status
+from simulator.metrics import SimulatorMetrics
 from tests.simulator.virtual import MODEL, make_engine, metric, run_until_done, seq, step
 
 

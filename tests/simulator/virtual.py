@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.simulator.config import SimulatorConfig
-from gateway.simulator.engine import Engine, Sequence
-from gateway.simulator.metrics import SimulatorMetrics
+from simulator.config import SimulatorConfig
+from simulator.engine import Engine, Sequence
+from simulator.metrics import SimulatorMetrics
 
 MODEL = "sim-chat"
 

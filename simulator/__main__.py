@@ -1,4 +1,4 @@
-"""``python -m gateway.simulator``: serve one simulated vLLM replica with uvicorn."""
+"""``python -m simulator``: serve one simulated vLLM replica with uvicorn."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from gateway.simulator.app import create_app
-from gateway.simulator.config import parse_args
-from gateway.simulator.faults import CUT_STREAM_LOG_FILTER
+from simulator.app import create_app
+from simulator.config import parse_args
+from simulator.faults import CUT_STREAM_LOG_FILTER
 
 
 def main(argv: Sequence[str] | None = None) -> None:

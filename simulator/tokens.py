@@ -9,7 +9,7 @@ always gets the same answer and producing token *i* never needs tokens 0..i-1.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 CHARS_PER_TOKEN = 4
 # Llama-3-style template: header tokens around each message, and the assistant header
@@ -82,7 +82,9 @@ def output_text(key: int, start: int, stop: int) -> str:
     return "".join(token_text(key, i) for i in range(start, stop))
 
 
-def find_stop(key: int, limit: int, stops: Sequence[str]) -> tuple[int, str, int] | None:
+def find_stop(
+    text_of: Callable[[int], str], limit: int, stops: Sequence[str]
+) -> tuple[int, str, int] | None:
     """Where the first stop string completes within the first ``limit`` tokens.
 
     Returns (tokens generated when it completes, the stop string, the character offset at
@@ -90,7 +92,7 @@ def find_stop(key: int, limit: int, stops: Sequence[str]) -> tuple[int, str, int
     """
     text = ""
     for i in range(limit):
-        text += token_text(key, i)
+        text += text_of(i)
         # Only the tail can contain a match that the previous tokens did not.
         window_start = max(0, len(text) - max(len(s) for s in stops) - 16)
         best: tuple[int, str] | None = None

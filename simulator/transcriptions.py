@@ -15,13 +15,13 @@ from typing import Any
 import orjson
 
 from gateway.multipart import Form
-from gateway.simulator import tokens
-from gateway.simulator.asgi import DisconnectWatch, Receive, Send, send_response
-from gateway.simulator.engine import Sequence
-from gateway.simulator.errors import ApiError, bad_request, model_not_found, validation_error
-from gateway.simulator.faults import exit_process_soon, strike_before_work
-from gateway.simulator.state import Simulator
-from gateway.simulator.validation import format_error
+from simulator import tokens
+from simulator.asgi import DisconnectWatch, Receive, Send, send_response
+from simulator.engine import Sequence
+from simulator.errors import ApiError, bad_request, model_not_found, validation_error
+from simulator.faults import exit_process_soon, strike_before_work
+from simulator.state import Simulator
+from simulator.validation import format_error
 
 WORDS_PER_SECOND = 2.5
 COMPRESSED_BYTES_PER_SECOND = 16_000  # 128 kbit/s

@@ -13,10 +13,10 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.simulator import tokens
-from gateway.simulator.config import SimulatorConfig
-from gateway.simulator.errors import model_not_found, vllm_validation
-from gateway.simulator.validation import (
+from simulator import guard, tokens
+from simulator.config import SimulatorConfig
+from simulator.errors import model_not_found, vllm_validation
+from simulator.validation import (
     Body,
     Invalid,
     to_bool,
@@ -58,6 +58,7 @@ class Prompt:
     blocks: list[int] = field(default_factory=list)
     from_text: bool = True  # vLLM words the too-long error differently for token ids
     key: int = 0  # seeds the generated answer; set once the request's seed is known
+    answer: tuple[str, ...] = ()  # tokens the model must say first (a guard model's verdict)
 
 
 @dataclass(slots=True)
@@ -256,6 +257,11 @@ def parse_generation(
         raise vllm_validation("You must pass at least one prompt")
     for p in prompts:
         p.key = tokens.stable_key(chat, p.source, seed, config.seed)
+    if config.kind == "guard":
+        # The Llama Guard prompt is the last user message (chat) or the prompt (completions).
+        judged = [c for role, c in messages if role == "user"][-1:] if chat else None
+        for p in prompts:
+            p.answer = guard.answer_tokens(judged[0] if judged else p.text)
 
     if priority_header is not None:
         # vLLM ignores an unparsable header and keeps the body's value.

@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl
 import orjson
 
 from gateway.multipart import Form, FormError, is_multipart, parse_form
-from gateway.simulator import admin
-from gateway.simulator.asgi import (
+from simulator import admin
+from simulator.asgi import (
     BodyTooLarge,
     ClientGone,
     Receive,
@@ -24,15 +24,15 @@ from gateway.simulator.asgi import (
     read_body,
     send_response,
 )
-from gateway.simulator.config import SimulatorConfig
-from gateway.simulator.embeddings import serve_embeddings
-from gateway.simulator.engine import Clock
-from gateway.simulator.errors import ApiError, RouteError, validation_error
-from gateway.simulator.generation import serve_generation
-from gateway.simulator.protocol import PRIORITY_HEADER, parse_generation
-from gateway.simulator.state import MAX_BODY_BYTES, Simulator
-from gateway.simulator.transcriptions import serve_transcription
-from gateway.simulator.validation import UNSUPPORTED_MEDIA_TYPE, format_error, json_decode_error
+from simulator.config import SimulatorConfig
+from simulator.embeddings import serve_embeddings
+from simulator.engine import Clock
+from simulator.errors import ApiError, RouteError, validation_error
+from simulator.generation import serve_generation
+from simulator.protocol import PRIORITY_HEADER, parse_generation
+from simulator.state import MAX_BODY_BYTES, Simulator
+from simulator.transcriptions import serve_transcription
+from simulator.validation import UNSUPPORTED_MEDIA_TYPE, format_error, json_decode_error
 
 Handler = Callable[[Simulator, Scope, Receive, Send], Awaitable[None]]
 
@@ -117,7 +117,7 @@ def _routes(kind: str) -> dict[str, dict[str, Handler]]:
         "/metrics": {"GET": admin.metrics},
         "/sim/faults": {"GET": admin.get_faults, "POST": admin.set_faults},
     }
-    if kind == "chat":
+    if kind in ("chat", "guard"):
         routes["/v1/chat/completions"] = {"POST": chat_completions}
         routes["/v1/completions"] = {"POST": completions}
     elif kind == "embedding":

@@ -10,10 +10,10 @@ import time
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.simulator.asgi import Receive, Scope, Send, read_body, send_response
-from gateway.simulator.errors import bad_request
-from gateway.simulator.state import VLLM_VERSION, Simulator
-from gateway.simulator.validation import json_decode_error
+from simulator.asgi import Receive, Scope, Send, read_body, send_response
+from simulator.errors import bad_request
+from simulator.state import VLLM_VERSION, Simulator
+from simulator.validation import json_decode_error
 
 _METRICS_TYPE = CONTENT_TYPE_LATEST.encode()
 

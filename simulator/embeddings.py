@@ -1,7 +1,10 @@
 """``POST /v1/embeddings`` for a pooling model: deterministic unit vectors.
 
-Each input's vector is drawn from a hash of the input, so equal inputs embed equally and
-different inputs (almost surely) do not. Unless ``--no-matryoshka``, the model behaves as a
+An input's vector is a bag of words: the sum of one fixed pseudo-random direction per content
+word (``lexicon.content_words``), normalised. Equal inputs embed equally, and cosine similarity
+follows the words two texts share, as a real embedding model's roughly does, so checks built
+on similarity (groundedness) can be tested. An input with no content word gets a direction
+drawn from its whole text. Unless ``--no-matryoshka``, the model behaves as a
 Matryoshka model: ``dimensions`` keeps the leading components and renormalises.
 """
 
@@ -12,18 +15,23 @@ import hashlib
 import math
 import struct
 import time
+from collections import Counter
+from functools import lru_cache
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
-from gateway.simulator import tokens
-from gateway.simulator.asgi import DisconnectWatch, Receive, Send, send_response
-from gateway.simulator.engine import Sequence
-from gateway.simulator.errors import bad_request, model_not_found, validation_error, vllm_validation
-from gateway.simulator.faults import exit_process_soon, strike_before_work
-from gateway.simulator.protocol import check_prompt_length
-from gateway.simulator.state import Simulator
-from gateway.simulator.validation import Body, Invalid, format_error, to_int, to_str
+from simulator import tokens
+from simulator.asgi import DisconnectWatch, Receive, Send, send_response
+from simulator.engine import Sequence
+from simulator.errors import bad_request, model_not_found, validation_error, vllm_validation
+from simulator.faults import exit_process_soon, strike_before_work
+from simulator.lexicon import content_words
+from simulator.protocol import check_prompt_length
+from simulator.state import Simulator
+from simulator.validation import Body, Invalid, format_error, to_int, to_str
 
 # An encoder's tokenizer wraps every input in [CLS] ... [SEP].
 SPECIAL_TOKENS = 2
@@ -35,9 +43,26 @@ EncodedInput = tuple[str | None, tuple[int, ...] | None]
 
 
 def embedding_vector(text: str | None, ids: tuple[int, ...] | None, dim: int) -> list[float]:
-    source = text.encode() if text is not None else repr(ids).encode()
-    raw = hashlib.shake_256(source).digest(4 * dim)
-    return _unit(struct.unpack(f"<{dim}i", raw))
+    words = content_words(text) if text is not None else [f"#{i}" for i in ids or ()]
+    if not words:
+        source = text.encode() if text is not None else repr(ids).encode()
+        raw = hashlib.shake_256(source).digest(4 * dim)
+        return _unit(struct.unpack(f"<{dim}i", raw))
+    total = np.zeros(dim)
+    for word, count in Counter(words).items():
+        total += count * _direction(word, dim)
+    return _unit(total.tolist())
+
+
+@lru_cache(maxsize=16384)
+def _direction(word: str, dim: int) -> npt.NDArray[np.float64]:
+    """A unit vector fixed by the word: nearly orthogonal to every other word's. Read-only:
+    the cache hands the same array to every caller."""
+    raw = hashlib.shake_256(word.encode()).digest(4 * dim)
+    vector = np.frombuffer(raw, dtype="<i4").astype(np.float64)
+    vector /= np.linalg.norm(vector) or 1.0
+    vector.flags.writeable = False
+    return vector
 
 
 def truncate(vector: list[float], dimensions: int) -> list[float]:

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from gateway.simulator.config import SimulatorConfig
-from gateway.simulator.metrics import SimulatorMetrics
-from gateway.simulator.prefix_cache import PrefixCache
+from simulator.config import SimulatorConfig
+from simulator.metrics import SimulatorMetrics
+from simulator.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 

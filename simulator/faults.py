@@ -15,9 +15,9 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.simulator.asgi import DisconnectWatch, Send, send_response
-from gateway.simulator.config import FaultSettings
-from gateway.simulator.errors import bad_request, internal_error
+from simulator.asgi import DisconnectWatch, Send, send_response
+from simulator.config import FaultSettings
+from simulator.errors import bad_request, internal_error
 
 # A cut stream still delivers a few tokens first, like a replica dying under load.
 CUT_AFTER_MIN_TOKENS = 1

@@ -6,8 +6,8 @@ tests in tests/simulator/test_contract.py pass against both), and it models what
 gateway's scheduling depends on: continuous batching with a bounded batch, a bounded KV
 cache, priority scheduling and a prefix cache (see ``engine``).
 
-Run one replica with ``python -m gateway.simulator --port 8100 --served-model-name NAME``
+Run one replica with ``python -m simulator --port 8100 --served-model-name NAME``
 (``--help`` lists the timing and fault options), or build it in-process with
-``gateway.simulator.app.create_app(config)``. Faults can also be switched while it runs:
+``simulator.app.create_app(config)``. Faults can also be switched while it runs:
 ``GET``/``POST /sim/faults`` with ``{"error_rate": 0.1, "die_after_requests": 5, ...}``.
 """

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from gateway.simulator.errors import ApiError, validation_error
+from simulator.errors import ApiError, validation_error
 
 T = TypeVar("T")
 

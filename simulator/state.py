@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import random
 
-from gateway.simulator.config import SimulatorConfig
-from gateway.simulator.engine import Clock, Engine
-from gateway.simulator.faults import FaultInjector
-from gateway.simulator.metrics import SimulatorMetrics
-from gateway.simulator.tokens import stable_key
+from simulator.config import SimulatorConfig
+from simulator.engine import Clock, Engine
+from simulator.faults import FaultInjector
+from simulator.metrics import SimulatorMetrics
+from simulator.tokens import stable_key
 
 # Bodies beyond this are refused before parsing; transcriptions carry audio files.
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -32,7 +32,7 @@ class Simulator:
         self.fingerprint = system_fingerprint(config)
         # Request ids are random in vLLM too; they must not depend on --seed.
         self._ids = random.Random()  # noqa: S311 (ids, not secrets)
-        self.log = logging.getLogger("gateway.simulator")
+        self.log = logging.getLogger("simulator")
 
     def request_id(self, client_id: bytes | None) -> str:
         """vLLM's id body: the client's X-Request-Id, else 16 random hex digits."""

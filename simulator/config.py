@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-ModelKind = Literal["chat", "embedding", "transcription"]
+ModelKind = Literal["chat", "guard", "embedding", "transcription"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 
 
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = SimulatorConfig()
     f = FaultSettings()
     p = argparse.ArgumentParser(
-        prog="python -m gateway.simulator",
+        prog="python -m simulator",
         description="A vLLM stand-in: same HTTP API and metrics, simulated timing.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -133,7 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind",
         choices=get_args(ModelKind),
         default=d.kind,
-        help="which API the model serves: chat+completions, embeddings or transcriptions",
+        help=(
+            "which API the model serves: chat+completions, the same as a deterministic guard "
+            "model (Llama Guard prompts, docs/simulator.md), embeddings or transcriptions"
+        ),
     )
     add(
         "--max-model-len",

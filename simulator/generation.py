@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.simulator import tokens, wire
-from gateway.simulator.asgi import (
+from simulator import tokens, wire
+from simulator.asgi import (
     DisconnectWatch,
     Receive,
     Send,
@@ -23,15 +23,15 @@ from gateway.simulator.asgi import (
     send_response,
     start_stream,
 )
-from gateway.simulator.engine import Sequence, Status, wait_until
-from gateway.simulator.faults import (
+from simulator.engine import Sequence, Status, wait_until
+from simulator.faults import (
     CUT_STREAM_LOG_FILTER,
     FaultPlan,
     exit_process_soon,
     strike_before_work,
 )
-from gateway.simulator.protocol import GenerationRequest, Prompt
-from gateway.simulator.state import Simulator
+from simulator.protocol import GenerationRequest, Prompt
+from simulator.state import Simulator
 
 
 @dataclass(slots=True)
@@ -46,20 +46,33 @@ class Choice:
     sent_tokens: int = 0
     sent_chars: int = 0
 
+    def token(self, index: int) -> str:
+        return token_at(self.prompt, self.key, index)
+
     def delta(self, start: int, stop: int) -> str:
         """The text of tokens [start, stop), as the client sees it."""
         visible = self.seq.target_tokens - 1 if self.eos else self.seq.target_tokens
-        text = "".join(tokens.token_text(self.key, i) for i in range(start, min(stop, visible)))
+        text = "".join(self.token(i) for i in range(start, min(stop, visible)))
         if self.text_limit is not None:
             text = text[: max(0, self.text_limit - self.sent_chars)]
         self.sent_chars += len(text)
         return text
 
 
+def token_at(prompt: Prompt, key: int, index: int) -> str:
+    """Token ``index`` of the answer: the prompt's fixed answer (a guard model's verdict)
+    first, then words drawn from the key."""
+    if index < len(prompt.answer):
+        return prompt.answer[index]
+    return tokens.token_text(key, index)
+
+
 def plan_choice(
     index: int, prompt: Prompt, key: int, max_tokens: int, req: GenerationRequest
 ) -> Choice:
-    natural = None if req.ignore_eos else max(tokens.natural_length(key), req.min_tokens + 1)
+    # A fixed answer ends where it ends (then end-of-sequence); free text at its natural length.
+    wanted = len(prompt.answer) + 1 if prompt.answer else tokens.natural_length(key)
+    natural = None if req.ignore_eos else max(wanted, req.min_tokens + 1)
     target, reason, eos = max_tokens, "length", False
     if natural is not None and natural <= max_tokens:
         target, reason, eos = natural, "stop", True
@@ -67,7 +80,7 @@ def plan_choice(
     text_limit: int | None = None
     if req.stop:
         visible = target - 1 if eos else target
-        found = tokens.find_stop(key, visible, req.stop)
+        found = tokens.find_stop(lambda i: token_at(prompt, key, i), visible, req.stop)
         if found is not None and found[0] >= req.min_tokens:
             target, stop_reason, text_limit = found
             reason, eos = "stop", False
