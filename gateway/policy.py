@@ -21,7 +21,8 @@ SNAPSHOT_KEY = "switchyard:policy:snapshot"
 VERSION_KEY = "switchyard:policy:version"
 SCHEMA = 1
 
-ModelCapability = Literal["chat", "completions", "embeddings", "transcription"]
+# "guard": a guard model (Llama Guard's prompt format) that fleet-run guardrails ask.
+ModelCapability = Literal["chat", "completions", "embeddings", "transcription", "guard"]
 
 
 class DeploymentEntry(TypedDict):
