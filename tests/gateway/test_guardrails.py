@@ -392,6 +392,26 @@ def test_fail_closed_refuses_with_503_when_the_service_is_gone(guarded):
     assert (entry["guardrail"], entry["action"]) == ("words", "failed_closed")
 
 
+def test_a_stream_whose_checks_cannot_run_ends_with_an_error_when_failing_closed(guarded):
+    policy, start = guarded
+    alice = policy.key()
+    policy.guardrail(alice, "words", side="response", action="flag", config=SECRET)
+    world = start()
+    world.service.process.stop()
+    response = world.post(
+        alice,
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hello", "max_tokens": 5, "stream": True},
+    )
+    assert response.status_code == 200  # the head went out before the first check
+    events = _sse_events(response)
+    error = orjson.loads(events[-1].removeprefix(b"data: "))["error"]
+    assert error["code"] == "guardrail_unavailable"
+    assert b"[DONE]" not in response.content
+    [entry] = world.findings(1)
+    assert (entry["stage"], entry["action"]) == ("response", "failed_closed")
+
+
 def test_fail_open_lets_the_request_through_and_records_it(guarded):
     policy, start = guarded
     alice = policy.key()
