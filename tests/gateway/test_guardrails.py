@@ -481,3 +481,24 @@ def test_a_request_over_its_rate_limit_is_refused_before_any_check(guarded):
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert world.service.checks_answered() == 1
+
+
+def test_several_gateways_share_one_guardrail_service(guarded, start_gateway: GatewayFactory):
+    """GIVEN two gateway processes pointed at one service WHEN each gets a request to check
+    THEN both are enforced, by the same service (its counter shows both checks)."""
+    policy, start = guarded
+    alice = policy.key()
+    policy.guardrail(alice, "words", side="request", action="block", config=SECRET)
+    world = start()
+    second = start_gateway(SWITCHYARD_GUARDRAIL_URL=world.service.url)
+    body = {"model": MODEL, "prompt": "the secret"}
+    for gateway in (world.gateway, second):
+        response = httpx.post(
+            gateway.base_url + "/v1/completions",
+            json=body,
+            headers={"authorization": f"Bearer {alice}"},
+            timeout=30,
+        )
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "guardrail_blocked"
+    assert world.service.checks_answered() == 2
