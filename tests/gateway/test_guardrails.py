@@ -361,6 +361,25 @@ def test_a_stream_is_redacted_window_by_window(guarded):
     assert orjson.loads(entry["entities"]) == {"WORD": 40}
 
 
+def test_a_flagged_stream_goes_through_unchanged_and_is_recorded_once(guarded):
+    policy, start = guarded
+    alice = policy.key()
+    policy.guardrail(alice, "words", side="response", action="flag", config=SECRET)
+    world = start()
+    prompt = "".join(f"the secret number {i}. " for i in range(30))
+    response = world.post(
+        alice,
+        "/v1/completions",
+        {"model": MODEL, "prompt": prompt, "echo": True, "max_tokens": 10, "stream": True},
+    )
+    events = _sse_events(response)
+    assert events[-1] == b"data: [DONE]"
+    assert _streamed_text(events[:-1]).startswith(prompt)
+    [entry] = world.findings(1)
+    assert entry["action"] == "flagged"
+    assert orjson.loads(entry["entities"]) == {"WORD": 30}
+
+
 def test_a_stream_with_request_guardrails_only_is_not_held_back(guarded):
     """GIVEN request guardrails only WHEN the answer streams THEN its events reach the client
     as the replica sent them (not coalesced into windows)."""
