@@ -56,6 +56,7 @@ class StackConfig:
     fleet_base_port: int
     run_dir: Path
     sim_time_scale: float
+    guardrail_port: int = 8095
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -63,6 +64,7 @@ class StackConfig:
             host="127.0.0.1",
             web_port=env_int("SWITCHYARD_WEB_PORT", 8000, minimum=1),
             gateway_port=env_int("SWITCHYARD_GATEWAY_PORT", 8080, minimum=1),
+            guardrail_port=env_int("SWITCHYARD_GUARDRAIL_PORT", 8095, minimum=1),
             valkey_port=env_int("SWITCHYARD_VALKEY_PORT", 6390, minimum=1),
             fleet_base_port=env_int("SWITCHYARD_FLEET_BASE_PORT", 8101, minimum=1),
             run_dir=Path(env_str("SWITCHYARD_RUN_DIR", str(REPO_ROOT / ".run"))).resolve(),
@@ -83,6 +85,7 @@ class StackConfig:
             (self.valkey_port, "SWITCHYARD_VALKEY_PORT"),
             (self.web_port, "SWITCHYARD_WEB_PORT"),
             (self.gateway_port, "SWITCHYARD_GATEWAY_PORT"),
+            (self.guardrail_port, "SWITCHYARD_GUARDRAIL_PORT"),
         ]
         named += [(port, "SWITCHYARD_FLEET_BASE_PORT") for _, port in self.fleet_ports()]
         return named
@@ -117,6 +120,10 @@ class Stack:
             "SWITCHYARD_RUN_DIR": str(config.run_dir),
             "SWITCHYARD_VALKEY_URL": f"valkey://{config.host}:{config.valkey_port}/0",
             "SWITCHYARD_GATEWAY_PUBLIC_URL": self.gateway_url,
+            # The guardrail service (guardrails/service.py) and where the gateway finds it.
+            "SWITCHYARD_GUARDRAIL_HOST": config.host,
+            "SWITCHYARD_GUARDRAIL_PORT": str(config.guardrail_port),
+            "SWITCHYARD_GUARDRAIL_URL": f"http://{config.host}:{config.guardrail_port}",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "PYTHONUNBUFFERED": "1",
         }
@@ -212,6 +219,8 @@ class Stack:
         # After the seed (the policy names the replicas) and before the gateway, so that the
         # fleet hashes the gateway schedules by are already being written when it starts.
         self._child("fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"])
+        # Before the gateway: its workers load their models (seconds) while the rest starts.
+        guardrails = self._child("guardrails", [PYTHON, "-m", "guardrails.service"])
         gateway = self._child("gateway", gateway_command(config.host, config.gateway_port))
         worker = self._child(
             "celery-worker",
@@ -249,6 +258,10 @@ class Stack:
         for simulator, port in simulators:
             simulator.wait_ready(http_ready(f"http://{config.host}:{port}/health"), timeout=30)
         web.wait_ready(http_ready(self.web_url + "/"), timeout=60)
+        guardrails.wait_ready(
+            http_ready(f"http://{config.host}:{config.guardrail_port}/healthz", expect=200),
+            timeout=300,
+        )
         # /healthz answers 200 only once the gateway has loaded the policy snapshot.
         gateway.wait_ready(http_ready(self.gateway_url + "/healthz", expect=200), timeout=30)
         _wait_for_log(worker, "ready.", timeout=60)
@@ -293,6 +306,7 @@ Switchyard is up (embedded demo: local Valkey, SQLite, simulated vLLM fleet).
   Admin       {stack.web_url}/admin/
   REST API    {stack.web_url}/api/
   Gateway     {gateway}/v1
+  Guardrails  http://{stack.config.host}:{stack.config.guardrail_port}/healthz
   Logs        {stack.logs}/
 
 Demo API key (shown once; `make up` mints a new one each run):

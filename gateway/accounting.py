@@ -42,9 +42,10 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
+import orjson
 import valkey
 import valkey.asyncio as avalkey
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -57,7 +58,6 @@ logger = logging.getLogger("gateway.accounting")
 
 USAGE_STREAM: Final = "sy:usage"
 DECISIONS_STREAM: Final = "sy:decisions"
-STREAMS: Final = (USAGE_STREAM, DECISIONS_STREAM)
 # The persister's consumer group (scheduler/usage.py): what it has not read is the backlog.
 PERSISTER_GROUP: Final = "switchyard-persister"
 BACKLOG_WARNING: Final = 100_000
@@ -110,6 +110,7 @@ GUARDRAIL_FIELDS: Final = (
     "score",
     "policy_version",
 )
+STREAMS: Final = (USAGE_STREAM, DECISIONS_STREAM, GUARDRAILS_STREAM)
 
 Decision = Literal["admitted", "queued", "rejected", "shed"]
 _Record = tuple[str, bytes]  # (stream, its XADD command packed)
@@ -227,6 +228,7 @@ class Accounting:
         self._packers = {
             USAGE_STREAM: _XaddPacker(USAGE_STREAM, USAGE_FIELDS),
             DECISIONS_STREAM: _XaddPacker(DECISIONS_STREAM, DECISION_FIELDS),
+            GUARDRAILS_STREAM: _XaddPacker(GUARDRAILS_STREAM, GUARDRAIL_FIELDS),
         }
         self._backlog_check_s = backlog_check_s
         self._backlog_warning = backlog_warning
@@ -238,7 +240,7 @@ class Accounting:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._writing = False  # a batch's commands are out and their replies awaited
-        self.dropped: dict[str, int] = {USAGE_STREAM: 0, DECISIONS_STREAM: 0}
+        self.dropped: dict[str, int] = {USAGE_STREAM: 0, DECISIONS_STREAM: 0, GUARDRAILS_STREAM: 0}
         self.written = 0
         self._healthy = True
 
@@ -315,6 +317,43 @@ class Accounting:
                 key_id,
                 model,
                 wait_ms,
+                policy_version,
+            ),
+        )
+
+    def record_guardrail(
+        self,
+        *,
+        request_id: str,
+        tenant: str,
+        use_case_id: int,
+        key_id: int | None,
+        model: str,
+        stage: str,
+        guardrail: str,
+        action: str,
+        entities: Mapping[str, int],
+        score: float,
+        policy_version: int | None,
+        at_ms: int | None = None,
+    ) -> None:
+        """One guardrail's findings in one stage of a request, or its failure to run:
+        entity types and counts only, never the text."""
+        self._append(
+            GUARDRAILS_STREAM,
+            (
+                request_id,
+                _now_ms() if at_ms is None else at_ms,
+                tenant,
+                use_case_id,
+                key_id,
+                model,
+                stage,
+                guardrail,
+                action,
+                orjson.dumps(dict(entities)).decode(),
+                # A score in [0, 1]: as text with its decimals (``_wire`` rounds floats).
+                f"{float(score):.4f}",
                 policy_version,
             ),
         )

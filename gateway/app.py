@@ -35,6 +35,16 @@ from gateway.costs import (
     max_tokens_override,
 )
 from gateway.errors import GatewayError
+from gateway.guardrail_stream import GuardedStream
+from gateway.guardrails import (
+    FleetCaller,
+    GuardPlan,
+    Guardrails,
+    ServiceClient,
+    blocked_message,
+    request_slots,
+    response_slots,
+)
 from gateway.http import (
     BodyTooLarge,
     ClientGone,
@@ -249,6 +259,15 @@ class Gateway:
         )
         # One connection for the hot path's scripts and the accounting streams.
         self.accounting = Accounting(self.valkey, metrics=self.metrics, pipe=self.scheduler.pipe)
+        self.guardrails = Guardrails(
+            service=ServiceClient(
+                self.upstream, settings.guardrail_url, settings.guardrail_timeout_s
+            ),
+            fleet=FleetCaller(self.policy, self.scheduler, self.upstream),
+            metrics=self.metrics,
+            accounting=self.accounting,
+            retry_after_s=settings.guardrail_retry_after_s,
+        )
         # Keycloak service-account tokens on /v1, when a realm is configured.
         self.tokens = (
             TokenVerifier(settings.service_accounts) if settings.service_accounts else None
@@ -388,6 +407,12 @@ class Gateway:
         call = await self._read_call(scope, receive, policy, principal, request_id)
         try:
             self._ticket(call, policy)
+            # The one lookup a use case without guardrails pays.
+            guard = policy.guarded.get(principal.use_case_id)
+            if guard is not None:
+                call.guard = guard
+                if guard.request is not None and call.document is not None:
+                    await self._check_request(call, guard, policy)
             # One watcher per request: a client that goes away cancels this task, which
             # leaves the queue or closes the upstream (vLLM then aborts and frees its slot).
             handler = asyncio.current_task()
@@ -483,6 +508,47 @@ class Gateway:
             cost=call.estimate.total,
             prefix_hash=prefix_hash(_prefix_text(call.document)),
         )
+
+    async def _check_request(self, call: Call, guard: GuardPlan, policy: Policy) -> None:
+        """Request guardrails, after the rate limits (judged, not counted: acquire counts
+        them) and before the request takes a replica's capacity. Blocks (400), rewrites
+        the body (redact), or lets it through (flag); 503 when a check cannot run and the use
+        case fails closed."""
+        checks, document = guard.request, call.document
+        assert checks is not None
+        assert document is not None
+        assert call.ticket is not None
+        try:
+            await self.scheduler.check_limits(call.ticket)
+        except RateLimited as refused:
+            self._decided(call, "rejected", f"rate_limit:{refused.limit.name}")
+            raise _refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
+        except (valkey.ValkeyError, OSError) as exc:
+            raise _admission_unavailable(exc) from None
+        slots = request_slots(call.path, document)
+        if not slots:
+            return
+        texts = [container[key] for container, key in slots]
+        result = await self.guardrails.run(checks, texts, document)
+        self.guardrails.record(
+            call,
+            stage="request",
+            findings=result.findings,
+            failed=result.failed,
+            failure=guard.failure,
+            policy_version=policy.version,
+        )
+        if result.blocked is not None:
+            raise GatewayError(
+                400, blocked_message(result.blocked, "request"), code="guardrail_blocked"
+            )
+        if result.failed and guard.failure == "closed":
+            raise self.guardrails.unavailable("request", result.failed)
+        if result.texts != texts:
+            for (container, key), text in zip(slots, result.texts, strict=True):
+                container[key] = text
+            if not call.rename_per_replica:  # else the body is made at the grant
+                call.body = _redacted_body(call, document)
 
     async def _serve(self, call: Call, send: Send) -> None:
         """Acquire capacity (rate limits included), relay from the granted replica; fail over
@@ -598,6 +664,13 @@ class Gateway:
             call.meter = meter  # a replica answers: from here on its usage counts
             try:
                 call.status = response.status
+                guard = call.guard
+                if guard is not None and guard.response is not None and response.status == 200:
+                    try:
+                        await self._relay_checked(call, guard, response, meter, send)
+                    finally:
+                        started = call.responded or call.started
+                    return
                 response_headers = [
                     (b"content-type", response.content_type),
                     (b"x-request-id", call.request_id_bytes),
@@ -678,6 +751,103 @@ class Gateway:
                 call.ttft_s = meter.first_chunk_at - upstream_started
             meter.finish(prompt_estimate=call.estimate.prompt)
             self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=-1)
+
+    async def _relay_checked(
+        self, call: Call, guard: GuardPlan, response: Any, meter: UsageMeter, send: Send
+    ) -> None:
+        """A 200 answer under response guardrails: read whole and checked (then sent as it
+        is, redacted, or refused with 422), or, streamed, windowed (gateway/guardrail_stream)."""
+        checks = guard.response
+        assert checks is not None
+        headers = [
+            (b"content-type", response.content_type),
+            (b"x-request-id", call.request_id_bytes),
+        ]
+        if call.path == "/v1/embeddings":
+            checks = None  # an embedding answer has no text to check
+        if not call.streaming or b"event-stream" not in response.content_type:
+            parts = []
+            while chunk := await response.read():
+                if meter.first_chunk_at is None:
+                    meter.first_chunk_at = time.monotonic()
+                meter.feed(chunk)
+                parts.append(chunk)
+            body = b"".join(parts)
+            if checks is not None:
+                body = await self._check_answer(call, guard, body)
+            headers.append((b"content-length", str(len(body)).encode()))
+            call.started = True
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            call.responded = True
+            await send({"type": "http.response.body", "body": body})
+            return
+        assert checks is not None
+        stream = GuardedStream(
+            path=call.path,
+            checks=checks,
+            guardrails=self.guardrails,
+            window_chars=guard.window_chars,
+            failure=guard.failure,
+            strip_usage=call.strip_usage,
+            document=call.document,
+        )
+        call.started = True
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        try:
+            while chunk := await response.read():
+                if meter.first_chunk_at is None:
+                    meter.first_chunk_at = time.monotonic()
+                meter.feed(chunk)
+                out = await stream.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if stream.ended:
+                    break  # blocked mid-answer: the caller closes the upstream (vLLM stops)
+            out = b"" if stream.ended else await stream.finish()
+            call.responded = True
+            await send({"type": "http.response.body", "body": out})
+        finally:
+            self.guardrails.record(
+                call,
+                stage="response",
+                findings=stream.summaries(),
+                failed=stream.failed,
+                failure=guard.failure,
+                policy_version=self.policy.version,
+            )
+
+    async def _check_answer(self, call: Call, guard: GuardPlan, body: bytes) -> bytes:
+        """A whole answer checked: the body to send (redacted or not); 422 when blocked."""
+        checks = guard.response
+        assert checks is not None
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body
+        slots = response_slots(call.path, answer)
+        if not slots:
+            return body
+        texts = [container[key] for container, key in slots]
+        result = await self.guardrails.run(checks, texts, call.document)
+        self.guardrails.record(
+            call,
+            stage="response",
+            findings=result.findings,
+            failed=result.failed,
+            failure=guard.failure,
+            policy_version=self.policy.version,
+        )
+        if result.blocked is not None:
+            raise GatewayError(
+                422, blocked_message(result.blocked, "response"), code="guardrail_blocked"
+            )
+        if result.failed and guard.failure == "closed":
+            raise self.guardrails.unavailable("response", result.failed)
+        if result.texts == texts:
+            return body
+        for (container, key), text in zip(slots, result.texts, strict=True):
+            container[key] = text
+        return orjson.dumps(answer)
 
     def _decided(self, call: Call, decision: Decision, reason: str) -> None:
         # The metric's label stays bounded ("rate_limit"); the stream keeps the limit's name.
@@ -764,6 +934,8 @@ class Call:
     upstream_s: float | None = None
     ttft_s: float | None = None
     deadline: float | None = None  # the model's timeout, on the loop's clock, for all attempts
+    guard: GuardPlan | None = None  # the use case's guardrails, when it has any
+    started: bool = False  # a guarded relay sent the response's head
 
     def interrupt(self, reason: str) -> None:
         """Cancel the serving task, once, unless the response is already out."""
@@ -823,6 +995,19 @@ def _upstream_body(
     if usage:
         body = with_usage_requested(body, document) or body
     return body, usage, False
+
+
+def _redacted_body(call: Call, document: dict[str, Any]) -> bytes:
+    """The body again after request guardrails rewrote texts in ``document``, with what
+    ``_upstream_body`` added (the served name, the completion bound, the usage request)."""
+    bound = max_tokens_override(call.path, document, call.model.max_tokens)
+    if bound is not None:
+        document[bound[0]] = bound[1]
+    if call.strip_usage:
+        options = document.get("stream_options")
+        document["stream_options"] = {**(options or {}), "include_usage": True}
+    document["model"] = call.model.served_name
+    return orjson.dumps(document)
 
 
 def _prefix_text(document: dict[str, Any] | None) -> str:

@@ -45,6 +45,11 @@ QUEUE_WAIT_BUCKETS = (
     300.0,
 )  # fmt: skip
 
+# Seconds: a regex check takes a millisecond with its round trip, a spaCy pass hundreds.
+GUARDRAIL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
 Decision = Literal["admitted", "queued", "rejected", "shed"]
 
 _Child = TypeVar("_Child", Counter, Gauge, Histogram)
@@ -160,6 +165,25 @@ class GatewayMetrics:
             )
         )
 
+        self._guardrail_findings = _Children(
+            Counter(
+                PREFIX + "guardrail_findings",
+                "Guardrail findings and failures, by guardrail, stage and action (blocked, "
+                "redacted, flagged, failed_open, failed_closed).",
+                ["guardrail", "stage", "action"],
+                registry=r,
+            )
+        )
+        self._guardrail_latency = _Children(
+            Histogram(
+                PREFIX + "guardrail_check_seconds",
+                "Time a stage's guardrail checks took (the service's and the fleet's).",
+                ["stage"],
+                buckets=GUARDRAIL_BUCKETS,
+                registry=r,
+            )
+        )
+
     # --- the request path -----------------------------------------------------------------
     def request_finished(
         self,
@@ -196,6 +220,12 @@ class GatewayMetrics:
         counts = self._in_flight.counts
         key = (model, replica)
         counts[key] = counts.get(key, 0) + delta
+
+    def guardrail_found(self, *, guardrail: str, stage: str, action: str) -> None:
+        self._guardrail_findings[(guardrail, stage, action)].inc()
+
+    def guardrail_checked(self, stage: str, seconds: float) -> None:
+        self._guardrail_latency[(stage,)].observe(seconds)
 
     def accounting_dropped(self, stream: str, count: int = 1) -> None:
         self._dropped[(stream,)].inc(count)

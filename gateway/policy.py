@@ -15,11 +15,14 @@ from typing import Literal, NotRequired, TypedDict
 import orjson
 import valkey
 
+from gateway.guardrails import GuardPlan, plan_guardrails
+
 SNAPSHOT_KEY = "switchyard:policy:snapshot"
 VERSION_KEY = "switchyard:policy:version"
 SCHEMA = 1
 
-ModelCapability = Literal["chat", "completions", "embeddings", "transcription"]
+# "guard": a guard model (Llama Guard's prompt format) that fleet-run guardrails ask.
+ModelCapability = Literal["chat", "completions", "embeddings", "transcription", "guard"]
 
 
 class DeploymentEntry(TypedDict):
@@ -49,7 +52,7 @@ class LimitsEntry(TypedDict):
 
 class GuardrailEntry(TypedDict):
     guardrail: str
-    side: Literal["request", "response"]
+    side: Literal["request", "response", "both"]
     action: Literal["block", "redact", "flag"]
     config: dict[str, object]
 
@@ -58,7 +61,10 @@ class UseCaseEntry(TypedDict):
     tenant: str
     slug: str
     limits: LimitsEntry
-    guardrails: list[GuardrailEntry]
+    guardrails: list[GuardrailEntry]  # in the order they run
+    # What happens when a guardrail cannot run: "closed" (503, the default) or "open" (let
+    # through, recorded as failed_open). Absent from snapshots before issue 11.
+    guardrail_failure: NotRequired[Literal["closed", "open"]]
 
 
 class PriorityClassEntry(TypedDict):
@@ -180,6 +186,7 @@ class UseCase:
     slug: str
     limits: Limits
     guardrails: tuple[Guardrail, ...] = ()
+    guardrail_failure: str = "closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +224,9 @@ class Policy:
     use_cases: dict[int, UseCase] = field(default_factory=dict)  # by UseCase id
     priority_classes: dict[str, PriorityClass] = field(default_factory=dict)  # by name
     rate_limits: tuple[RateLimit, ...] = ()
+    # By UseCase id, only the use cases with at least one guardrail selected: the request
+    # path's one lookup (a use case without any pays nothing else).
+    guarded: Mapping[int, GuardPlan] = field(default_factory=dict)
 
     def principal_for(self, key_hash: str) -> Principal | None:
         # Looking up by the SHA-256 of a 256-bit random key is safe against timing attacks:
@@ -248,6 +258,25 @@ def parse_snapshot(raw: bytes) -> Policy:
         )
         for key_hash, entry in document["keys"].items()
     }
+    use_cases = {
+        int(use_case_id): UseCase(
+            id=int(use_case_id),
+            tenant=entry["tenant"],
+            slug=entry["slug"],
+            limits=_limits(entry["limits"]),
+            guardrails=tuple(
+                Guardrail(
+                    guardrail=g["guardrail"],
+                    side=g["side"],
+                    action=g["action"],
+                    config=dict(g.get("config") or {}),
+                )
+                for g in entry.get("guardrails", [])
+            ),
+            guardrail_failure=entry.get("guardrail_failure", "closed"),
+        )
+        for use_case_id, entry in document.get("use_cases", {}).items()
+    }
     return Policy(
         version=int(document["version"]),
         loaded_at=time.monotonic(),
@@ -257,23 +286,11 @@ def parse_snapshot(raw: bytes) -> Policy:
             client_id: _service_account(client_id, entry)
             for client_id, entry in document.get("service_accounts", {}).items()
         },
-        use_cases={
-            int(use_case_id): UseCase(
-                id=int(use_case_id),
-                tenant=entry["tenant"],
-                slug=entry["slug"],
-                limits=_limits(entry["limits"]),
-                guardrails=tuple(
-                    Guardrail(
-                        guardrail=g["guardrail"],
-                        side=g["side"],
-                        action=g["action"],
-                        config=dict(g.get("config") or {}),
-                    )
-                    for g in entry.get("guardrails", [])
-                ),
-            )
-            for use_case_id, entry in document.get("use_cases", {}).items()
+        use_cases=use_cases,
+        guarded={
+            use_case_id: plan_guardrails(use_case.guardrails, use_case.guardrail_failure)
+            for use_case_id, use_case in use_cases.items()
+            if use_case.guardrails
         },
         priority_classes={
             name: PriorityClass(

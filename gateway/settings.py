@@ -54,6 +54,10 @@ class GatewaySettings:
     fleet_stale_s: float
     backpressure_waiting: int
     service_accounts: ServiceAccountSettings | None = None
+    # The guardrail service (guardrails/service.py) this gateway sends its checks to.
+    guardrail_url: str = "http://127.0.0.1:8095"
+    guardrail_timeout_s: float = 5.0
+    guardrail_retry_after_s: int = 5
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -87,4 +91,14 @@ class GatewaySettings:
             fleet_stale_s=env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05),
             backpressure_waiting=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
             service_accounts=ServiceAccountSettings.from_env(),
+            guardrail_url=env_str("SWITCHYARD_GUARDRAIL_URL", "http://127.0.0.1:8095"),
+            # A check's whole round trip, waiting for a free worker included; past it the
+            # use case's guardrail_failure applies. Above the service's own check timeout,
+            # so that a stuck detector is reported by the service, not guessed at here.
+            guardrail_timeout_s=env_float(
+                "SWITCHYARD_GUARDRAIL_CLIENT_TIMEOUT_SECONDS", 5.0, minimum=0.01
+            ),
+            guardrail_retry_after_s=env_int(
+                "SWITCHYARD_GUARDRAIL_RETRY_AFTER_SECONDS", 5, minimum=1
+            ),
         )

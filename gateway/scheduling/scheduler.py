@@ -55,7 +55,7 @@ logger = logging.getLogger("gateway.scheduling")
 
 _HERE = Path(__file__).resolve().parent
 _LIMITS_LUA = _HERE.parent / "admission" / "limits.lua"
-SCRIPT_NAMES = ("acquire", "release", "pump", "cancel", "reap", "renew")
+SCRIPT_NAMES = ("acquire", "release", "pump", "cancel", "reap", "renew", "peek")
 RENEW_BATCH = 500  # leases per renew.lua call
 
 
@@ -321,6 +321,18 @@ class Scheduler:
             raise
         finally:
             self._waiting.pop(lease_id, None)
+
+    async def check_limits(self, ticket: Ticket) -> None:
+        """RateLimited if ``acquire`` would refuse ``ticket`` on its rate limits now; counts
+        nothing (peek.lua). For work that must not run for a request over its limits (request
+        guardrails); ``acquire`` remains the one that counts."""
+        if not ticket.limits:
+            return
+        reply = await self.pipe.script(
+            "peek", self._keys, [self._clock(), *limit_args(ticket.limits)]
+        )
+        if int(reply[0]) == -4:
+            raise RateLimited(ticket.limits[int(reply[2]) - 1], retry_after_ms=int(reply[3]))
 
     def acquire_args(self, ticket: Ticket, lease_id: str, now: int) -> list[Arg]:
         """acquire.lua's ARGV for this ticket (acquire.lua's header says what each is)."""

@@ -21,6 +21,7 @@ def _config(valkey_port: int, tmp_path: Path) -> StackConfig:
         host="127.0.0.1",
         web_port=free_port(),
         gateway_port=free_port(),
+        guardrail_port=free_port(),
         valkey_port=valkey_port,
         fleet_base_port=base,
         run_dir=tmp_path,

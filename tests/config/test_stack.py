@@ -31,6 +31,7 @@ def stack_env(tmp_path, ports: dict[str, int]) -> dict[str, str]:
         "SWITCHYARD_GATEWAY_PORT": str(ports["gateway"]),
         "SWITCHYARD_VALKEY_PORT": str(ports["valkey"]),
         "SWITCHYARD_FLEET_BASE_PORT": str(ports["fleet"]),
+        "SWITCHYARD_GUARDRAIL_PORT": str(ports["guardrails"]),
         "SWITCHYARD_SIM_TIME_SCALE": "0.05",
         "PYTHONUNBUFFERED": "1",
     }
@@ -51,6 +52,7 @@ def ports() -> dict[str, int]:
         "web": free_port(),
         "gateway": free_port(),
         "valkey": free_port(),
+        "guardrails": free_port(),
         "fleet": contiguous_free_ports(3),
     }
 
@@ -106,6 +108,10 @@ def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, p
             openai.OpenAI(
                 base_url=gateway + "/v1", api_key="sk-sy-wrong", max_retries=0
             ).models.list()
+
+        guardrails = httpx.get(f"http://127.0.0.1:{ports['guardrails']}/healthz").json()
+        assert guardrails["status"] == "ok"
+        assert guardrails["workers"] == guardrails["size"] >= 1
 
         web = f"http://127.0.0.1:{ports['web']}"
         assert "llama-3.1-8b-instruct" in httpx.get(web + "/").text

@@ -36,3 +36,9 @@ def world(valkey_client, start_simulator: SimulatorFactory, start_gateway: Gatew
     bob = policy.key(tenant="globex", use_case="summariser", models=[CHAT])
     policy.publish(valkey_client)
     return World(start_gateway(), policy, alice, bob, [s.base_url for s in chat])
+
+
+# The guardrail service, for tests/gateway/test_guardrails*.py.
+from tests.support.guardrail_service import start_guardrail_service  # noqa: E402
+
+__all__ = ["World", "start_guardrail_service", "world"]

@@ -10,6 +10,7 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import valkey
 
@@ -140,6 +141,7 @@ class PolicyBuilder:
     def use_case_limits(self, plaintext: str, **limits: int | None) -> PolicyBuilder:
         """Give the key's use case limits (requests_per_minute, tokens_per_minute, …)."""
         entry = self.keys[hashlib.sha256(plaintext.encode()).hexdigest()]
+        before = self.use_cases.get(str(entry["use_case_id"]))
         self.use_cases[str(entry["use_case_id"])] = {
             "tenant": entry["tenant"],
             "slug": entry["use_case"],
@@ -149,8 +151,40 @@ class PolicyBuilder:
                 "tokens_per_day": limits.get("tokens_per_day"),
                 "max_concurrent": limits.get("max_concurrent"),
             },
-            "guardrails": [],
+            "guardrails": before["guardrails"] if before else [],
         }
+        if before and "guardrail_failure" in before:
+            self.use_cases[str(entry["use_case_id"])]["guardrail_failure"] = before[
+                "guardrail_failure"
+            ]
+        return self
+
+    def _use_case(self, plaintext: str) -> UseCaseEntry:
+        entry = self.keys[hashlib.sha256(plaintext.encode()).hexdigest()]
+        use_case = self.use_cases.get(str(entry["use_case_id"]))
+        if use_case is None:
+            self.use_case_limits(plaintext)
+            use_case = self.use_cases[str(entry["use_case_id"])]
+        return use_case
+
+    def guardrail(
+        self,
+        plaintext: str,
+        guardrail: str,
+        *,
+        side: Literal["request", "response", "both"] = "request",
+        action: Literal["block", "redact", "flag"] = "block",
+        config: dict[str, object] | None = None,
+    ) -> PolicyBuilder:
+        """Add a guardrail selection to the key's use case (they run in the order added)."""
+        self._use_case(plaintext)["guardrails"].append(
+            {"guardrail": guardrail, "side": side, "action": action, "config": config or {}}
+        )
+        return self
+
+    def guardrail_failure(self, plaintext: str, mode: Literal["closed", "open"]) -> PolicyBuilder:
+        """What the key's use case does when a guardrail cannot run."""
+        self._use_case(plaintext)["guardrail_failure"] = mode
         return self
 
     def use_case_id(self, plaintext: str) -> int:

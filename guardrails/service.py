@@ -1,0 +1,195 @@
+"""The guardrail service: the process the gateways send their worker-run checks to.
+
+``python -m guardrails.service`` listens on loopback (``SWITCHYARD_GUARDRAIL_HOST``/``_PORT``)
+and runs checks in a pool of ``SWITCHYARD_GUARDRAIL_WORKERS`` processes, each with its
+detectors loaded once at start (guardrails/workers.py). Detectors are CPU-bound, so they never
+run on a gateway's event loop; any number of gateway processes share one service. The HTTP
+side is aiohttp; the protocol is guardrails/protocol.py.
+
+``GET /healthz``: 200 while at least one worker is ready. ``GET /metrics``: Prometheus, the
+checks answered (by stage and outcome), their latency, workers ready and replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from config.env import env_float, env_int, env_list, env_str
+from guardrails.catalogue import entries
+from guardrails.protocol import (
+    CHECK_PATH,
+    HEALTH_PATH,
+    METRICS_PATH,
+    InvalidCheck,
+    error_body,
+    parse_request,
+)
+from guardrails.workers import CheckFailed, CheckTimeout, PoolBusy, WorkerPool
+
+logger = logging.getLogger("guardrails.service")
+
+PREFIX = "switchyard_guardrail_service_"
+# Seconds: a regex check takes microseconds, a spaCy pass a few hundred milliseconds.
+CHECK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    host: str
+    port: int
+    workers: int
+    check_timeout_s: float
+    queue_timeout_s: float
+    load_timeout_s: float
+    preload: tuple[str, ...]
+    max_body_bytes: int
+
+    @classmethod
+    def from_env(cls) -> ServiceSettings:
+        return cls(
+            host=env_str("SWITCHYARD_GUARDRAIL_HOST", "127.0.0.1"),
+            port=env_int("SWITCHYARD_GUARDRAIL_PORT", 8095, minimum=1),
+            workers=env_int("SWITCHYARD_GUARDRAIL_WORKERS", 2, minimum=1),
+            check_timeout_s=env_float(
+                "SWITCHYARD_GUARDRAIL_CHECK_TIMEOUT_SECONDS", 2.0, minimum=0.01
+            ),
+            queue_timeout_s=env_float(
+                "SWITCHYARD_GUARDRAIL_QUEUE_TIMEOUT_SECONDS", 2.0, minimum=0.01
+            ),
+            load_timeout_s=env_float(
+                "SWITCHYARD_GUARDRAIL_LOAD_TIMEOUT_SECONDS", 300.0, minimum=1.0
+            ),
+            # Which detectors each worker loads at start ("all": every worker-run one in the
+            # catalogue). One not listed still loads, on its first check.
+            preload=tuple(env_list("SWITCHYARD_GUARDRAIL_PRELOAD", ["all"])),
+            max_body_bytes=env_int(
+                "SWITCHYARD_GUARDRAIL_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024
+            ),
+        )
+
+    def preload_names(self) -> list[str]:
+        if "all" in self.preload:
+            return [name for name, entry in entries().items() if entry.runs_on == "worker"]
+        return [name for name in self.preload if name]
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.checks = Counter(
+            PREFIX + "checks",
+            "Check requests answered, by stage and outcome.",
+            ["stage", "outcome"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            PREFIX + "check_seconds",
+            "Time to answer a check request (waiting for a worker included).",
+            ["stage"],
+            buckets=CHECK_BUCKETS,
+            registry=r,
+        )
+        self.replaced = Counter(
+            PREFIX + "workers_replaced",
+            "Workers killed and replaced (timeout, crashed, cancelled).",
+            ["reason"],
+            registry=r,
+        )
+        self.ready = Gauge(PREFIX + "workers_ready", "Workers loaded and alive.", registry=r)
+
+
+_POOL = web.AppKey("pool", WorkerPool)
+_METRICS = web.AppKey("metrics", _Metrics)
+_STATUS = {PoolBusy: 503, CheckTimeout: 504}
+
+
+async def check(request: web.Request) -> web.Response:
+    metrics = request.app[_METRICS]
+    started = time.monotonic()
+    try:
+        parsed = parse_request(await request.read())
+    except InvalidCheck as exc:
+        metrics.checks.labels("unknown", "invalid").inc()
+        return _json(400, error_body(str(exc), "invalid_check"))
+    try:
+        outcome = await request.app[_POOL].run(
+            parsed.texts, [spec.as_json() for spec in parsed.checks]
+        )
+    except CheckFailed as exc:
+        metrics.checks.labels(parsed.stage, exc.code).inc()
+        return _json(_STATUS.get(type(exc), 500), error_body(str(exc), exc.code))
+    metrics.checks.labels(parsed.stage, "ok").inc()
+    metrics.latency.labels(parsed.stage).observe(time.monotonic() - started)
+    return web.json_response(outcome)
+
+
+async def health(request: web.Request) -> web.Response:
+    pool = request.app[_POOL]
+    ready = pool.ready
+    body = {"status": "ok" if ready else "unavailable", "workers": ready, "size": pool.size}
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def metrics_view(request: web.Request) -> web.Response:
+    metrics = request.app[_METRICS]
+    metrics.ready.set(request.app[_POOL].ready)
+    response = web.Response(body=generate_latest(metrics.registry))
+    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    return response
+
+
+def _json(status: int, body: bytes) -> web.Response:
+    return web.Response(status=status, body=body, content_type="application/json")
+
+
+def create_app(settings: ServiceSettings) -> web.Application:
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    metrics = _Metrics()
+    pool = WorkerPool(
+        size=settings.workers,
+        preload=settings.preload_names(),
+        check_timeout_s=settings.check_timeout_s,
+        queue_timeout_s=settings.queue_timeout_s,
+        on_replaced=lambda why: metrics.replaced.labels(why).inc(),
+    )
+    app[_METRICS] = metrics
+    app[_POOL] = pool
+
+    async def lifecycle(app: web.Application) -> object:
+        await pool.start(settings.load_timeout_s)
+        logger.info("guardrail_service_ready workers=%d port=%d", pool.ready, settings.port)
+        yield
+        await pool.close()
+
+    app.cleanup_ctx.append(lifecycle)  # type: ignore[arg-type]
+    app.router.add_post(CHECK_PATH, check)
+    app.router.add_get(HEALTH_PATH, health)
+    app.router.add_get(METRICS_PATH, metrics_view)
+    return app
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = ServiceSettings.from_env()
+    # aiohttp's run_app stops on SIGINT/SIGTERM: requests in flight finish, then the
+    # cleanup context stops the workers.
+    web.run_app(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        access_log=None,
+        print=None,
+        shutdown_timeout=5.0,
+        loop=asyncio.new_event_loop(),
+    )
+
+
+if __name__ == "__main__":
+    main()

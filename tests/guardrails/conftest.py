@@ -1,0 +1,3 @@
+from tests.support.guardrail_service import start_guardrail_service
+
+__all__ = ["start_guardrail_service"]
