@@ -211,7 +211,7 @@ class PiiDetector:
             except TimeoutError as exc:
                 raise PatternTimeout(f"pattern {spec['name']} timed out") from exc
             findings.extend(
-                Finding(spec["name"], float(spec["score"]), m.start(), m.end())
+                Finding(spec["name"], float(spec.get("score", 0.8)), m.start(), m.end())
                 for m in matches
                 if m.end() > m.start()
             )
