@@ -15,16 +15,16 @@ from guardrails.engine import redact
 
 
 @pytest.fixture(scope="module")
-def tokens() -> MaxPromptTokensDetector:
-    detector = MaxPromptTokensDetector()
-    detector.load()
+def tokens(engine) -> MaxPromptTokensDetector:
+    detector = engine.detector("max_prompt_tokens")
+    assert isinstance(detector, MaxPromptTokensDetector)
     return detector
 
 
 @pytest.fixture(scope="module")
-def language() -> LanguageDetector:
-    detector = LanguageDetector()
-    detector.load()
+def language(engine) -> LanguageDetector:
+    detector = engine.detector("language")
+    assert isinstance(detector, LanguageDetector)
     return detector
 
 

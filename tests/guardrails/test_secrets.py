@@ -11,9 +11,9 @@ from guardrails.engine import redact
 
 
 @pytest.fixture(scope="module")
-def secrets() -> SecretsDetector:
-    detector = SecretsDetector()
-    detector.load()
+def secrets(engine) -> SecretsDetector:
+    detector = engine.detector("secrets")
+    assert isinstance(detector, SecretsDetector)
     return detector
 
 
