@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar, cast
 
+from django.core.exceptions import ValidationError
 from django.db.models import Model as DjangoModel
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -24,6 +25,7 @@ from rest_framework.views import APIView
 from governance.api import serializers as s
 from governance.api.filtersets import ApiKeyFilterSet, GuardrailSelectionFilterSet
 from governance.audit import Actor, audit_verify
+from governance.guardrail_selections import catalogue_items
 from governance.models import (
     ApiKey,
     AuditEvent,
@@ -50,6 +52,10 @@ from governance.services import (
     api_key_reveal,
     api_key_revoke,
     api_key_rotate,
+    guardrail_add,
+    guardrail_change,
+    guardrail_remove,
+    guardrail_reorder,
     record_create,
     record_delete,
     record_update,
@@ -159,12 +165,32 @@ class DeploymentViewSet(GovernedViewSet):
     filterset_fields = ("model__public_id", "node_pool", "active")
 
 
-class GuardrailSelectionViewSet(GovernedViewSet):
+class GuardrailSelectionViewSet(ScopedRelations, GovernedViewSet):
+    """Every use case's guardrail selections; officers change them (through the guardrail
+    services: catalogue-validated, audited, republished)."""
+
     serializer_class = s.GuardrailSelectionSerializer
     filterset_class = GuardrailSelectionFilterSet
+    scoped_relations = {"use_case": (use_cases_visible, "No such use case.")}
 
     def get_queryset(self) -> QuerySet[GuardrailSelection]:
-        return guardrails_visible(self.request.user)
+        return guardrails_visible(self.request.user).order_by("use_case_id", "position", "pk")
+
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = guardrail_add(actor=actor_of(self.request), **data)
+
+    def perform_update(self, serializer: BaseSerializer[Any]) -> None:
+        data = dict(serializer.validated_data)
+        instance = cast(GuardrailSelection, serializer.instance)
+        if "use_case" in data and data.pop("use_case") != instance.use_case:
+            raise ValidationError({"use_case": "A selection cannot move to another use case."})
+        serializer.instance = guardrail_change(
+            actor=actor_of(self.request), selection=instance, changes=data
+        )
+
+    def perform_destroy(self, instance: DjangoModel) -> None:
+        guardrail_remove(actor=actor_of(self.request), selection=cast(GuardrailSelection, instance))
 
 
 class PriorityClassViewSet(GovernedViewSet):
@@ -271,6 +297,37 @@ class UseCaseViewSet(
     @action(detail=True, methods=["post"])
     def retire(self, request: Request, pk: str | None = None) -> Response:
         return self._transition(request, "retire")
+
+    @extend_schema(methods=["get"], request=None, responses=s.UseCaseGuardrailSerializer(many=True))
+    @extend_schema(
+        methods=["post"],
+        request=s.UseCaseGuardrailSerializer,
+        responses={201: s.UseCaseGuardrailSerializer},
+    )
+    @action(detail=True, methods=["get", "post"], pagination_class=None)
+    def guardrails(self, request: Request, pk: str | None = None) -> Response:
+        """The use case's guardrails in the order they run; POST selects one more (officers)."""
+        use_case = self.get_object()
+        if request.method == "GET":
+            selections = use_case.guardrails.order_by("position", "pk")
+            return Response(s.UseCaseGuardrailSerializer(selections, many=True).data)
+        body = s.UseCaseGuardrailSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        selection = guardrail_add(actor=actor_of(request), use_case=use_case, **body.validated_data)
+        return Response(s.UseCaseGuardrailSerializer(selection).data, status=201)
+
+    @extend_schema(
+        request=s.GuardrailReorderSerializer, responses=s.UseCaseGuardrailSerializer(many=True)
+    )
+    @action(detail=True, methods=["post"], url_path="guardrails/reorder")
+    def reorder_guardrails(self, request: Request, pk: str | None = None) -> Response:
+        """Run the use case's guardrails in the order given (every selection id, once)."""
+        body = s.GuardrailReorderSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        selections = guardrail_reorder(
+            actor=actor_of(request), use_case=self.get_object(), order=body.validated_data["order"]
+        )
+        return Response(s.UseCaseGuardrailSerializer(selections, many=True).data)
 
 
 def _secret_response(key: ApiKey, secret: str) -> Response:
@@ -418,3 +475,14 @@ class MeView(APIView):
                 }
             ).data
         )
+
+
+class GuardrailCatalogueView(APIView):
+    """Every guardrail a use case may select: its stages, modes, where it runs and what it
+    does (the built-in ones and the company's own)."""
+
+    permission_classes = (HasSwitchyardRole,)
+
+    @extend_schema(responses=s.CatalogueEntrySerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(s.CatalogueEntrySerializer(catalogue_items(), many=True).data)
