@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
 
 from governance.choices import Capability, GuardrailAction, GuardrailSide
+from governance.errors import Conflict
 from governance.models import GuardrailSelection, Model, UseCase
 from guardrails.base import SettingsError
 from guardrails.catalogue import Entry, entries, validate_selection
@@ -149,3 +151,37 @@ def selection_validate(
                 f"({exc.__class__.__name__}: {exc})."
             }
         ) from None
+
+
+def selections_naming_model(public_id: str) -> QuerySet[GuardrailSelection]:
+    """The fleet-run selections whose ``config.model`` is this model."""
+    fleet = [name for name, entry in entries().items() if entry.runs_on == "fleet"]
+    return GuardrailSelection.objects.filter(
+        guardrail__in=fleet, config__model=public_id
+    ).select_related("use_case__tenant")
+
+
+def model_change_check(model: Model, *, deleting: bool) -> None:
+    """A model a guardrail asks for verdicts stays, keeps its name and the capability the
+    guardrail needs; otherwise the gateway would hold a selection it cannot run."""
+    stored = Model.objects.filter(pk=model.pk).first()
+    if stored is None:
+        return
+    users = list(selections_naming_model(stored.public_id))
+    if not users:
+        return
+    named = ", ".join(sorted(f"{s.use_case} ({s.guardrail})" for s in users))
+    if deleting:
+        raise Conflict(
+            f"Guardrails still ask model '{stored.public_id}': {named}. Change them first."
+        )
+    if model.public_id != stored.public_id:
+        raise ValidationError(
+            {"public_id": f"Guardrails ask this model by its name: {named}; change them first."}
+        )
+    for selection in users:
+        needed = FLEET_MODEL_CAPABILITY.get(selection.guardrail, Capability.GUARD)
+        if needed not in (model.capabilities or []):
+            raise ValidationError(
+                {"capabilities": f"'{needed}' is needed by the guardrails of {named}."}
+            )

@@ -24,9 +24,9 @@ from django.utils import timezone
 from governance.audit import Actor, audit_record, object_state
 from governance.choices import ApiKeyStatus, GuardrailFailure, UseCaseStatus
 from governance.errors import Conflict
-from governance.guardrail_selections import selection_validate
+from governance.guardrail_selections import model_change_check, selection_validate
 from governance.keys import key_generate, key_hash, key_visible_prefix
-from governance.models import ApiKey, GuardrailSelection, Tenant, UseCase
+from governance.models import ApiKey, GuardrailSelection, Model, Tenant, UseCase
 from governance.roles import Role, can_govern, has_role
 from governance.snapshot import snapshot_publish
 
@@ -183,6 +183,8 @@ def record_update(
 @transaction.atomic
 def record_delete(*, actor: Actor, instance: DjangoModel) -> None:
     _require_governor(actor)
+    if isinstance(instance, Model):
+        model_change_check(instance, deleting=True)
     before = object_state(instance)
     tenant_slug = _tenant_of(instance)
     audit_record(
@@ -201,6 +203,8 @@ def _prepare(instance: DjangoModel, *, creating: bool) -> None:
     """Rules that span rows, for the records that have them, whatever the door."""
     if isinstance(instance, GuardrailSelection):
         _guardrail_prepare(instance, creating=creating)
+    if isinstance(instance, Model) and not creating:
+        model_change_check(instance, deleting=False)
 
 
 def _after_write(instance: DjangoModel) -> None:

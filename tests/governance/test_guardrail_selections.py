@@ -262,3 +262,30 @@ def test_fail_open_or_closed_is_the_officers_choice_and_reaches_the_gateway(
         "closed",
         "open",
     )
+
+
+def test_a_guard_model_in_use_keeps_its_name_capability_and_existence(world) -> None:
+    """GIVEN a guardrail that asks guard-1b for verdicts WHEN an officer would delete the
+    model, rename it or drop its guard capability THEN each is refused naming the use case."""
+    from governance.errors import Conflict
+    from governance.services import record_delete, record_update
+
+    guard = make_model("guard-1b", capabilities=["guard"])
+    GuardrailSelection.objects.create(
+        use_case=world["chatbot"],
+        guardrail="banned_topics",
+        side="request",
+        action="block",
+        config={"model": "guard-1b", "topics": []},
+    )
+    with pytest.raises(Conflict, match=r"acme/chatbot \(banned_topics\)"):
+        record_delete(actor=world["olivia"], instance=guard)
+    with pytest.raises(ValidationError) as renamed:
+        record_update(actor=world["olivia"], instance=guard, changes={"public_id": "guard-2"})
+    assert "acme/chatbot" in renamed.value.message_dict["public_id"][0]
+    guard.refresh_from_db()
+    with pytest.raises(ValidationError) as dropped:
+        record_update(actor=world["olivia"], instance=guard, changes={"capabilities": ["chat"]})
+    assert "'guard' is needed" in dropped.value.message_dict["capabilities"][0]
+    # A model nothing asks is the officer's to change.
+    record_update(actor=world["olivia"], instance=world["llama"], changes={"public_id": "llama-2"})
