@@ -142,6 +142,9 @@ def selection_validate(
         return validate_selection(guardrail, side, action, config)
     except SettingsError as exc:
         raise ValidationError({"config": str(exc)}) from None
+    except (TypeError, ValueError, KeyError) as exc:
+        # A detector that trips over a value it did not expect: still the settings' fault.
+        raise ValidationError({"config": f"Settings this guardrail cannot use ({exc})."}) from None
     except (ImportError, AttributeError) as exc:
         # A company detector's package missing on this server: say so, do not store a
         # selection no gateway could run.
