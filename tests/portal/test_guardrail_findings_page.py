@@ -176,7 +176,7 @@ def test_the_use_case_page_shows_selections_in_order_and_findings_counts(world) 
         guardrail="pii",
         side="both",
         action="redact",
-        config={"entities": ["EMAIL_ADDRESS"]},
+        config={"entities": ["EMAIL_ADDRESS"], "custom": [{"name": "staff_id"}], "strict": True},
         position=0,
     )
     response = world["alice"].get(f"/use-cases/{chatbot.pk}/")
@@ -186,8 +186,24 @@ def test_the_use_case_page_shows_selections_in_order_and_findings_counts(world) 
     rows = re.findall(
         r"<tr>\s*<td class=\"num\">(\d)</td>(.*?)</tr>", _table(html, "guardrails"), re.DOTALL
     )
-    assert [(n, re.sub(r"<[^>]+>", "", body).split()) for n, body in rows] == [
-        ("1", ["pii", "Request", "and", "response", "Redact", "entities:", "['EMAIL_ADDRESS']"]),
+    assert [(n, re.sub(r"<[^>]+>", "", body.replace("<br>", " ")).split()) for n, body in rows] == [
+        (
+            "1",
+            [
+                "pii",
+                "Request",
+                "and",
+                "response",
+                "Redact",
+                "entities:",
+                "EMAIL_ADDRESS",
+                "custom:",
+                '{"name":',
+                '"staff_id"}',
+                "strict:",
+                "true",
+            ],
+        ),
         ("2", ["prompt_injection", "Request", "Block", "threshold:", "0.8"]),
     ]
     counts = _table(html, "use-case-finding-counts")
