@@ -19,7 +19,7 @@ from django.db.models import QuerySet
 
 from governance.choices import Capability, GuardrailAction, GuardrailSide
 from governance.errors import Conflict
-from governance.models import GuardrailSelection, Model, UseCase
+from governance.models import GuardrailSelection, Model, PriorityClass, UseCase
 from guardrails.base import SettingsError
 from guardrails.catalogue import Entry, entries, validate_selection
 
@@ -88,6 +88,11 @@ def _check_fleet_model(entry: Entry, config: Mapping[str, Any]) -> None:
                 "config": f"model: '{public_id}' lacks the '{capability}' capability that "
                 f"'{entry.name}' needs (it has {', '.join(model.capabilities)})."
             }
+        )
+    priority = config.get("priority_class")
+    if isinstance(priority, str) and not PriorityClass.objects.filter(name=priority).exists():
+        raise ValidationError(
+            {"config": f"priority_class: no priority class is called '{priority}'."}
         )
 
 

@@ -162,11 +162,18 @@ def test_a_guardrail_is_selected_once_per_stage(world) -> None:
         ("banned_topics", "request", {"model": "nobody"}, "no registered model is called"),
         ("banned_topics", "request", {"model": "llama"}, "lacks the 'guard' capability"),
         ("groundedness", "response", {"model": "llama"}, "lacks the 'embeddings' capability"),
+        (
+            "banned_topics",
+            "request",
+            {"model": "guard-1b", "priority_class": "vip"},
+            "no priority class is called 'vip'",
+        ),
     ],
 )
 def test_a_fleet_guardrail_names_a_registered_model_with_the_right_capability(
     world, guardrail, side, config, words
 ) -> None:
+    make_model("guard-1b", capabilities=["guard"])
     with pytest.raises(ValidationError) as refused:
         add(world, guardrail=guardrail, side=side, action="block", config=config)
     assert words in refused.value.message_dict["config"][0]
