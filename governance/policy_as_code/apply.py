@@ -113,6 +113,14 @@ def _use_case_fields(record: Record) -> dict[str, Any]:
     }
 
 
+def _place_in_file(change: Change) -> tuple[Key, int]:
+    """A use case's guardrails are created and moved in the order of their places in the
+    file: each lands in its place after the ones before it, so the result is the file's order
+    whatever the order before."""
+    assert change.after is not None
+    return change.key[:2], int(change.after.get("position", 0))
+
+
 class _Applier:
     def __init__(self, actor: Actor, plan: Plan) -> None:
         self.actor = actor
@@ -195,7 +203,10 @@ class _Applier:
                 self.vacate_service_accounts()
             if section is Section.PRIORITY_CLASSES and actions == _UPSERT:
                 self.vacate_ranks()
-            for change in self.plan.of(section, *actions):
+            changes = self.plan.of(section, *actions)
+            if section is Section.GUARDRAILS and actions == _UPSERT:
+                changes = sorted(changes, key=_place_in_file)
+            for change in changes:
                 with _blame(change.path):
                     step(change)
         return tuple(self.minted)

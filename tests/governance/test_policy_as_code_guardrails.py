@@ -3,6 +3,7 @@ go from file to database and back without a spurious change; bad ones are refuse
 
 from __future__ import annotations
 
+from itertools import permutations
 from typing import Any
 
 import pytest
@@ -125,3 +126,38 @@ def test_an_unknown_failure_mode_is_refused() -> None:
     assert [str(p) for p in caught.value.problems] == [
         "use_cases[acme/chatbot].guardrail_failure: must be one of closed, open (got 'ajar')"
     ]
+
+
+def test_any_new_order_in_the_file_is_the_order_after_one_apply() -> None:
+    """GIVEN five guardrails applied WHEN the file puts them in another order THEN one apply
+    leaves exactly the file's order, and a second plan has nothing to do."""
+    length = {"guardrail": "prompt_length", "side": "request", "action": "block"}
+    asks = {
+        "guardrail": "wordlist",
+        "side": "request",
+        "action": "flag",
+        "config": {"words": ["a"]},
+    }
+    says = {
+        "guardrail": "wordlist",
+        "side": "response",
+        "action": "flag",
+        "config": {"words": ["b"]},
+    }
+    loud_in = {"guardrail": "shouting", "side": "request", "action": "flag"}
+    loud_out = {"guardrail": "shouting", "side": "response", "action": "block"}
+    data = guarded_policy()
+    five = [length, asks, says, loud_in, loud_out]
+    data["use_cases"][0]["guardrails"] = five
+    policy_apply(document=policy_parse(data), actor=PRIYA)
+
+    # Every order of the five, one after the other: each apply starts from the last order.
+    for order in (list(p) for p in permutations(five)):
+        data["use_cases"][0]["guardrails"] = order
+        policy_apply(document=policy_parse(data), actor=PRIYA)
+
+        rows = GuardrailSelection.objects.filter(use_case__slug="chatbot").order_by("position")
+        assert [(g.guardrail, g.side, g.position) for g in rows] == [
+            (item["guardrail"], item["side"], index) for index, item in enumerate(order)
+        ]
+        assert not plan(data).has_changes

@@ -67,7 +67,28 @@ class PromptLengthDetector:
         return [Finding("too_long")] if len(text) > settings["max_chars"] else []
 
 
+class ShoutingDetector:
+    """Text written in capitals."""
+
+    name: ClassVar[str] = "shouting"
+    stages: ClassVar[tuple[str, ...]] = ("request", "response")
+    redacts: ClassVar[bool] = False
+
+    def load(self) -> None:
+        return None
+
+    def validate(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if settings:
+            raise SettingsError(f"{sorted(settings)[0]}: this guardrail has no settings.")
+        return {}
+
+    def check(self, text: str, settings: Mapping[str, Any]) -> list[Finding]:
+        letters = [c for c in text if c.isalpha()]
+        return [Finding("shouting")] if letters and all(c.isupper() for c in letters) else []
+
+
 COMPANY_DETECTORS = (
     "wordlist=tests.support.detectors:WordListDetector,"
-    "prompt_length=tests.support.detectors:PromptLengthDetector"
+    "prompt_length=tests.support.detectors:PromptLengthDetector,"
+    "shouting=tests.support.detectors:ShoutingDetector"
 )
