@@ -180,6 +180,9 @@ class _Applier:
             (Section.DEPLOYMENTS, _UPSERT, self.upsert),
             (Section.TENANTS, _UPSERT, self.upsert),
             (Section.USE_CASES, _UPSERT, self.use_case_upsert),
+            # Removed guardrails first: one the file moves to another stage is a delete and a
+            # create, and the create must not clash with the selection it replaces.
+            (Section.GUARDRAILS, delete, self.delete),
             (Section.GUARDRAILS, _UPSERT, self.upsert),
             # Statuses move once the use case's guardrails are in place, so the trail never
             # shows a use case approved before its controls were.
@@ -190,7 +193,6 @@ class _Applier:
             # Deletions run from dependents to what they depend on.
             (Section.RATE_LIMITS, delete, self.delete),
             (Section.PRIORITY_MATRIX, delete, self.delete),
-            (Section.GUARDRAILS, delete, self.delete),
             (Section.USE_CASES, (Action.RETIRE,), self.use_case_move),
             (Section.DEPLOYMENTS, delete, self.delete),
             (Section.MODELS, delete, self.delete),

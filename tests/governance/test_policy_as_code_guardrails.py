@@ -11,7 +11,7 @@ import pytest
 from governance.audit import Actor
 from governance.models import GuardrailSelection, UseCase
 from governance.policy_as_code.apply import policy_apply
-from governance.policy_as_code.errors import PolicyInvalid
+from governance.policy_as_code.errors import PolicyApplyFailed, PolicyInvalid
 from governance.policy_as_code.export import policy_export
 from governance.policy_as_code.plan import plan_build
 from governance.policy_as_code.schema import policy_load, policy_parse
@@ -161,3 +161,27 @@ def test_any_new_order_in_the_file_is_the_order_after_one_apply() -> None:
             (item["guardrail"], item["side"], index) for index, item in enumerate(order)
         ]
         assert not plan(data).has_changes
+
+
+def test_a_guardrail_moved_to_another_stage_in_the_file_applies_in_one_go() -> None:
+    """GIVEN the word list on requests WHEN the file selects it on both stages instead THEN
+    without --prune the old selection is kept and the clash is refused, naming it; with
+    --prune apply removes the one before adding the other."""
+    data = guarded_policy()
+    data["use_cases"][0]["guardrails"][1]["side"] = "request"
+    policy_apply(document=policy_parse(data), actor=PRIYA)
+    data["use_cases"][0]["guardrails"][1]["side"] = "both"
+
+    with pytest.raises(PolicyApplyFailed) as refused:
+        policy_apply(document=policy_parse(data), actor=PRIYA)
+    assert "guardrails[both:wordlist]: guardrail: 'wordlist' is already selected on request" in (
+        str(refused.value.problems[0])
+    )
+    policy_apply(document=policy_parse(data), actor=PRIYA, prune=True)
+
+    rows = GuardrailSelection.objects.filter(use_case__slug="chatbot").order_by("position")
+    assert [(g.guardrail, g.side) for g in rows] == [
+        ("prompt_length", "request"),
+        ("wordlist", "both"),
+    ]
+    assert not plan(data).has_changes
