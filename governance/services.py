@@ -216,9 +216,16 @@ def _after_write(instance: DjangoModel) -> None:
 # Officers only (the generic record services check it): a guardrail decides what a use case
 # may send and receive. Each selection is validated against the catalogue and the registered
 # models, stored with its complete settings, audited, and republished.
+def _lock_guardrails(use_case_id: int) -> None:
+    """Serialise changes to one use case's guardrails (its row, FOR UPDATE): two officers
+    adding or reordering at once must not both read the same positions."""
+    list(UseCase.objects.select_for_update().filter(pk=use_case_id).values_list("pk"))
+
+
 def _guardrail_prepare(selection: GuardrailSelection, *, creating: bool) -> None:
     if selection.use_case_id is None:
         raise ValidationError({"use_case": "Name the use case."})
+    _lock_guardrails(selection.use_case_id)
     if not creating:
         stored = GuardrailSelection.objects.get(pk=selection.pk)
         if stored.use_case_id != selection.use_case_id:
@@ -302,6 +309,7 @@ def guardrail_reorder(
 ) -> list[GuardrailSelection]:
     """Run the use case's selections in ``order`` (their ids, every one exactly once)."""
     _require_governor(actor)
+    _lock_guardrails(use_case.pk)
     current = {g.pk: g for g in GuardrailSelection.objects.filter(use_case=use_case)}
     if len(set(order)) != len(order):
         raise ValidationError({"order": "Name each selection once."})
