@@ -68,6 +68,7 @@ def test_an_officer_selects_a_company_guardrail_and_the_gateway_gets_its_full_se
     assert selection.config == {"words": ["project falcon"], "case_sensitive": False}
     event = AuditEvent.objects.get(action="guardrailselection.create")
     assert event.actor == "olivia"
+    assert event.after is not None
     assert event.after["guardrail"] == "wordlist"
     assert event.after["config"] == {"words": ["project falcon"], "case_sensitive": False}
     assert audit_verify().ok
@@ -242,6 +243,8 @@ def test_changing_and_removing_a_selection_is_validated_audited_and_renumbered(w
         changes={"action": "block", "config": {"words": ["falcon"], "case_sensitive": True}},
     )
     update = AuditEvent.objects.get(action="guardrailselection.update")
+    assert update.before is not None
+    assert update.after is not None
     assert update.before["action"] == "redact"
     assert update.after["action"] == "block"
     assert update.after["config"] == {"words": ["falcon"], "case_sensitive": True}
@@ -265,6 +268,8 @@ def test_fail_open_or_closed_is_the_officers_choice_and_reaches_the_gateway(
 
     assert published_use_case(valkey_client, world["chatbot"])["guardrail_failure"] == "open"
     event = AuditEvent.objects.get(action="usecase.update")
+    assert event.before is not None
+    assert event.after is not None
     assert (event.before["guardrail_failure"], event.after["guardrail_failure"]) == (
         "closed",
         "open",

@@ -147,7 +147,7 @@ def test_any_new_order_in_the_file_is_the_order_after_one_apply() -> None:
     loud_in = {"guardrail": "shouting", "side": "request", "action": "flag"}
     loud_out = {"guardrail": "shouting", "side": "response", "action": "block"}
     data = guarded_policy()
-    five = [length, asks, says, loud_in, loud_out]
+    five: list[dict[str, Any]] = [length, asks, says, loud_in, loud_out]
     data["use_cases"][0]["guardrails"] = five
     policy_apply(document=policy_parse(data), actor=PRIYA)
 

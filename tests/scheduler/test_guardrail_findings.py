@@ -52,6 +52,11 @@ def add_finding(client: valkey.Valkey, **values: object) -> bytes:
     return entry_id
 
 
+def pending(client: valkey.Valkey) -> int:
+    summary: Any = client.xpending(GUARDRAILS_STREAM, GROUP)
+    return int(summary["pending"])
+
+
 def hours() -> dict[tuple[int, str, str, datetime], int]:
     return {
         (row.use_case_id, row.guardrail, row.action, row.hour): row.findings
@@ -149,7 +154,7 @@ def test_a_malformed_finding_is_skipped_and_the_rest_persist(
 
     assert report.malformed == 1
     assert list(GuardrailFinding.objects.values_list("request_id", flat=True)) == ["good"]
-    assert valkey_client.xpending(GUARDRAILS_STREAM, GROUP)["pending"] == 0
+    assert pending(valkey_client) == 0
 
 
 @pytest.mark.django_db(transaction=True)  # the worker's connection sees committed rows only
@@ -172,4 +177,4 @@ def test_the_celery_task_persists_findings_through_a_real_worker(
     assert wait_until(lambda: GuardrailHour.objects.exists(), timeout=5)
     assert hours() == {(7, "pii", "redacted", HOUR_14): 1}
     assert wait_until(lambda: "succeeded" in celery_worker.log_text(), timeout=10)
-    assert valkey_client.xpending(GUARDRAILS_STREAM, GROUP)["pending"] == 0
+    assert pending(valkey_client) == 0

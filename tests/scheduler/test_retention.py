@@ -49,7 +49,9 @@ def decisions_at(*ages_days: float) -> None:
     )
 
 
-def ages(model: type[UsageMinute] | type[AdmissionDecision], field: str) -> list[float]:
+def ages(
+    model: type[UsageMinute | AdmissionDecision | GuardrailFinding | GuardrailHour], field: str
+) -> list[float]:
     return sorted(
         round((NOW - getattr(row, field)).total_seconds() / 86400, 2) for row in model.objects.all()
     )
