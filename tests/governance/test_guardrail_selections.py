@@ -301,3 +301,41 @@ def test_a_guard_model_in_use_keeps_its_name_capability_and_existence(world) -> 
     assert "'guard' is needed" in dropped.value.message_dict["capabilities"][0]
     # A model nothing asks is the officer's to change.
     record_update(actor=world["olivia"], instance=world["llama"], changes={"public_id": "llama-2"})
+
+
+def test_the_migration_numbers_existing_selections_in_their_old_listed_order(world) -> None:
+    """GIVEN selections made before positions existed (all at 0) WHEN the migration's data
+    step runs THEN each use case's run in the order they were listed: by side, then name."""
+    import importlib
+
+    from django.db import connection
+    from django.db.migrations.loader import MigrationLoader
+
+    migration = importlib.import_module("governance.migrations.0007_guardrail_selection_governance")
+    chatbot = world["chatbot"]
+    other = make_use_case(chatbot.tenant, "triage")
+    for use_case, guardrail, side in [
+        (chatbot, "wordlist", "response"),
+        (chatbot, "prompt_length", "request"),
+        (chatbot, "wordlist", "request"),
+        (other, "wordlist", "request"),
+    ]:
+        GuardrailSelection.objects.create(
+            use_case=use_case, guardrail=guardrail, side=side, action="flag", position=0
+        )
+
+    state = MigrationLoader(connection).project_state(
+        ("governance", "0007_guardrail_selection_governance")
+    )
+    migration.number_positions(state.apps, None)  # a data step: it needs no schema editor
+
+    def order(use_case):
+        rows = GuardrailSelection.objects.filter(use_case=use_case).order_by("position")
+        return [(g.side, g.guardrail, g.position) for g in rows]
+
+    assert order(chatbot) == [
+        ("request", "prompt_length", 0),
+        ("request", "wordlist", 1),
+        ("response", "wordlist", 2),
+    ]
+    assert order(other) == [("request", "wordlist", 0)]
