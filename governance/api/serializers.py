@@ -202,6 +202,18 @@ class UseCaseGuardrailSerializer(GuardrailSelectionSerializer):
         fields = ("id", "guardrail", "side", "action", "config", "position")
 
 
+class PatchedUseCaseGuardrailSerializer(UseCaseGuardrailSerializer):
+    """The schema of a partial change (every field optional)."""
+
+    guardrail = serializers.CharField(max_length=64, required=False)
+
+    class Meta(UseCaseGuardrailSerializer.Meta):
+        extra_kwargs = {
+            "side": {"required": False},
+            "action": {"required": False},
+        }
+
+
 class GuardrailReorderSerializer(serializers.Serializer[Any]):
     order = serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),

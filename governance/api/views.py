@@ -14,9 +14,10 @@ from django.core.exceptions import ValidationError
 from django.db.models import Model as DjangoModel
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, mixins, permissions, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
@@ -163,6 +164,14 @@ class DeploymentViewSet(GovernedViewSet):
     permission_classes = (HasSwitchyardRole, GovernsFleet)
     queryset = Deployment.objects.select_related("model")
     filterset_fields = ("model__public_id", "node_pool", "active")
+
+
+# A selection's id in a path: digits only (the route's pattern), within a bigint.
+SELECTION_ID = OpenApiParameter(
+    "selection_id",
+    {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+    OpenApiParameter.PATH,
+)
 
 
 class GuardrailSelectionViewSet(ScopedRelations, GovernedViewSet):
@@ -315,6 +324,51 @@ class UseCaseViewSet(
         body.is_valid(raise_exception=True)
         selection = guardrail_add(actor=actor_of(request), use_case=use_case, **body.validated_data)
         return Response(s.UseCaseGuardrailSerializer(selection).data, status=201)
+
+    @extend_schema(
+        methods=["get"],
+        parameters=[SELECTION_ID],
+        request=None,
+        responses=s.UseCaseGuardrailSerializer,
+    )
+    @extend_schema(
+        methods=["patch"],
+        parameters=[SELECTION_ID],
+        request=s.PatchedUseCaseGuardrailSerializer,
+        responses=s.UseCaseGuardrailSerializer,
+    )
+    @extend_schema(
+        methods=["delete"],
+        parameters=[SELECTION_ID],
+        request=None,
+        responses={204: None},
+    )
+    @action(
+        detail=True,
+        methods=["get", "patch", "delete"],
+        url_path=r"guardrails/(?P<selection_id>[0-9]+)",
+    )
+    def guardrail(
+        self, request: Request, pk: str | None = None, selection_id: str = ""
+    ) -> Response:
+        """One of the use case's selections: read it; change or remove it (officers)."""
+        use_case = self.get_object()
+        selection = None
+        if len(selection_id) <= 18:  # digits (the route says so), within a bigint
+            selection = use_case.guardrails.filter(pk=int(selection_id)).first()
+        if selection is None:
+            raise NotFound("No such guardrail selection for this use case.")
+        if request.method == "GET":
+            return Response(s.UseCaseGuardrailSerializer(selection).data)
+        if request.method == "DELETE":
+            guardrail_remove(actor=actor_of(request), selection=selection)
+            return Response(status=204)
+        body = s.UseCaseGuardrailSerializer(selection, data=request.data, partial=True)
+        body.is_valid(raise_exception=True)
+        changed = guardrail_change(
+            actor=actor_of(request), selection=selection, changes=dict(body.validated_data)
+        )
+        return Response(s.UseCaseGuardrailSerializer(changed).data)
 
     @extend_schema(
         request=s.GuardrailReorderSerializer, responses=s.UseCaseGuardrailSerializer(many=True)

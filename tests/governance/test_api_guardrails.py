@@ -231,3 +231,26 @@ def test_counts_come_from_the_hourly_roll_up_in_scope(world) -> None:
         == []
     )
     assert world["olivia"].get("/api/guardrail-findings/counts/?since=soon").status_code == 400
+
+
+def test_one_selection_under_its_use_case_is_read_changed_and_removed(world) -> None:
+    url = f"/api/use-cases/{world['chatbot'].pk}/guardrails/"
+    created = world["olivia"].post(
+        url, {"guardrail": "prompt_length", "side": "request", "action": "block"}, format="json"
+    )
+    one = f"{url}{created.json()['id']}/"
+
+    assert world["alice"].get(one).json()["config"] == {"max_chars": 4000}
+    assert world["alice"].patch(one, {"action": "flag"}, format="json").status_code == 403
+    bad = world["olivia"].patch(one, {"config": {"max_chars": -1}}, format="json")
+    assert bad.status_code == 400
+    assert "max_chars" in bad.json()["config"][0]
+    changed = world["olivia"].patch(one, {"config": {"max_chars": 99}}, format="json")
+    assert changed.status_code == 200, changed.json()
+    assert changed.json()["config"] == {"max_chars": 99}
+    # Another use case's selection is not found under this one.
+    elsewhere = f"/api/use-cases/{world['search'].pk}/guardrails/{created.json()['id']}/"
+    assert world["olivia"].get(elsewhere).status_code == 404
+    assert world["olivia"].delete(one).status_code == 204
+    assert world["olivia"].get(one).status_code == 404
+    assert not GuardrailSelection.objects.exists()
