@@ -212,6 +212,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Two fields named "action": a guardrail selection's mode and what a finding records.
+    "ENUM_NAME_OVERRIDES": {
+        "GuardrailModeEnum": "governance.choices.GuardrailAction",
+        "GuardrailFindingActionEnum": "scheduler.models.GuardrailFinding.Action",
+    },
 }
 
 # --- Single sign-on (OIDC / Keycloak) ---------------------------------------------------------

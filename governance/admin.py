@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Model as DjangoModel
@@ -19,6 +20,7 @@ from django.http import HttpRequest
 
 from governance.audit import Actor
 from governance.errors import Conflict
+from governance.guardrail_selections import catalogue_items, selection_validate
 from governance.models import (
     ApiKey,
     AuditEvent,
@@ -111,9 +113,56 @@ def _run_service(
         modeladmin.message_user(request, f"{done} done.", messages.SUCCESS)
 
 
+class GuardrailSelectionForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A selection's row, checked against the catalogue as the services check it, so that a
+    bad setting is an error beside its field rather than a failed save."""
+
+    guardrail = forms.ChoiceField()
+    position = forms.IntegerField(
+        min_value=0, required=False, help_text="Order they run in; empty: after the others"
+    )
+
+    class Meta:
+        model = GuardrailSelection
+        fields = ("guardrail", "side", "action", "config", "position")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        choices = [(item.name, f"{item.label} ({item.name})") for item in catalogue_items()]
+        field = self.fields["guardrail"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = choices
+
+    def clean_position(self) -> int:
+        position = self.cleaned_data.get("position")
+        if position is None:  # after the others
+            use_case_id = self.instance.use_case_id
+            return GuardrailSelection.objects.filter(use_case_id=use_case_id).count()
+        return int(position)
+
+    def clean(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().clean() or {}
+        use_case_id = self.instance.use_case_id
+        if self.errors or use_case_id is None or data.get("DELETE"):
+            return data
+        data["config"] = selection_validate(
+            use_case=UseCase.objects.get(pk=use_case_id),
+            guardrail=data.get("guardrail", ""),
+            side=data.get("side", ""),
+            action=data.get("action", ""),
+            config=data.get("config"),
+            exclude_pk=self.instance.pk,
+        )
+        return data
+
+
 class GuardrailInline(admin.TabularInline):  # type: ignore[type-arg]
+    """A use case's guardrails, in the order they run."""
+
     model = GuardrailSelection
+    form = GuardrailSelectionForm
     extra = 0
+    ordering = ("position", "pk")
 
 
 @admin.register(Tenant)

@@ -51,11 +51,14 @@ class Capability(models.TextChoices):
     COMPLETIONS = "completions", "Completions"
     EMBEDDINGS = "embeddings", "Embeddings"
     TRANSCRIPTION = "transcription", "Audio transcription"
+    # A guard model (Llama Guard's prompt format) that fleet-run guardrails ask for verdicts.
+    GUARD = "guard", "Guard model (guardrail verdicts)"
 
 
 class GuardrailSide(models.TextChoices):
     REQUEST = "request", "Request"
     RESPONSE = "response", "Response"
+    BOTH = "both", "Request and response"
 
 
 class GuardrailAction(models.TextChoices):
@@ -64,15 +67,11 @@ class GuardrailAction(models.TextChoices):
     FLAG = "flag", "Flag (audit only)"
 
 
-class Guardrail(models.TextChoices):
-    """The guardrails the gateway can apply; a use case selects among them."""
+class GuardrailFailure(models.TextChoices):
+    """What the gateway does when a selected guardrail cannot run (workers down, timeout)."""
 
-    PII = "pii", "Personal data (PII)"
-    SECRETS = "secrets", "Secrets and credentials"
-    PROMPT_INJECTION = "prompt_injection", "Prompt injection"
-    TOXICITY = "toxicity", "Toxicity / profanity"
-    BANNED_TOPICS = "banned_topics", "Banned topics (e.g. financial advice)"
-    INVISIBLE_TEXT = "invisible_text", "Invisible / control characters"
+    CLOSED = "closed", "Fail closed (refuse with 503)"
+    OPEN = "open", "Fail open (let through, record it)"
 
 
 class RateLimitScope(models.TextChoices):

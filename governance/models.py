@@ -14,8 +14,8 @@ from governance.choices import (
     Capability,
     DataClassification,
     Environment,
-    Guardrail,
     GuardrailAction,
+    GuardrailFailure,
     GuardrailSide,
     Namespace,
     RateLimitScope,
@@ -32,6 +32,9 @@ model_id_validator = RegexValidator(
 )
 application_id_validator = RegexValidator(
     r"^[A-Z][A-Z0-9]{1,9}-[0-9]{1,10}$", "Use the CMDB form, e.g. APP-1234."
+)
+guardrail_name_validator = RegexValidator(
+    r"^[a-z][a-z0-9_]{0,63}$", "Use a catalogue name: lowercase letters, digits and _."
 )
 client_id_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}$",
@@ -199,6 +202,13 @@ class UseCase(models.Model):
         help_text="Keycloak client whose service-account tokens call the gateway as this use "
         "case (client-credentials grant); empty: none",
     )
+    guardrail_failure = models.CharField(
+        max_length=8,
+        choices=GuardrailFailure.choices,
+        default=GuardrailFailure.CLOSED,
+        help_text="When a selected guardrail cannot run: refuse (closed, 503) or let the "
+        "request through and record it (open)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -221,16 +231,26 @@ class UseCase(models.Model):
 
 
 class GuardrailSelection(models.Model):
-    """One guardrail a use case applies, on one side of the call, with one action."""
+    """One guardrail a use case applies, on one side of the call (or both), in one mode.
+
+    ``guardrail`` names a catalogue entry (``guardrails.catalogue``), built-in or a company's
+    own detector, so there is no fixed list of choices here; ``config`` holds the settings as
+    the detector validated them (defaults filled in). Selections run in ``position`` order.
+    The services (``governance.guardrails``) validate a selection against the catalogue and
+    the registered models; ``clean`` guards only what one row can know.
+    """
 
     use_case = models.ForeignKey(UseCase, on_delete=models.CASCADE, related_name="guardrails")
-    guardrail = models.CharField(max_length=24, choices=Guardrail.choices)
+    guardrail = models.CharField(max_length=64, validators=[guardrail_name_validator])
     side = models.CharField(max_length=8, choices=GuardrailSide.choices)
     action = models.CharField(max_length=8, choices=GuardrailAction.choices)
     config = models.JSONField(default=dict, blank=True, help_text="Guardrail-specific settings")
+    position = models.PositiveSmallIntegerField(
+        default=0, help_text="Order in which the use case's guardrails run (smallest first)"
+    )
 
     class Meta:
-        ordering = ["use_case_id", "side", "guardrail"]
+        ordering = ["use_case_id", "position", "pk"]
         constraints = [
             models.UniqueConstraint(
                 fields=["use_case", "guardrail", "side"], name="one_selection_per_guardrail_side"

@@ -10,7 +10,7 @@ from django.db.models import Q, QuerySet
 
 from governance.models import ApiKey, AuditEvent, GuardrailSelection, RateLimitPolicy, UseCase
 from governance.roles import AnyUser, can_read_everything, visible_tenants
-from scheduler.models import AdmissionDecision
+from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour
 
 
 def use_cases_visible(user: AnyUser) -> QuerySet[UseCase]:
@@ -50,3 +50,19 @@ def admission_decisions_visible(user: AnyUser) -> QuerySet[AdmissionDecision]:
         return AdmissionDecision.objects.all()
     ids = visible_tenants(user).values_list("pk", flat=True)
     return AdmissionDecision.objects.filter(tenant_id__in=list(ids))
+
+
+def guardrail_findings_visible(user: AnyUser) -> QuerySet[GuardrailFinding]:
+    """Guardrail findings: every use case's for officers, auditors and admins; developers see
+    their own tenants' use cases' only."""
+    if can_read_everything(user):
+        return GuardrailFinding.objects.all()
+    ids = visible_tenants(user).values_list("pk", flat=True)
+    return GuardrailFinding.objects.filter(tenant_id__in=list(ids))
+
+
+def guardrail_hours_visible(user: AnyUser) -> QuerySet[GuardrailHour]:
+    if can_read_everything(user):
+        return GuardrailHour.objects.all()
+    ids = visible_tenants(user).values_list("pk", flat=True)
+    return GuardrailHour.objects.filter(tenant_id__in=list(ids))

@@ -9,7 +9,7 @@ policy snapshot once the transaction commits.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
@@ -22,10 +22,11 @@ from django.db.models import Model as DjangoModel
 from django.utils import timezone
 
 from governance.audit import Actor, audit_record, object_state
-from governance.choices import ApiKeyStatus, UseCaseStatus
+from governance.choices import ApiKeyStatus, GuardrailFailure, UseCaseStatus
 from governance.errors import Conflict
+from governance.guardrail_selections import model_change_check, selection_validate
 from governance.keys import key_generate, key_hash, key_visible_prefix
-from governance.models import ApiKey, Tenant, UseCase
+from governance.models import ApiKey, GuardrailSelection, Model, Tenant, UseCase
 from governance.roles import Role, can_govern, has_role
 from governance.snapshot import snapshot_publish
 
@@ -132,9 +133,11 @@ def record_create(
 ) -> M:
     """Validate, save and audit a new governance record (officers and admins only)."""
     _require_governor(actor)
+    _prepare(instance, creating=True)
     instance.full_clean()
     instance.save()
     _set_m2m(instance, m2m)
+    _after_write(instance)
     audit_record(
         actor=actor,
         action=_action(instance, "create"),
@@ -158,9 +161,11 @@ def record_update(
     before = object_state(type(instance)._default_manager.get(pk=instance.pk))
     for field, value in changes.items():
         setattr(instance, field, value)
+    _prepare(instance, creating=False)
     instance.full_clean()
     instance.save()
     _set_m2m(instance, m2m)
+    _after_write(instance)
     after = object_state(instance)
     if after != before:
         audit_record(
@@ -178,6 +183,8 @@ def record_update(
 @transaction.atomic
 def record_delete(*, actor: Actor, instance: DjangoModel) -> None:
     _require_governor(actor)
+    if isinstance(instance, Model):
+        model_change_check(instance, deleting=True)
     before = object_state(instance)
     tenant_slug = _tenant_of(instance)
     audit_record(
@@ -188,7 +195,159 @@ def record_delete(*, actor: Actor, instance: DjangoModel) -> None:
         tenant_slug=tenant_slug,
     )
     instance.delete()
+    _after_write(instance)
     policy_changed()
+
+
+def _prepare(instance: DjangoModel, *, creating: bool) -> None:
+    """Rules that span rows, for the records that have them, whatever the door."""
+    if isinstance(instance, GuardrailSelection):
+        _guardrail_prepare(instance, creating=creating)
+    if isinstance(instance, Model) and not creating:
+        model_change_check(instance, deleting=False)
+
+
+def _after_write(instance: DjangoModel) -> None:
+    if isinstance(instance, GuardrailSelection):
+        _guardrails_renumber(instance.use_case_id, moved=instance if instance.pk else None)
+
+
+# --- guardrail selections -----------------------------------------------------------------
+# Officers only (the generic record services check it): a guardrail decides what a use case
+# may send and receive. Each selection is validated against the catalogue and the registered
+# models, stored with its complete settings, audited, and republished.
+def _lock_guardrails(use_case_id: int) -> None:
+    """Serialise changes to one use case's guardrails (its row, FOR UPDATE): two officers
+    adding or reordering at once must not both read the same positions."""
+    list(UseCase.objects.select_for_update().filter(pk=use_case_id).values_list("pk"))
+
+
+def _guardrail_prepare(selection: GuardrailSelection, *, creating: bool) -> None:
+    if selection.use_case_id is None:
+        raise ValidationError({"use_case": "Name the use case."})
+    _lock_guardrails(selection.use_case_id)
+    if not creating:
+        stored = GuardrailSelection.objects.get(pk=selection.pk)
+        if stored.use_case_id != selection.use_case_id:
+            raise ValidationError({"use_case": "A selection cannot move to another use case."})
+    selection.config = selection_validate(
+        use_case=selection.use_case,
+        guardrail=selection.guardrail,
+        side=selection.side,
+        action=selection.action,
+        config=selection.config,
+        exclude_pk=None if creating else selection.pk,
+    )
+
+
+def _guardrails_renumber(use_case_id: int, moved: GuardrailSelection | None = None) -> None:
+    """Positions 0, 1, 2… with ``moved`` at the place it asks for and the others, in their
+    order, around it: a selection put at 0 runs first and the rest move down one."""
+    rows = GuardrailSelection.objects.filter(use_case_id=use_case_id)
+    if moved is not None:
+        rows = rows.exclude(pk=moved.pk)
+    others = list(rows.order_by("position", "pk"))
+    if moved is not None and moved.pk is not None:
+        others.insert(min(moved.position, len(others)), moved)
+    for index, selection in enumerate(others):
+        if selection.position != index or selection is moved:
+            GuardrailSelection.objects.filter(pk=selection.pk).update(position=index)
+            selection.position = index
+
+
+def _guardrail_order(use_case: UseCase) -> list[str]:
+    return [
+        f"{g.guardrail}:{g.side}"
+        for g in GuardrailSelection.objects.filter(use_case=use_case).order_by("position", "pk")
+    ]
+
+
+def guardrail_add(
+    *,
+    actor: Actor,
+    use_case: UseCase,
+    guardrail: str,
+    side: str,
+    action: str,
+    config: Any = None,
+    position: int | None = None,
+) -> GuardrailSelection:
+    """Select a guardrail for a use case; ``position`` None runs it after the others, a
+    number puts it there and moves the others down."""
+    _require_governor(actor)
+    count = GuardrailSelection.objects.filter(use_case=use_case).count()
+    if position is not None and not 0 <= position <= count:
+        raise ValidationError({"position": f"Choose a position from 0 to {count}."})
+    selection = GuardrailSelection(
+        use_case=use_case,
+        guardrail=guardrail,
+        side=side,
+        action=action,
+        config=config if config is not None else {},
+        position=count if position is None else position,
+    )
+    return record_create(actor=actor, instance=selection)
+
+
+def guardrail_change(
+    *, actor: Actor, selection: GuardrailSelection, changes: Mapping[str, Any]
+) -> GuardrailSelection:
+    """Change a selection's guardrail, stage, mode, settings or place."""
+    unknown = sorted(set(changes) - {"guardrail", "side", "action", "config", "position"})
+    if unknown:
+        raise ValidationError({unknown[0]: "This field cannot be changed here."})
+    return record_update(actor=actor, instance=selection, changes=changes)
+
+
+def guardrail_remove(*, actor: Actor, selection: GuardrailSelection) -> None:
+    record_delete(actor=actor, instance=selection)
+
+
+@transaction.atomic
+def guardrail_reorder(
+    *, actor: Actor, use_case: UseCase, order: Sequence[int]
+) -> list[GuardrailSelection]:
+    """Run the use case's selections in ``order`` (their ids, every one exactly once)."""
+    _require_governor(actor)
+    _lock_guardrails(use_case.pk)
+    current = {g.pk: g for g in GuardrailSelection.objects.filter(use_case=use_case)}
+    if len(set(order)) != len(order):
+        raise ValidationError({"order": "Name each selection once."})
+    if set(order) != set(current):
+        missing = sorted(set(current) - set(order))
+        foreign = sorted(set(order) - set(current))
+        detail = (
+            f"selections {foreign} are not this use case's"
+            if foreign
+            else f"selections {missing} are missing"
+        )
+        raise ValidationError({"order": f"List every selection of this use case: {detail}."})
+    before = _guardrail_order(use_case)
+    for index, pk in enumerate(order):
+        if current[pk].position != index:
+            GuardrailSelection.objects.filter(pk=pk).update(position=index)
+    after = _guardrail_order(use_case)
+    if after != before:
+        audit_record(
+            actor=actor,
+            action="usecase.guardrails_reorder",
+            obj=use_case,
+            before={"guardrails": before},
+            after={"guardrails": after},
+            tenant_slug=use_case.tenant.slug,
+        )
+        policy_changed()
+    return list(GuardrailSelection.objects.filter(use_case=use_case).order_by("position"))
+
+
+def use_case_set_guardrail_failure(*, actor: Actor, use_case: UseCase, mode: str) -> UseCase:
+    """Fail closed (503 when a guardrail cannot run) or open (let through, record it)."""
+    _require_governor(actor)
+    if mode not in GuardrailFailure.values:
+        raise ValidationError(
+            {"guardrail_failure": f"Choose one of {', '.join(GuardrailFailure.values)}."}
+        )
+    return use_case_update(actor=actor, use_case=use_case, changes={"guardrail_failure": mode})
 
 
 # --- use cases ----------------------------------------------------------------------------

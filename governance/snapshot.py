@@ -28,6 +28,7 @@ from governance.choices import ApiKeyStatus, UseCaseStatus
 from governance.models import (
     ApiKey,
     Deployment,
+    GuardrailSelection,
     Model,
     PriorityClass,
     PriorityRule,
@@ -70,27 +71,39 @@ def _models() -> dict[str, ModelEntry]:
 
 
 def _use_cases() -> dict[str, UseCaseEntry]:
+    """Approved use cases, each with its guardrails in the order they run and what to do
+    when one cannot run (``guardrail_failure``): the contract the gateway enforces."""
     entries: dict[str, UseCaseEntry] = {}
     approved = UseCase.objects.filter(status=UseCaseStatus.APPROVED).select_related("tenant")
-    for use_case in approved.prefetch_related("guardrails"):
+    in_order = GuardrailSelection.objects.order_by("position", "pk")
+    for use_case in approved.prefetch_related(Prefetch("guardrails", queryset=in_order)):
         guardrails: list[GuardrailEntry] = [
             cast(
                 GuardrailEntry,
-                {"guardrail": g.guardrail, "side": g.side, "action": g.action, "config": g.config},
+                {
+                    "guardrail": g.guardrail,
+                    "side": g.side,
+                    "action": g.action,
+                    "config": dict(g.config),
+                },
             )
             for g in use_case.guardrails.all()
         ]
-        entries[str(use_case.pk)] = {
-            "tenant": use_case.tenant.slug,
-            "slug": use_case.slug,
-            "limits": {
-                "requests_per_minute": use_case.requests_per_minute,
-                "tokens_per_minute": use_case.tokens_per_minute,
-                "tokens_per_day": use_case.tokens_per_day,
-                "max_concurrent": use_case.max_concurrent,
+        entries[str(use_case.pk)] = cast(
+            UseCaseEntry,
+            {
+                "tenant": use_case.tenant.slug,
+                "slug": use_case.slug,
+                "limits": {
+                    "requests_per_minute": use_case.requests_per_minute,
+                    "tokens_per_minute": use_case.tokens_per_minute,
+                    "tokens_per_day": use_case.tokens_per_day,
+                    "max_concurrent": use_case.max_concurrent,
+                },
+                "guardrails": guardrails,
+                "guardrail_failure": use_case.guardrail_failure,
             },
-            "guardrails": guardrails,
-        }
+        )
     return entries
 
 

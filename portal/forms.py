@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from governance.models import UseCase
 from governance.services import USE_CASE_TRANSITIONS
-from scheduler.models import AdmissionDecision
+from scheduler.models import AdmissionDecision, GuardrailFinding
 
 
 class PortalForm(forms.Form):
@@ -127,3 +127,18 @@ class DecisionSearchForm(PortalForm):
         if start is not None and end is not None and end <= start:
             self.add_error("occurred_to", "Choose a time after “From”.")
         return cleaned
+
+
+class FindingSearchForm(DecisionSearchForm):
+    """The guardrail-findings page's search (a GET form: every field optional)."""
+
+    decision = None  # type: ignore[assignment]
+    guardrail = forms.CharField(
+        required=False, max_length=64, help_text="A catalogue name, e.g. pii or prompt_injection."
+    )
+    action = forms.ChoiceField(
+        required=False,
+        choices=[("", "Any action"), *GuardrailFinding.Action.choices],
+    )
+
+    field_order = ("request_id", "use_case", "guardrail", "action", "occurred_from", "occurred_to")

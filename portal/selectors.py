@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet, Sum
 from django.urls import reverse
 from django.utils import timezone
 
@@ -25,8 +26,8 @@ from governance.roles import (
     has_role,
     visible_tenants,
 )
-from governance.selectors import admission_decisions_visible
-from scheduler.models import AdmissionDecision
+from governance.selectors import admission_decisions_visible, guardrail_findings_visible
+from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour
 
 
 @dataclass(frozen=True)
@@ -317,3 +318,53 @@ def decision_rows(user: AnyUser, decisions: Iterable[AdmissionDecision]) -> list
         )
         for row in decisions
     ]
+
+
+FINDINGS_PER_PAGE = 50
+
+
+def guardrail_findings_search(
+    user: AnyUser,
+    *,
+    request_id: str = "",
+    use_case_id: int | None = None,
+    guardrail: str = "",
+    action: str = "",
+    occurred_from: datetime | None = None,
+    occurred_to: datetime | None = None,
+) -> QuerySet[GuardrailFinding]:
+    """The person's findings (the API's scope), filtered, newest first."""
+    rows = guardrail_findings_visible(user)
+    if request_id:
+        rows = rows.filter(request_id=request_id)
+    if use_case_id is not None:
+        rows = rows.filter(use_case_id=use_case_id)
+    if guardrail:
+        rows = rows.filter(guardrail=guardrail)
+    if action:
+        rows = rows.filter(action=action)
+    if occurred_from is not None:
+        rows = rows.filter(occurred_at__gte=occurred_from)
+    if occurred_to is not None:
+        rows = rows.filter(occurred_at__lt=occurred_to)
+    return rows.order_by("-occurred_at", "-id")
+
+
+def finding_counts(rows: QuerySet[GuardrailFinding]) -> list[dict[str, Any]]:
+    """How many of ``rows`` each guardrail found, by action."""
+    return list(
+        rows.order_by()
+        .values("guardrail", "action")
+        .annotate(findings=Count("id"))
+        .order_by("guardrail", "action")
+    )
+
+
+def use_case_finding_counts(use_case: UseCase) -> list[dict[str, Any]]:
+    """A use case's findings by guardrail and action, from the hourly roll-up."""
+    return list(
+        GuardrailHour.objects.filter(use_case_id=use_case.pk)
+        .values("guardrail", "action")
+        .annotate(findings=Sum("findings"))
+        .order_by("guardrail", "action")
+    )

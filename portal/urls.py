@@ -12,6 +12,7 @@ urlpatterns = [
     path("dashboard/", views.dashboard, name="dashboard"),
     path("review/", views.review, name="review"),
     path("admission-decisions/", views.admission_decisions, name="admission_decisions"),
+    path("guardrail-findings/", views.guardrail_findings, name="guardrail_findings"),
     path("use-cases/<int:pk>/", views.use_case_detail, name="use_case_detail"),
     path(
         "use-cases/<int:pk>/transition/",

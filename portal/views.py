@@ -46,6 +46,7 @@ from governance.services import (
 from portal import selectors
 from portal.forms import (
     DecisionSearchForm,
+    FindingSearchForm,
     KeyDecisionForm,
     KeyRequestForm,
     ReasonForm,
@@ -171,7 +172,9 @@ def use_case_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "use_case": use_case,
             "keys": selectors.keys_visible(request.user).filter(use_case=use_case),
             "actions": selectors.use_case_actions(request.user, use_case),
-            "guardrails": use_case.guardrails.all(),
+            "guardrails": use_case.guardrails.order_by("position", "pk"),
+            "finding_counts": selectors.use_case_finding_counts(use_case),
+            "sees_findings": can_read_everything(request.user),
             "now": now(),
         },
     )
@@ -246,6 +249,44 @@ def admission_decisions(request: HttpRequest) -> HttpResponse:
             "rows": rows,
             "searched": any(form.data.get(name) for name in form.fields),
             "sees_everything": can_read_everything(user),
+        },
+    )
+
+
+@login_required
+def guardrail_findings(request: HttpRequest) -> HttpResponse:
+    """What the guardrails found, newest first, with counts by guardrail and action: for
+    officers, auditors and admins (developers read their own through the API)."""
+    user = request.user
+    if not can_read_everything(user):
+        raise Http404("Guardrail findings are for governance officers and auditors.")
+    use_cases = selectors.use_cases_visible(user).prefetch_related(None)
+    form = FindingSearchForm(request.GET, use_cases=use_cases)
+    page = None
+    counts: list[dict[str, object]] = []
+    if form.is_valid():
+        data = form.cleaned_data
+        found = selectors.guardrail_findings_search(
+            user,
+            request_id=data["request_id"],
+            use_case_id=data["use_case"].pk if data["use_case"] else None,
+            guardrail=data["guardrail"],
+            action=data["action"],
+            occurred_from=data["occurred_from"],
+            occurred_to=data["occurred_to"],
+        )
+        counts = selectors.finding_counts(found)
+        page = Paginator(found, selectors.FINDINGS_PER_PAGE).get_page(request.GET.get("page"))
+    names = {uc.pk: uc for uc in use_cases}
+    return render(
+        request,
+        "portal/guardrail_findings.html",
+        {
+            "form": form,
+            "page": page,
+            "rows": [(f, names.get(f.use_case_id)) for f in (page.object_list if page else [])],
+            "counts": counts,
+            "searched": any(form.data.get(name) for name in form.fields),
         },
     )
 

@@ -1,4 +1,5 @@
-"""Usage roll-ups and admission decisions in the admin: read-only, they are a record."""
+"""Usage roll-ups, admission decisions and guardrail findings in the admin: read-only, they
+are a record."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from scheduler.models import AdmissionDecision, UsageMinute
+from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour, UsageMinute
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -58,3 +59,30 @@ class AdmissionDecisionAdmin(ReadOnlyAdmin):
     list_filter = ("decision", "reason", "tenant", "model")
     search_fields = ("request_id", "reason", "tenant")
     date_hierarchy = "occurred_at"
+
+
+@admin.register(GuardrailFinding)
+class GuardrailFindingAdmin(ReadOnlyAdmin):
+    list_display = (
+        "occurred_at",
+        "guardrail",
+        "action",
+        "stage",
+        "tenant",
+        "use_case_id",
+        "model",
+        "entities",
+        "score",
+        "request_id",
+        "policy_version",
+    )
+    list_filter = ("guardrail", "action", "stage", "tenant")
+    search_fields = ("request_id", "guardrail", "tenant")
+    date_hierarchy = "occurred_at"
+
+
+@admin.register(GuardrailHour)
+class GuardrailHourAdmin(ReadOnlyAdmin):
+    list_display = ("hour", "tenant", "use_case_id", "guardrail", "action", "findings")
+    list_filter = ("guardrail", "action", "tenant")
+    date_hierarchy = "hour"

@@ -104,3 +104,77 @@ class StreamCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stream} @ {self.last_id}"
+
+
+class GuardrailFinding(models.Model):
+    """One guardrail that found something (or could not run) in one stage of one request.
+
+    Persisted from ``sy:guardrails``: what an officer or auditor reads to answer "what did the
+    PII guardrail redact for this use case yesterday". Entity types and counts only, never
+    the text that matched.
+    """
+
+    class Action(models.TextChoices):
+        BLOCKED = "blocked"
+        REDACTED = "redacted"
+        FLAGGED = "flagged"
+        FAILED_OPEN = "failed_open", "failed open"
+        FAILED_CLOSED = "failed_closed", "failed closed"
+
+    class Stage(models.TextChoices):
+        REQUEST = "request"
+        RESPONSE = "response"
+
+    stream_id = models.CharField(
+        max_length=40, unique=True, help_text="The sy:guardrails entry it came from."
+    )
+    request_id = models.CharField(max_length=128, db_index=True)
+    occurred_at = models.DateTimeField(db_index=True)
+    tenant = models.CharField(max_length=100, help_text="The slug as the gateway saw it.")
+    # Scoping key, from the use case (its tenant never changes), as for admission decisions.
+    tenant_id = models.BigIntegerField(null=True, blank=True)
+    use_case_id = models.BigIntegerField()
+    key_id = models.BigIntegerField(null=True, blank=True)
+    model = models.CharField(max_length=200)
+    stage = models.CharField(max_length=8, choices=Stage.choices)
+    guardrail = models.CharField(max_length=64)
+    action = models.CharField(max_length=16, choices=Action.choices)
+    entities = models.JSONField(default=dict, help_text="Entity type → count; never the text.")
+    score = models.FloatField(null=True, blank=True)
+    policy_version = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant_id", "occurred_at"], name="finding_tenant_id_time"),
+            models.Index(fields=["use_case_id", "occurred_at"], name="finding_use_case_time"),
+            models.Index(fields=["guardrail", "occurred_at"], name="finding_guardrail_time"),
+        ]
+        ordering = ["-occurred_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.guardrail} {self.action} on {self.stage} of {self.request_id}"
+
+
+class GuardrailHour(models.Model):
+    """Findings of one guardrail, one action, one use case in one hour (UTC): the roll-up
+    that counts and charts read, kept longer than the per-request rows."""
+
+    use_case_id = models.BigIntegerField()
+    tenant_id = models.BigIntegerField(null=True, blank=True)
+    tenant = models.CharField(max_length=100)
+    guardrail = models.CharField(max_length=64)
+    action = models.CharField(max_length=16, choices=GuardrailFinding.Action.choices)
+    hour = models.DateTimeField(help_text="Start of the hour, UTC.")
+    findings = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["use_case_id", "guardrail", "action", "hour"], name="guardrail_hour_key"
+            )
+        ]
+        indexes = [models.Index(fields=["hour"], name="guardrail_hour_hour")]
+        ordering = ["-hour", "guardrail", "action"]
+
+    def __str__(self) -> str:
+        return f"{self.use_case_id} {self.guardrail} {self.action} @ {self.hour:%Y-%m-%d %H}h"

@@ -1,5 +1,9 @@
 """Retention: delete usage roll-ups and admission decisions older than their configured age.
 
+Guardrail findings follow the same two ages: per-request rows (``GuardrailFinding``) the
+decisions' (``DECISION_RETENTION_DAYS``), their hourly counts (``GuardrailHour``) the usage
+roll-ups' (``USAGE_RETENTION_DAYS``), so the counts outlive the detail as usage does.
+
 Deletes run oldest first in bounded batches, one short transaction each, so a large backlog
 (the first run after enabling retention) never holds a long lock or a huge transaction; a
 run stops after ``max_batches`` per table and the next run carries on. The audit trail is
@@ -16,7 +20,7 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
-from scheduler.models import AdmissionDecision, UsageMinute
+from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour, UsageMinute
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +32,8 @@ MAX_BATCHES = 100
 class RetentionReport:
     usage_minutes: int = 0  # UsageMinute rows deleted
     admission_decisions: int = 0  # AdmissionDecision rows deleted
+    guardrail_findings: int = 0  # GuardrailFinding rows deleted (decision retention)
+    guardrail_hours: int = 0  # GuardrailHour rows deleted (usage retention)
     usage_cutoff: datetime | None = None  # None: that table is kept forever
     decision_cutoff: datetime | None = None
 
@@ -35,6 +41,8 @@ class RetentionReport:
         return {
             "usage_minutes": self.usage_minutes,
             "admission_decisions": self.admission_decisions,
+            "guardrail_findings": self.guardrail_findings,
+            "guardrail_hours": self.guardrail_hours,
             "usage_cutoff": self.usage_cutoff.isoformat() if self.usage_cutoff else None,
             "decision_cutoff": self.decision_cutoff.isoformat() if self.decision_cutoff else None,
         }
@@ -63,15 +71,24 @@ def retention_apply(
         report.usage_minutes = _delete_before(
             UsageMinute, "minute", report.usage_cutoff, batch_size, max_batches
         )
+        report.guardrail_hours = _delete_before(
+            GuardrailHour, "hour", report.usage_cutoff, batch_size, max_batches
+        )
     if report.decision_cutoff is not None:
         report.admission_decisions = _delete_before(
             AdmissionDecision, "occurred_at", report.decision_cutoff, batch_size, max_batches
         )
+        report.guardrail_findings = _delete_before(
+            GuardrailFinding, "occurred_at", report.decision_cutoff, batch_size, max_batches
+        )
     logger.info(
         "retention_applied usage_minutes_deleted=%d admission_decisions_deleted=%d "
+        "guardrail_findings_deleted=%d guardrail_hours_deleted=%d "
         "usage_cutoff=%s decision_cutoff=%s",
         report.usage_minutes,
         report.admission_decisions,
+        report.guardrail_findings,
+        report.guardrail_hours,
         report.usage_cutoff.isoformat() if report.usage_cutoff else "never",
         report.decision_cutoff.isoformat() if report.decision_cutoff else "never",
     )

@@ -1,4 +1,5 @@
-"""Persist the gateway's accounting streams: usage roll-ups and the admission audit.
+"""Persist the gateway's accounting streams: usage roll-ups, the admission audit and the
+guardrail findings (``scheduler.findings``).
 
 Exactly-once effects over at-least-once delivery, in three parts:
 
@@ -51,9 +52,16 @@ import valkey
 from django.conf import settings
 from django.db import connection, models, transaction
 
-from gateway.accounting import BACKLOG_WARNING, DECISIONS_STREAM, PERSISTER_GROUP, USAGE_STREAM
+from gateway.accounting import (
+    BACKLOG_WARNING,
+    DECISIONS_STREAM,
+    GUARDRAILS_STREAM,
+    PERSISTER_GROUP,
+    USAGE_STREAM,
+)
 from governance.audit import Actor, audit_record
 from governance.models import Tenant, UseCase
+from scheduler.findings import findings_store
 from scheduler.models import AdmissionDecision, StreamCursor, UsageMinute
 
 logger = logging.getLogger(__name__)
@@ -78,6 +86,7 @@ class PersistReport:
 
     usage: int = 0  # usage entries rolled up
     decisions: int = 0  # decisions stored
+    findings: int = 0  # guardrail findings stored
     replayed: int = 0  # entries already committed, only acknowledged
     claimed: int = 0  # entries taken over from a consumer that died
     malformed: int = 0
@@ -90,6 +99,7 @@ class PersistReport:
         return {
             "usage": self.usage,
             "decisions": self.decisions,
+            "findings": self.findings,
             "replayed": self.replayed,
             "claimed": self.claimed,
             "malformed": self.malformed,
@@ -122,7 +132,7 @@ def usage_persist(
     client = client or _client_for(settings.VALKEY_URL)
     consumer = consumer or default_consumer()
     report = PersistReport()
-    for stream in (USAGE_STREAM, DECISIONS_STREAM):
+    for stream in (USAGE_STREAM, DECISIONS_STREAM, GUARDRAILS_STREAM):
         _ensure_group(client, stream)
         for _ in range(max_batches):
             taken = _persist_batch(client, stream, consumer, batch_size, report)
@@ -216,6 +226,8 @@ def _persist_batch(
         if fresh:
             if stream == USAGE_STREAM:
                 report.usage += _roll_up(fresh, report)
+            elif stream == GUARDRAILS_STREAM:
+                report.findings += findings_store(fresh, report)
             else:
                 report.decisions += _store_decisions(fresh, report)
             locked.last_id = max(fresh, key=lambda e: _parse_id(e[0]))[0].decode()

@@ -168,11 +168,70 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
 
 
 class GuardrailSelectionSerializer(serializers.ModelSerializer[GuardrailSelection]):
+    """A selection: the catalogue checks ``guardrail``, ``side``, ``action`` and ``config``
+    (in the services); ``config`` comes back complete, with the detector's defaults."""
+
+    guardrail = serializers.CharField(
+        max_length=64, help_text="A catalogue name (GET /api/guardrails/catalogue/)"
+    )
     config = serializers.DictField(required=False, help_text="Guardrail-specific settings")
+    position = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=SMALLINT_MAX,
+        help_text="Where it runs among the use case's guardrails (0 first); default: last",
+    )
 
     class Meta:
         model = GuardrailSelection
-        fields = ("id", "use_case", "guardrail", "side", "action", "config")
+        fields: tuple[str, ...] = (
+            "id",
+            "use_case",
+            "guardrail",
+            "side",
+            "action",
+            "config",
+            "position",
+        )
+
+
+class UseCaseGuardrailSerializer(GuardrailSelectionSerializer):
+    """A selection under /api/use-cases/{id}/guardrails/: the use case is in the path."""
+
+    class Meta(GuardrailSelectionSerializer.Meta):
+        fields = ("id", "guardrail", "side", "action", "config", "position")
+
+
+class PatchedUseCaseGuardrailSerializer(UseCaseGuardrailSerializer):
+    """The schema of a partial change (every field optional)."""
+
+    guardrail = serializers.CharField(max_length=64, required=False)
+
+    class Meta(UseCaseGuardrailSerializer.Meta):
+        extra_kwargs = {
+            "side": {"required": False},
+            "action": {"required": False},
+        }
+
+
+class GuardrailReorderSerializer(serializers.Serializer[Any]):
+    order = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
+        max_length=100,
+        help_text="Every selection id of the use case, in the order they are to run",
+    )
+
+
+class CatalogueEntrySerializer(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # a field, not Field.label
+    stages = serializers.ListField(child=serializers.CharField())
+    modes = serializers.ListField(child=serializers.CharField())
+    runs_on = serializers.CharField(help_text="worker: a CPU detector; fleet: a model it asks")
+    description = serializers.CharField()
+    model_capability = serializers.CharField(
+        allow_null=True, help_text="For fleet-run guardrails: the capability config.model needs"
+    )
 
 
 class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
@@ -207,6 +266,7 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
             "max_concurrent",
             "ticket_ref",
             "service_account_client_id",
+            "guardrail_failure",
             "guardrails",
             "created_at",
             "updated_at",

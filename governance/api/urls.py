@@ -3,7 +3,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from governance.api import decisions, views
+from governance.api import decisions, findings, views
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -21,9 +21,15 @@ router.register("audit-events", views.AuditEventViewSet, basename="auditevent")
 router.register(
     "admission-decisions", decisions.AdmissionDecisionViewSet, basename="admissiondecision"
 )
+router.register("guardrail-findings", findings.GuardrailFindingViewSet, basename="guardrailfinding")
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),
+    path(
+        "guardrails/catalogue/",
+        views.GuardrailCatalogueView.as_view(),
+        name="guardrail-catalogue",
+    ),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view loads its start-up script from a URL, not inline, as the
     # Content-Security-Policy requires; Swagger UI's own page styles are inline.

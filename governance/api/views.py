@@ -10,12 +10,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar, cast
 
+from django.core.exceptions import ValidationError
 from django.db.models import Model as DjangoModel
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, mixins, permissions, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
@@ -24,6 +26,7 @@ from rest_framework.views import APIView
 from governance.api import serializers as s
 from governance.api.filtersets import ApiKeyFilterSet, GuardrailSelectionFilterSet
 from governance.audit import Actor, audit_verify
+from governance.guardrail_selections import catalogue_items
 from governance.models import (
     ApiKey,
     AuditEvent,
@@ -50,6 +53,10 @@ from governance.services import (
     api_key_reveal,
     api_key_revoke,
     api_key_rotate,
+    guardrail_add,
+    guardrail_change,
+    guardrail_remove,
+    guardrail_reorder,
     record_create,
     record_delete,
     record_update,
@@ -159,12 +166,40 @@ class DeploymentViewSet(GovernedViewSet):
     filterset_fields = ("model__public_id", "node_pool", "active")
 
 
-class GuardrailSelectionViewSet(GovernedViewSet):
+# A selection's id in a path: digits only (the route's pattern), within a bigint.
+SELECTION_ID = OpenApiParameter(
+    "selection_id",
+    {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+    OpenApiParameter.PATH,
+)
+
+
+class GuardrailSelectionViewSet(ScopedRelations, GovernedViewSet):
+    """Every use case's guardrail selections; officers change them (through the guardrail
+    services: catalogue-validated, audited, republished)."""
+
     serializer_class = s.GuardrailSelectionSerializer
     filterset_class = GuardrailSelectionFilterSet
+    scoped_relations = {"use_case": (use_cases_visible, "No such use case.")}
 
     def get_queryset(self) -> QuerySet[GuardrailSelection]:
-        return guardrails_visible(self.request.user)
+        return guardrails_visible(self.request.user).order_by("use_case_id", "position", "pk")
+
+    def perform_create(self, serializer: BaseSerializer[Any]) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = guardrail_add(actor=actor_of(self.request), **data)
+
+    def perform_update(self, serializer: BaseSerializer[Any]) -> None:
+        data = dict(serializer.validated_data)
+        instance = cast(GuardrailSelection, serializer.instance)
+        if "use_case" in data and data.pop("use_case") != instance.use_case:
+            raise ValidationError({"use_case": "A selection cannot move to another use case."})
+        serializer.instance = guardrail_change(
+            actor=actor_of(self.request), selection=instance, changes=data
+        )
+
+    def perform_destroy(self, instance: DjangoModel) -> None:
+        guardrail_remove(actor=actor_of(self.request), selection=cast(GuardrailSelection, instance))
 
 
 class PriorityClassViewSet(GovernedViewSet):
@@ -271,6 +306,82 @@ class UseCaseViewSet(
     @action(detail=True, methods=["post"])
     def retire(self, request: Request, pk: str | None = None) -> Response:
         return self._transition(request, "retire")
+
+    @extend_schema(methods=["get"], request=None, responses=s.UseCaseGuardrailSerializer(many=True))
+    @extend_schema(
+        methods=["post"],
+        request=s.UseCaseGuardrailSerializer,
+        responses={201: s.UseCaseGuardrailSerializer},
+    )
+    @action(detail=True, methods=["get", "post"], pagination_class=None)
+    def guardrails(self, request: Request, pk: str | None = None) -> Response:
+        """The use case's guardrails in the order they run; POST selects one more (officers)."""
+        use_case = self.get_object()
+        if request.method == "GET":
+            selections = use_case.guardrails.order_by("position", "pk")
+            return Response(s.UseCaseGuardrailSerializer(selections, many=True).data)
+        body = s.UseCaseGuardrailSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        selection = guardrail_add(actor=actor_of(request), use_case=use_case, **body.validated_data)
+        return Response(s.UseCaseGuardrailSerializer(selection).data, status=201)
+
+    @extend_schema(
+        methods=["get"],
+        parameters=[SELECTION_ID],
+        request=None,
+        responses=s.UseCaseGuardrailSerializer,
+    )
+    @extend_schema(
+        methods=["patch"],
+        parameters=[SELECTION_ID],
+        request=s.PatchedUseCaseGuardrailSerializer,
+        responses=s.UseCaseGuardrailSerializer,
+    )
+    @extend_schema(
+        methods=["delete"],
+        parameters=[SELECTION_ID],
+        request=None,
+        responses={204: None},
+    )
+    @action(
+        detail=True,
+        methods=["get", "patch", "delete"],
+        url_path=r"guardrails/(?P<selection_id>[0-9]+)",
+    )
+    def guardrail(
+        self, request: Request, pk: str | None = None, selection_id: str = ""
+    ) -> Response:
+        """One of the use case's selections: read it; change or remove it (officers)."""
+        use_case = self.get_object()
+        selection = None
+        if len(selection_id) <= 18:  # digits (the route says so), within a bigint
+            selection = use_case.guardrails.filter(pk=int(selection_id)).first()
+        if selection is None:
+            raise NotFound("No such guardrail selection for this use case.")
+        if request.method == "GET":
+            return Response(s.UseCaseGuardrailSerializer(selection).data)
+        if request.method == "DELETE":
+            guardrail_remove(actor=actor_of(request), selection=selection)
+            return Response(status=204)
+        body = s.UseCaseGuardrailSerializer(selection, data=request.data, partial=True)
+        body.is_valid(raise_exception=True)
+        changed = guardrail_change(
+            actor=actor_of(request), selection=selection, changes=dict(body.validated_data)
+        )
+        return Response(s.UseCaseGuardrailSerializer(changed).data)
+
+    @extend_schema(
+        request=s.GuardrailReorderSerializer, responses=s.UseCaseGuardrailSerializer(many=True)
+    )
+    @action(detail=True, methods=["post"], url_path="guardrails/reorder")
+    def reorder_guardrails(self, request: Request, pk: str | None = None) -> Response:
+        """Run the use case's guardrails in the order given (every selection id, once)."""
+        body = s.GuardrailReorderSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        selections = guardrail_reorder(
+            actor=actor_of(request), use_case=self.get_object(), order=body.validated_data["order"]
+        )
+        return Response(s.UseCaseGuardrailSerializer(selections, many=True).data)
 
 
 def _secret_response(key: ApiKey, secret: str) -> Response:
@@ -418,3 +529,14 @@ class MeView(APIView):
                 }
             ).data
         )
+
+
+class GuardrailCatalogueView(APIView):
+    """Every guardrail a use case may select: its stages, modes, where it runs and what it
+    does (the built-in ones and the company's own)."""
+
+    permission_classes = (HasSwitchyardRole,)
+
+    @extend_schema(responses=s.CatalogueEntrySerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(s.CatalogueEntrySerializer(catalogue_items(), many=True).data)

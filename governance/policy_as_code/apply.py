@@ -113,6 +113,14 @@ def _use_case_fields(record: Record) -> dict[str, Any]:
     }
 
 
+def _place_in_file(change: Change) -> tuple[Key, int]:
+    """A use case's guardrails are created and moved in the order of their places in the
+    file: each lands in its place after the ones before it, so the result is the file's order
+    whatever the order before."""
+    assert change.after is not None
+    return change.key[:2], int(change.after.get("position", 0))
+
+
 class _Applier:
     def __init__(self, actor: Actor, plan: Plan) -> None:
         self.actor = actor
@@ -172,6 +180,9 @@ class _Applier:
             (Section.DEPLOYMENTS, _UPSERT, self.upsert),
             (Section.TENANTS, _UPSERT, self.upsert),
             (Section.USE_CASES, _UPSERT, self.use_case_upsert),
+            # Removed guardrails first: one the file moves to another stage is a delete and a
+            # create, and the create must not clash with the selection it replaces.
+            (Section.GUARDRAILS, delete, self.delete),
             (Section.GUARDRAILS, _UPSERT, self.upsert),
             # Statuses move once the use case's guardrails are in place, so the trail never
             # shows a use case approved before its controls were.
@@ -182,7 +193,6 @@ class _Applier:
             # Deletions run from dependents to what they depend on.
             (Section.RATE_LIMITS, delete, self.delete),
             (Section.PRIORITY_MATRIX, delete, self.delete),
-            (Section.GUARDRAILS, delete, self.delete),
             (Section.USE_CASES, (Action.RETIRE,), self.use_case_move),
             (Section.DEPLOYMENTS, delete, self.delete),
             (Section.MODELS, delete, self.delete),
@@ -195,7 +205,10 @@ class _Applier:
                 self.vacate_service_accounts()
             if section is Section.PRIORITY_CLASSES and actions == _UPSERT:
                 self.vacate_ranks()
-            for change in self.plan.of(section, *actions):
+            changes = self.plan.of(section, *actions)
+            if section is Section.GUARDRAILS and actions == _UPSERT:
+                changes = sorted(changes, key=_place_in_file)
+            for change in changes:
                 with _blame(change.path):
                     step(change)
         return tuple(self.minted)

@@ -121,7 +121,7 @@ def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
             action=g.action,
             **({"config": _Flow(g.config)} if g.config else {}),
         )
-        for g in sorted(spec.guardrails, key=lambda g: (g.side, g.guardrail))
+        for g in sorted(spec.guardrails, key=lambda g: g.position)  # the order they run
     ]
     return {
         "id": spec.id,
@@ -137,6 +137,10 @@ def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
         "models": _FlowList(sorted(spec.models)),
         **({"limits": limits} if limits else {}),
         **_some(guardrails=guardrails),
+        # Only when it is not the default (fail closed), as the file may leave it out.
+        **_some(
+            guardrail_failure=spec.guardrail_failure if spec.guardrail_failure != "closed" else ""
+        ),
     }
 
 

@@ -164,6 +164,7 @@ def _use_case_record(use_case: UseCaseSpec) -> Record:
         "namespace": use_case.namespace,
         "ticket_ref": use_case.ticket_ref,
         "service_account_client_id": use_case.service_account_client_id,
+        "guardrail_failure": use_case.guardrail_failure,
         "models": sorted(use_case.models),
         "limits.requests_per_minute": limits.requests_per_minute,
         "limits.tokens_per_minute": limits.tokens_per_minute,
@@ -205,7 +206,11 @@ def document_records(document: PolicyDocument) -> dict[Section, dict[Key, Record
     if use_cases is not None:
         records[Section.USE_CASES] = {(u.tenant, u.slug): _use_case_record(u) for u in use_cases}
         records[Section.GUARDRAILS] = {
-            (u.tenant, u.slug, g.side, g.guardrail): {"action": g.action, "config": g.config}
+            (u.tenant, u.slug, g.side, g.guardrail): {
+                "action": g.action,
+                "config": g.config,
+                "position": g.position,
+            }
             for u in use_cases
             for g in u.guardrails
         }

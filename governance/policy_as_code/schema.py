@@ -19,8 +19,8 @@ from governance.choices import (
     Capability,
     DataClassification,
     Environment,
-    Guardrail,
     GuardrailAction,
+    GuardrailFailure,
     GuardrailSide,
     Namespace,
     RateLimitScope,
@@ -38,6 +38,9 @@ from governance.policy_as_code.fields import (
     check_slug,
     is_json,
 )
+from guardrails.base import SettingsError
+from guardrails.catalogue import entries as catalogue_entries
+from guardrails.catalogue import validate_selection
 
 FORMAT_VERSION: Final = 1
 SECTIONS: Final = (
@@ -102,6 +105,8 @@ class GuardrailSpec:
     side: str
     action: str
     config: dict[str, Any] = field(default_factory=dict)
+    #: the order it runs in: its place in the use case's list
+    position: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ class UseCaseSpec:
     models: tuple[str, ...] = ()
     limits: LimitsSpec = LimitsSpec()
     guardrails: tuple[GuardrailSpec, ...] = ()
+    guardrail_failure: str = GuardrailFailure.CLOSED.value
 
     @property
     def id(self) -> str:
@@ -283,9 +289,35 @@ def split_use_case_id(value: str) -> tuple[str, str] | None:
     return tenant, slug
 
 
+def _guardrail_settings(
+    r: Reader, guardrail: str, side: str, action: str, config: Mapping[Any, Any]
+) -> dict[str, Any]:
+    """The settings as the detector completes them, so that the file and the database (which
+    stores complete settings) compare equal; a bad setting is a problem at ``config``."""
+    if not (guardrail and side and action):
+        return dict(config)
+    entry = catalogue_entries()[guardrail]
+    stages = {"request", "response"} if side == GuardrailSide.BOTH else {side}
+    if not stages <= set(entry.stages):
+        r.problem("side", f"{guardrail} runs on {' and '.join(sorted(entry.stages))} only")
+        return dict(config)
+    if action == GuardrailAction.REDACT and not entry.redacts:
+        r.problem("action", f"{guardrail} cannot redact; choose block or flag")
+        return dict(config)
+    try:
+        return validate_selection(guardrail, side, action, dict(config))
+    except SettingsError as exc:
+        r.problem("config", str(exc))
+    except (ImportError, AttributeError) as exc:
+        r.problem("guardrail", f"cannot be loaded on this server ({exc})")
+    return dict(config)
+
+
 def _guardrails(raw: list[Any], path: str, problems: list[Problem]) -> tuple[GuardrailSpec, ...]:
+    """A use case's guardrails in the order they run (their order in the file)."""
     guardrails: list[GuardrailSpec] = []
     seen: dict[str, str] = {}
+    stages_of: dict[str, set[str]] = {}
     if not isinstance(raw, list):
         return ()
     for index, item in enumerate(raw):
@@ -296,9 +328,14 @@ def _guardrails(raw: list[Any], path: str, problems: list[Problem]) -> tuple[Gua
         if isinstance(item.get("side"), str) and isinstance(item.get("guardrail"), str):
             item_path = f"{path}.guardrails[{item['side']}:{item['guardrail']}]"
         r = Reader(item, item_path, problems, ("guardrail", "side", "action", "config"))
-        guardrail = r.choice("guardrail", Guardrail.values)
+        guardrail = r.choice("guardrail", sorted(catalogue_entries()))
         side = r.choice("side", GuardrailSide.values)
+        action = r.choice("action", GuardrailAction.values)
+        stages = {"request", "response"} if side == GuardrailSide.BOTH else {side}
+        if f"{side}:{guardrail}" not in seen and stages_of.get(guardrail, set()) & stages:
+            r.problem("side", f"{guardrail} is already selected on one of these stages")
         _once(seen, f"{side}:{guardrail}", item_path, problems)
+        stages_of.setdefault(guardrail, set()).update(stages)
         config = r.mapping("config") or {}
         if not is_json(config):
             r.problem("config", "must hold only JSON values (strings, numbers, lists, mappings)")
@@ -306,8 +343,9 @@ def _guardrails(raw: list[Any], path: str, problems: list[Problem]) -> tuple[Gua
             GuardrailSpec(
                 guardrail=guardrail,
                 side=side,
-                action=r.choice("action", GuardrailAction.values),
-                config=dict(config),
+                action=action,
+                config=_guardrail_settings(r, guardrail, side, action, config),
+                position=index,
             )
         )
     return tuple(guardrails)
@@ -335,6 +373,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
         "models",
         "limits",
         "guardrails",
+        "guardrail_failure",
     )
     use_cases: list[UseCaseSpec] = []
     seen: dict[str, str] = {}
@@ -378,6 +417,11 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
                 models=r.texts("models", check=check_model_id),
                 limits=_limits(r.mapping("limits"), path, problems),
                 guardrails=_guardrails(r.listing("guardrails"), path, problems),
+                guardrail_failure=r.choice(
+                    "guardrail_failure",
+                    GuardrailFailure.values,
+                    default=GuardrailFailure.CLOSED.value,
+                ),
             )
         )
     return tuple(use_cases)

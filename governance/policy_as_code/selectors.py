@@ -73,6 +73,7 @@ def _use_case(use_case: UseCase) -> UseCaseSpec:
         namespace=use_case.namespace,
         ticket_ref=use_case.ticket_ref,
         service_account_client_id=use_case.service_account_client_id,
+        guardrail_failure=use_case.guardrail_failure,
         models=tuple(sorted(m.public_id for m in use_case.allowed_models.all())),
         limits=LimitsSpec(
             requests_per_minute=use_case.requests_per_minute,
@@ -82,9 +83,13 @@ def _use_case(use_case: UseCase) -> UseCaseSpec:
         ),
         guardrails=tuple(
             GuardrailSpec(
-                guardrail=g.guardrail, side=g.side, action=g.action, config=dict(g.config)
+                guardrail=g.guardrail,
+                side=g.side,
+                action=g.action,
+                config=dict(g.config),
+                position=g.position,
             )
-            for g in sorted(use_case.guardrails.all(), key=lambda g: (g.side, g.guardrail))
+            for g in sorted(use_case.guardrails.all(), key=lambda g: (g.position, g.pk))
         ),
     )
 

@@ -14,11 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
 from governance import services
 from governance.audit import Actor
+from governance.models import GuardrailSelection
 from governance.roles import Role
+from scheduler.models import GuardrailFinding, GuardrailHour
 from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,6 +40,30 @@ def acme_requests() -> dict[str, int]:
             actor=Actor.for_user(person), use_case=chatbot, name=name, reason="integration"
         )
         keys[name] = key.pk
+    # A guardrail it runs and something it found, so their tables render too.
+    GuardrailSelection.objects.create(
+        use_case=chatbot, guardrail="pii", side="both", action="redact", config={"entities": []}
+    )
+    finding = {"use_case_id": chatbot.pk, "tenant_id": acme.pk, "tenant": "acme"}
+    GuardrailFinding.objects.create(
+        stream_id="1-0",
+        request_id="req-1",
+        occurred_at=timezone.now(),
+        model="llama-sim",
+        stage="request",
+        guardrail="pii",
+        action="redacted",
+        entities={"EMAIL_ADDRESS": 1},
+        score=0.9,
+        **finding,
+    )
+    GuardrailHour.objects.create(
+        guardrail="pii",
+        action="redacted",
+        hour=timezone.now().replace(minute=0, second=0, microsecond=0),
+        findings=1,
+        **finding,
+    )
     return {"use_case": chatbot.pk, **keys}
 
 
@@ -73,9 +100,17 @@ def test_every_page_renders_under_the_content_security_policy(
 ) -> None:
     use_case, alice_key = acme_requests["use_case"], acme_requests["alice-ci"]
     journeys = {
-        "olivia": ["/", "/dashboard/", "/review/", "/admission-decisions/", "/api/docs/"],
+        "olivia": [
+            "/",
+            "/dashboard/",
+            "/review/",
+            "/admission-decisions/",
+            "/guardrail-findings/",
+            f"/use-cases/{use_case}/",
+            "/api/docs/",
+        ],
         "alice": ["/dashboard/", f"/use-cases/{use_case}/", f"/keys/{alice_key}/"],
-        "avery": ["/dashboard/", "/admission-decisions/"],
+        "avery": ["/dashboard/", "/admission-decisions/", "/guardrail-findings/"],
     }
     problems: list[str] = []
     for username, paths in journeys.items():

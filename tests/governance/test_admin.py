@@ -129,6 +129,7 @@ def _use_case_form(use_case: UseCase, **inline: str) -> dict[str, Any]:
         "allowed_models": [m.pk for m in use_case.allowed_models.all()],
         "ticket_ref": "",
         "service_account_client_id": "",
+        "guardrail_failure": use_case.guardrail_failure,
         "guardrails-TOTAL_FORMS": str(use_case.guardrails.count()),
         "guardrails-INITIAL_FORMS": str(use_case.guardrails.count()),
         "guardrails-MIN_NUM_FORMS": "0",
@@ -143,19 +144,28 @@ def _use_case_form(use_case: UseCase, **inline: str) -> dict[str, Any]:
             f"{prefix}side": selection.side,
             f"{prefix}action": selection.action,
             f"{prefix}config": json.dumps(selection.config),
+            f"{prefix}position": str(selection.position),
         }
     return fields | inline
 
 
 def test_a_guardrail_edited_in_the_admin_inline_is_audited_and_republished(
-    admin_client: Client, live_valkey_settings, valkey_client, django_capture_on_commit_callbacks
+    admin_client: Client,
+    live_valkey_settings,
+    valkey_client,
+    django_capture_on_commit_callbacks,
+    company_guardrails,
 ) -> None:
-    """GIVEN acme/chatbot redacting PII in requests
-    WHEN root makes it block PII, and adds an injection flag, in the use case's inline
+    """GIVEN acme/chatbot redacting the company's word list in requests
+    WHEN root makes it block, and adds a prompt-length flag, in the use case's inline
     THEN both are audited with before and after, and the gateway's snapshot says so."""
     use_case = make_use_case(make_tenant("acme"), "chatbot", models=(make_model("llama"),))
     GuardrailSelection.objects.create(
-        use_case=use_case, guardrail="pii", side="request", action="redact"
+        use_case=use_case,
+        guardrail="wordlist",
+        side="request",
+        action="redact",
+        config={"words": ["falcon"], "case_sensitive": False},
     )
     form = _use_case_form(
         use_case,
@@ -163,7 +173,7 @@ def test_a_guardrail_edited_in_the_admin_inline_is_audited_and_republished(
             "guardrails-0-action": "block",
             "guardrails-TOTAL_FORMS": "2",
             "guardrails-1-use_case": str(use_case.pk),
-            "guardrails-1-guardrail": "prompt_injection",
+            "guardrails-1-guardrail": "prompt_length",
             "guardrails-1-side": "request",
             "guardrails-1-action": "flag",
             "guardrails-1-config": "{}",
@@ -180,11 +190,36 @@ def test_a_guardrail_edited_in_the_admin_inline_is_audited_and_republished(
     assert update.actor == "root"
     created = AuditEvent.objects.get(action="guardrailselection.create")
     assert created.after is not None
-    assert created.after["guardrail"] == "prompt_injection"
+    assert created.after["guardrail"] == "prompt_length"
+    # Its settings as the detector completed them, and its place after the first.
+    assert created.after["config"] == {"max_chars": 4000}
+    assert created.after["position"] == 1
     assert audit_verify().ok
     snapshot = parse_snapshot(valkey_client.get(SNAPSHOT_KEY))
-    published = {(g.guardrail, g.action) for g in snapshot.use_cases[use_case.pk].guardrails}
-    assert published == {("pii", "block"), ("prompt_injection", "flag")}
+    published = [(g.guardrail, g.action) for g in snapshot.use_cases[use_case.pk].guardrails]
+    assert published == [("wordlist", "block"), ("prompt_length", "flag")]
+
+
+def test_a_bad_guardrail_setting_in_the_admin_is_an_error_beside_its_field(
+    admin_client: Client, company_guardrails
+) -> None:
+    use_case = make_use_case(make_tenant("acme"), "chatbot", models=(make_model("llama"),))
+    form = _use_case_form(
+        use_case,
+        **{
+            "guardrails-TOTAL_FORMS": "1",
+            "guardrails-0-use_case": str(use_case.pk),
+            "guardrails-0-guardrail": "wordlist",
+            "guardrails-0-side": "request",
+            "guardrails-0-action": "redact",
+            "guardrails-0-config": json.dumps({"words": []}),
+        },
+    )
+    response = admin_client.post(f"/admin/governance/usecase/{use_case.pk}/change/", form)
+    assert response.status_code == 200
+    assert "words: give a non-empty list of words." in response.content.decode()
+    assert not GuardrailSelection.objects.exists()
+    assert not AuditEvent.objects.exists()
 
 
 def test_a_guardrail_deleted_in_the_admin_inline_is_audited(admin_client: Client) -> None:

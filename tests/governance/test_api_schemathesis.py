@@ -12,6 +12,7 @@ Deterministic for CI: a fixed seed, derandomized, no example database, no deadli
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import hypothesis
@@ -26,6 +27,7 @@ from schemathesis import checks
 
 from governance.models import GuardrailSelection, PriorityClass, PriorityRule, RateLimitPolicy
 from governance.roles import Role
+from scheduler.models import GuardrailFinding
 from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
@@ -130,15 +132,36 @@ def wsgi_in_transaction() -> Iterator[None]:
 
 
 @pytest.fixture
-def sessions(wsgi_in_transaction: None) -> Iterator[list[tuple[str, dict[str, str]]]]:
-    """Two tenants with use cases, keys, guardrails and limits; a signed-in session per role."""
+def sessions(
+    wsgi_in_transaction: None, company_guardrails: Any
+) -> Iterator[list[tuple[str, dict[str, str]]]]:
+    """Two tenants with use cases, keys, guardrails (a company's own, so that their settings
+    are validated for real), findings and limits; a signed-in session per role."""
     acme, globex = make_tenant("acme"), make_tenant("globex")
     llama = make_model("llama")
     chatbot = make_use_case(acme, "chatbot", models=(llama,))
     draft = make_use_case(globex, "drafting", status="draft")
     key, _ = make_key(chatbot)
     guardrail = GuardrailSelection.objects.create(
-        use_case=chatbot, guardrail="pii", side="request", action="redact"
+        use_case=chatbot,
+        guardrail="wordlist",
+        side="request",
+        action="redact",
+        config={"words": ["falcon"], "case_sensitive": False},
+    )
+    finding = GuardrailFinding.objects.create(
+        stream_id="1-0",
+        request_id="req-1",
+        occurred_at=datetime(2025, 3, 4, 14, 2, tzinfo=UTC),
+        tenant="acme",
+        tenant_id=acme.pk,
+        use_case_id=chatbot.pk,
+        model="llama",
+        stage="request",
+        guardrail="wordlist",
+        action="redacted",
+        entities={"word": 1},
+        score=1.0,
     )
     limit = RateLimitPolicy.objects.create(
         name="acme-cap", scope="tenant", tenant=acme, requests_per_minute=600
@@ -151,6 +174,7 @@ def sessions(wsgi_in_transaction: None) -> Iterator[list[tuple[str, dict[str, st
             "use-cases": [chatbot.pk, draft.pk],
             "api-keys": [key.pk],
             "guardrail-selections": [guardrail.pk],
+            "guardrail-findings": [finding.pk],
             "priority-classes": list(PriorityClass.objects.values_list("name", flat=True)),
             "priority-rules": list(PriorityRule.objects.values_list("pk", flat=True)[:3]),
             "rate-limit-policies": [limit.pk],

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def world() -> dict[str, Any]:
+def world(company_guardrails) -> dict[str, Any]:
     acme, globex = make_tenant("acme"), make_tenant("globex")
     llama = make_model("llama")
     users = {
@@ -37,7 +37,11 @@ def world() -> dict[str, Any]:
     use_case = make_use_case(acme, "chatbot", models=(llama,))
     key, _ = make_key(use_case)
     guardrail = GuardrailSelection.objects.create(
-        use_case=use_case, guardrail="pii", side="request", action="redact"
+        use_case=use_case,
+        guardrail="wordlist",
+        side="request",
+        action="redact",
+        config={"words": ["falcon"], "case_sensitive": False},
     )
     limit = RateLimitPolicy.objects.create(
         name="acme-cap", scope="tenant", tenant=acme, requests_per_minute=600

@@ -42,7 +42,8 @@ from governance.policy_as_code.selectors import policy_current
 from governance.services import record_create, use_case_create
 from tests.governance.test_policy_as_code_validation import acme_policy
 
-pytestmark = pytest.mark.django_db
+# A company's own guardrails (tests/support/detectors.py), selected like the built-in ones.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("company_guardrails")]
 
 PRIYA = Actor(username="priya", is_system=True)  # --actor priya
 KEY_PATTERN = re.compile(r"sk-sy-[A-Za-z0-9_-]{20,}")
@@ -94,7 +95,7 @@ def test_given_an_empty_database_when_planned_then_every_record_is_a_create_and_
         ("create", "models[llama].deployments[llama-8b]"),
         ("create", "tenants[acme]"),
         ("create", "use_cases[acme/chatbot]"),
-        ("create", "use_cases[acme/chatbot].guardrails[request:pii]"),
+        ("create", "use_cases[acme/chatbot].guardrails[request:wordlist]"),
         ("create", "rate_limits[fleet]"),
     ]
     chatbot = document["changes"][3]
@@ -216,7 +217,7 @@ def globex_policy() -> dict[str, Any]:
         {"name": "acme", "scope": "tenant", "tenant": "acme", "tokens_per_minute": 5000}
     )
     data["use_cases"][0]["guardrails"].append(
-        {"guardrail": "toxicity", "side": "response", "action": "block"}
+        {"guardrail": "prompt_length", "side": "request", "action": "block"}
     )
     data["use_cases"].append(
         copy.deepcopy(data["use_cases"][0]) | {"id": "acme/summaries", "name": "Summaries"}
@@ -241,7 +242,7 @@ def test_given_records_missing_from_the_file_when_applied_without_prune_then_the
         ("rate_limits[acme]", "not in the file; kept (apply --prune deletes it)"),
         ("tenants[globex]", "not in the file; kept (apply --prune deletes it)"),
         (
-            "use_cases[acme/chatbot].guardrails[response:toxicity]",
+            "use_cases[acme/chatbot].guardrails[request:prompt_length]",
             "not in the file; kept (apply --prune deletes it)",
         ),
         ("use_cases[acme/summaries]", "not in the file; kept (apply --prune retires it)"),
@@ -266,7 +267,7 @@ def test_given_records_missing_from_the_file_when_applied_with_prune_then_they_g
     assert not Tenant.objects.filter(slug="globex").exists()
     assert not RateLimitPolicy.objects.filter(name="acme").exists()
     assert not GuardrailSelection.objects.filter(
-        use_case__slug="chatbot", guardrail="toxicity"
+        use_case__slug="chatbot", guardrail="prompt_length"
     ).exists()
     # Use cases are never deleted: pruning retires them, and they keep their history.
     assert UseCase.objects.get(slug="summaries").status == UseCaseStatus.RETIRED
@@ -430,10 +431,10 @@ def test_given_records_made_through_the_portal_when_exported_then_planning_the_e
         actor=Actor.system("portal"),
         instance=GuardrailSelection(
             use_case=draft,
-            guardrail="banned_topics",
+            guardrail="wordlist",
             side="response",
             action="flag",
-            config={"topics": ["tax advice"], "threshold": 0.8},
+            config={"words": ["tax advice"], "case_sensitive": True},
         ),
     )
     exported = tmp_path / "export.yaml"

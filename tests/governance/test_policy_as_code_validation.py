@@ -13,6 +13,9 @@ from django.core.management import CommandError, call_command
 from governance.policy_as_code.errors import PolicyInvalid
 from governance.policy_as_code.schema import policy_load, policy_parse
 
+# A company's own guardrails (tests/support/detectors.py), selected like the built-in ones.
+pytestmark = pytest.mark.usefixtures("company_guardrails")
+
 
 def acme_policy() -> dict[str, Any]:
     """Acme's retail chatbot on one model: valid as it stands; tests spoil one part of it."""
@@ -46,7 +49,14 @@ def acme_policy() -> dict[str, Any]:
                 "namespace": "prod",
                 "models": ["llama"],
                 "limits": {"tokens_per_minute": 1000},
-                "guardrails": [{"guardrail": "pii", "side": "request", "action": "redact"}],
+                "guardrails": [
+                    {
+                        "guardrail": "wordlist",
+                        "side": "request",
+                        "action": "redact",
+                        "config": {"words": ["falcon"]},
+                    }
+                ],
             }
         ],
         "rate_limits": [{"name": "fleet", "scope": "global", "requests_per_minute": 100}],
@@ -128,14 +138,14 @@ def test_given_several_mistakes_when_validated_then_all_are_reported_with_their_
         ),
         (
             lambda d: d["use_cases"][0]["guardrails"].append(
-                {"guardrail": "pii", "side": "request", "action": "block"}
+                {"guardrail": "wordlist", "side": "request", "action": "block"}
             ),
-            "use_cases[acme/chatbot].guardrails[request:pii]: is defined twice "
-            "(also use_cases[acme/chatbot].guardrails[request:pii])",
+            "use_cases[acme/chatbot].guardrails[request:wordlist]: is defined twice "
+            "(also use_cases[acme/chatbot].guardrails[request:wordlist])",
         ),
         (
             lambda d: d["use_cases"][0]["guardrails"][0].update(action="shout"),
-            "use_cases[acme/chatbot].guardrails[request:pii].action: must be one of block, "
+            "use_cases[acme/chatbot].guardrails[request:wordlist].action: must be one of block, "
             "redact, flag (got 'shout')",
         ),
         (

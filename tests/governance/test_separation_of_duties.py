@@ -38,7 +38,8 @@ from governance.services import (
 from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
 from tests.governance.test_policy_as_code_validation import acme_policy
 
-pytestmark = pytest.mark.django_db
+# acme_policy selects a company's own guardrail (tests/support/detectors.py).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("company_guardrails")]
 
 SELF_KEY = "You requested this key; another officer must approve it."
 SELF_USE_CASE = "You submitted this use case; another officer must approve it."

@@ -30,7 +30,8 @@ from governance.services import use_case_update
 from tests.factories import make_model, make_tenant, make_use_case, make_user
 from tests.governance.test_policy_as_code_validation import acme_policy
 
-pytestmark = pytest.mark.django_db
+# acme_policy selects a company's own guardrail (tests/support/detectors.py).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("company_guardrails")]
 
 WORKER = "acme-chatbot-worker"
 PRIYA = Actor(username="priya", is_system=True)  # --actor priya

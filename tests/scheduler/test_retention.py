@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from governance.audit import Actor, audit_record, audit_verify
 from governance.models import AuditEvent
-from scheduler.models import AdmissionDecision, UsageMinute
+from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour, UsageMinute
 from scheduler.retention import retention_apply
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +49,9 @@ def decisions_at(*ages_days: float) -> None:
     )
 
 
-def ages(model: type[UsageMinute] | type[AdmissionDecision], field: str) -> list[float]:
+def ages(
+    model: type[UsageMinute | AdmissionDecision | GuardrailFinding | GuardrailHour], field: str
+) -> list[float]:
     return sorted(
         round((NOW - getattr(row, field)).total_seconds() / 86400, 2) for row in model.objects.all()
     )
@@ -174,3 +176,41 @@ def test_the_retention_comes_from_the_environment_400_and_90_days_by_default() -
     out, err = settings_in_a_fresh_process(SWITCHYARD_USAGE_RETENTION_DAYS="-1")
     assert out == ""
     assert "SWITCHYARD_USAGE_RETENTION_DAYS=-1 must be at least 0" in err
+
+
+def test_guardrail_findings_follow_the_decisions_age_and_their_hours_the_usage_age() -> None:
+    """GIVEN findings and hourly counts of several ages WHEN retention runs THEN per-request
+    findings older than the decisions' age and counts older than the usage age are gone."""
+    GuardrailFinding.objects.bulk_create(
+        GuardrailFinding(
+            stream_id=f"{n}-0",
+            request_id=f"r{n}",
+            occurred_at=NOW - timedelta(days=age),
+            tenant="acme",
+            use_case_id=7,
+            model="llama-test",
+            stage="request",
+            guardrail="pii",
+            action="redacted",
+            entities={"PERSON": 1},
+        )
+        for n, age in enumerate((1, 89, 91, 200))
+    )
+    GuardrailHour.objects.bulk_create(
+        GuardrailHour(
+            use_case_id=7,
+            tenant="acme",
+            guardrail="pii",
+            action="redacted",
+            hour=(NOW - timedelta(days=age)).replace(minute=0),
+            findings=3,
+        )
+        for age in (1, 200, 401)
+    )
+
+    report = retention_apply(now=NOW, usage_days=400, decision_days=90)
+
+    assert (report.guardrail_findings, report.guardrail_hours) == (2, 1)
+    assert ages(GuardrailFinding, "occurred_at") == [1.0, 89.0]
+    assert ages(GuardrailHour, "hour") == [1.0, 200.0]
+    assert report.as_dict()["guardrail_findings"] == 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import valkey
 
-from gateway.accounting import DECISIONS_STREAM, USAGE_STREAM
+from gateway.accounting import DECISIONS_STREAM, GUARDRAILS_STREAM, USAGE_STREAM
 from scheduler.usage import GROUP, usage_persist
 from tests.scheduler.test_usage import add_usage as add_usage_entry
 
@@ -33,7 +33,7 @@ def test_a_run_trims_what_it_committed_and_keeps_what_it_has_not_read(
     assert report.usage == 20
     assert valkey_client.xlen(USAGE_STREAM) == 30
     assert [entry_id for entry_id, _ in valkey_client.xrange(USAGE_STREAM)] == ids[20:]
-    assert report.unread == {USAGE_STREAM: 30, DECISIONS_STREAM: 0}
+    assert report.unread == {USAGE_STREAM: 30, DECISIONS_STREAM: 0, GUARDRAILS_STREAM: 0}
 
 
 def test_entries_another_consumer_read_but_never_acked_are_not_trimmed(
