@@ -133,7 +133,7 @@ class SecretsDetector:
             KeywordDetector,
         )
 
-        plugins = get_mapping_from_secret_type_to_class().values()
+        plugins: Any = get_mapping_from_secret_type_to_class().values()
         classes: dict[str, Any] = {cls.__name__: cls for cls in plugins}
         self._regex_plugins = [
             (entity, list(classes[name]().denylist)) for name, entity in _PLUGINS.items()

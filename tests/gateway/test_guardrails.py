@@ -47,10 +47,7 @@ class Guarded:
 
         def entries() -> list[dict[str, str]]:
             raw = self.valkey.xrange(GUARDRAILS_STREAM)
-            return [
-                {k.decode(): v.decode() for k, v in fields.items()}  # type: ignore[union-attr]
-                for _, fields in raw  # type: ignore[union-attr]
-            ]
+            return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in raw]
 
         assert wait_until(lambda: len(entries()) >= count, timeout=10), entries()
         found = entries()

@@ -52,7 +52,7 @@ def test_a_fleet_check_is_granted_capacity_posted_and_released(
     policy.model(
         GUARD,
         [guard.base_url],
-        capabilities=("guard",),  # type: ignore[arg-type]
+        capabilities=("guard",),
         served_name="served-guard",
         max_in_flight_per_replica=1,
     )

@@ -74,7 +74,7 @@ def test_a_malformed_selection_makes_the_snapshot_unusable(field, value):
     policy.guardrail(alice, "pii")
     use_case = policy.use_cases[str(policy.use_case_id(alice))]
     if field == "guardrail_failure":
-        use_case["guardrail_failure"] = value  # type: ignore[typeddict-item]
+        use_case["guardrail_failure"] = value
     else:
         use_case["guardrails"][0][field] = value  # type: ignore[literal-required]
     with pytest.raises(ValueError, match=value):
