@@ -20,6 +20,7 @@ from governance.roles import Role, roles_set
 from governance.services import (
     api_key_issue,
     api_key_revoke,
+    guardrail_add,
     record_create,
     record_delete,
     record_update,
@@ -87,6 +88,26 @@ def _fleet(fleet: list[FleetModel]) -> list[Model]:
     return models
 
 
+def _demo_guardrails(use_case: UseCase, guard: Model | None) -> None:
+    """What a bank's chatbot would select, so the demo shows guardrails at work: personal data
+    redacted on the way in, credentials and injections refused, toxic answers and (with a
+    guard model in the fleet) financial advice recorded. Officers change them afterwards."""
+    selections: list[tuple[str, str, str, dict[str, object]]] = [
+        ("secrets", "request", "block", {}),
+        ("invisible_text", "request", "redact", {}),
+        ("pii", "request", "redact", {}),
+        ("prompt_injection", "request", "block", {}),
+        ("toxicity", "response", "flag", {}),
+    ]
+    if guard is not None:
+        selections.append(("banned_topics", "both", "flag", {"model": guard.public_id}))
+    for guardrail, side, action, config in selections:
+        guardrail_add(
+            actor=ACTOR, use_case=use_case, guardrail=guardrail, side=side, action=action,
+            config=config,
+        )  # fmt: skip
+
+
 @transaction.atomic
 def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
     """Create or refresh the demo; mint a fresh key and revoke the previous demo keys.
@@ -119,7 +140,13 @@ def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
                 "namespace": Namespace.DEV,
             },
         )
-    use_case_update(actor=ACTOR, use_case=use_case, changes={}, allowed_models=models)
+    # A guard model answers guardrails' questions, not the demo key's requests.
+    callable_models = [m for m in models if m.capabilities != ["guard"]]
+    use_case_update(actor=ACTOR, use_case=use_case, changes={}, allowed_models=callable_models)
+    if not use_case.guardrails.exists():
+        _demo_guardrails(
+            use_case, guard=next((m for m in models if "guard" in m.capabilities), None)
+        )
     if use_case.status == UseCaseStatus.DRAFT:
         use_case_transition(actor=ACTOR, use_case=use_case, transition="submit")
     if use_case.status == UseCaseStatus.SUBMITTED:

@@ -58,3 +58,27 @@ def test_the_command_refuses_in_production_mode(settings) -> None:
 def test_the_command_rejects_a_bad_replica_url(live_valkey_settings) -> None:
     with pytest.raises(CommandError, match="http"):
         call_command("seed_demo", "--model", "a=chat=ftp://127.0.0.1:1")
+
+
+def test_the_demo_use_case_shows_guardrails_at_work_and_cannot_call_the_guard_model(
+    live_valkey_settings,
+) -> None:
+    """GIVEN a fleet with a guard model WHEN the demo is seeded twice THEN its use case has the
+    demo's guardrails once each (denied topics judged by that guard model), and the guard
+    model is not among the models its key may call."""
+    fleet = [*FLEET, FleetModel("guard", ["guard"], ["http://127.0.0.1:8104"])]
+    demo_seed(fleet=fleet, admin_password="pw-one-123")
+    demo_seed(fleet=fleet, admin_password="pw-one-123")
+
+    use_case = UseCase.objects.get()
+    selections = list(use_case.guardrails.order_by("position"))
+    assert [(s.guardrail, s.side, s.action) for s in selections] == [
+        ("secrets", "request", "block"),
+        ("invisible_text", "request", "redact"),
+        ("pii", "request", "redact"),
+        ("prompt_injection", "request", "block"),
+        ("toxicity", "response", "flag"),
+        ("banned_topics", "both", "flag"),
+    ]
+    assert selections[-1].config["model"] == "guard"
+    assert sorted(m.public_id for m in use_case.allowed_models.all()) == ["embed", "llama"]
