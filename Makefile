@@ -58,6 +58,8 @@ bench: $(STAMP)
 	$(PY) -m bench.scheduling.lua_cost
 	$(PY) -m bench.gateway.overhead
 	$(PY) -m bench.scheduling.overload
+	$(PY) -m bench.guardrails.quality
+	$(PY) -m bench.guardrails.latency
 
 clean:
 	rm -rf $(VENV) .run
