@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from guardrails.base import Detector, Finding
@@ -81,12 +81,21 @@ class Engine:
         outcome = Outcome(texts=current, findings=[])
         for check in checks:
             detector = self.detector(check.guardrail)
-            found: list[tuple[int, Finding]] = [
-                (index, finding)
-                for index, text in enumerate(current)
-                if text
-                for finding in detector.check(text, check.settings)
-            ]
+            found: list[tuple[int, Finding]]
+            if getattr(detector, "whole_prompt", False):
+                # A limit on the prompt as a whole (its spans, if any, are not per text).
+                joined = "\n".join(text for text in current if text)
+                found = [
+                    (-1, replace(finding, start=None, end=None))
+                    for finding in (detector.check(joined, check.settings) if joined else ())
+                ]
+            else:
+                found = [
+                    (index, finding)
+                    for index, text in enumerate(current)
+                    if text
+                    for finding in detector.check(text, check.settings)
+                ]
             if not found:
                 continue
             summary = Summary(
@@ -100,7 +109,7 @@ class Engine:
                 outcome.blocked = summary
                 return outcome
             if check.action == "redact":
-                for index in {index for index, _ in found}:
+                for index in {index for index, _ in found if index >= 0}:
                     current[index] = redact(current[index], [f for i, f in found if i == index])
         return outcome
 

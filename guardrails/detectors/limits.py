@@ -49,9 +49,12 @@ def words_only(text: str) -> str:
 
 
 class MaxPromptTokensDetector:
-    """Refuses a text longer than ``max_tokens`` tokens (cl100k_base)."""
+    """Refuses a prompt longer than ``max_tokens`` tokens (cl100k_base): all of a request's
+    texts together (``whole_prompt``), not each message on its own."""
 
     name: ClassVar[str] = "max_prompt_tokens"
+    #: the engine checks the request's texts joined into one
+    whole_prompt: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._encoding: tiktoken.Encoding | None = None

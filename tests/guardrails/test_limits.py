@@ -7,6 +7,7 @@ import pytest
 from guardrails.base import SettingsError
 from guardrails.detectors.limits import (
     LANGUAGES,
+    MAX_TOKENS,
     BannedSubstringsDetector,
     LanguageDetector,
     MaxPromptTokensDetector,
@@ -157,3 +158,19 @@ def test_defaults_are_filled_in():
         "case_sensitive": False,
         "whole_words": False,
     }
+
+
+def test_the_prompt_limit_counts_every_message_of_a_request_together(engine):
+    """GIVEN a 20-token prompt limit WHEN a chat splits 60 words over six short messages
+    (each under the limit) THEN the request is blocked: the limit is on the prompt."""
+    from guardrails.engine import Check
+
+    messages = [" ".join(["word"] * 10)] * 6
+    check = Check("max_prompt_tokens", "block", {"max_tokens": 20})
+
+    outcome = engine.run(messages, [check])
+
+    assert outcome.blocked is not None
+    assert outcome.blocked.guardrail == "max_prompt_tokens"
+    assert outcome.blocked.entities == {MAX_TOKENS: 1}
+    assert engine.run(messages[:1], [check]).blocked is None
