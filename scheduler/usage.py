@@ -175,7 +175,10 @@ def _trim_consumed(client: valkey.Valkey, stream: str, keep_ms: int) -> int:
         floor = _next_id(group["last-delivered-id"])
         if int(group["pending"]):
             oldest = cast(dict[str, Any], client.xpending(stream, group["name"]))["min"]
-            floor = min(floor, _text_id(oldest), key=_parse_id)
+            # None: another persister acknowledged them meanwhile; the floor read before
+            # stays (lower than what it is now, so nothing unread is trimmed).
+            if oldest is not None:
+                floor = min(floor, _text_id(oldest), key=_parse_id)
         floors.append(floor)
     return int(cast(int, client.xtrim(stream, minid=min(floors, key=_parse_id), approximate=False)))
 
