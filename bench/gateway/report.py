@@ -203,8 +203,10 @@ def _against_baseline(m: Measurements, args: argparse.Namespace) -> list[str]:
 
     def row(figure: str, now: float, before: float, unit: str, digits: int = 0) -> str:
         change = (now - before) / before if before else 0.0
+        suffix = f" {unit}" if unit else ""
         return (
-            f"| {figure} | {now:,.{digits}f} {unit} | {before:,.{digits}f} {unit} | {change:+.0%} |"
+            f"| {figure} | {now:,.{digits}f}{suffix} | {before:,.{digits}f}{suffix} "
+            f"| {change:+.0%} |"
         )
 
     def added(kind: dict[str, Sampled], name: str, q: float) -> float:

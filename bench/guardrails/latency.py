@@ -49,6 +49,16 @@ from config.processes import PYTHON, ManagedProcess, free_port, gateway_command,
 from gateway.policy import SCHEMA, SnapshotDocument, snapshot_write
 
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
+READING = """\
+Reading it: a guardrail's cost is CPU in the guardrail service, so its capacity is about
+workers ÷ (CPU seconds a check). PII redaction (~20 ms a check here) and the guard model (a
+small chat completion on the fleet, ~2 ms with the simulator) keep up with 50 requests/s. The
+injection classifier (~180 ms of CPU for this prompt on this host: the text and its passages are
+three forward passes) gives two workers about 10 checks a second; at 50 requests/s the rest
+wait for a worker past the service's queue timeout and, the use case failing closed, are
+answered 503 `guardrail_unavailable` (the errors column). Size `SWITCHYARD_GUARDRAIL_WORKERS`
+(and the cores under them) to the injection-checked rate, or select it only where the
+latency is affordable — the talk's "not for an agent that can't afford the latency"."""
 SECTION = "Guardrails — added latency"
 CHAT = "bench-chat"
 GUARD = "bench-guard"
@@ -329,6 +339,7 @@ def render(
                 f"| {_ms(r.percentile(99))} | {added[0]} | {added[1]} | {r.errors} |"
             )
         lines.append("")
+    lines += [READING, ""]
     return "\n".join(lines)
 
 
