@@ -90,13 +90,14 @@ def _fleet(fleet: list[FleetModel]) -> list[Model]:
 
 def _demo_guardrails(use_case: UseCase, guard: Model | None) -> None:
     """What a bank's chatbot would select, so the demo shows guardrails at work: personal data
-    redacted on the way in, credentials and injections refused, toxic answers and (with a
+    redacted on the way in, credentials refused; suspected injections (the classifier's
+    precision is 0.60, so it records rather than refuses here), toxic answers and (with a
     guard model in the fleet) financial advice recorded. Officers change them afterwards."""
     selections: list[tuple[str, str, str, dict[str, object]]] = [
         ("secrets", "request", "block", {}),
         ("invisible_text", "request", "redact", {}),
         ("pii", "request", "redact", {}),
-        ("prompt_injection", "request", "block", {}),
+        ("prompt_injection", "request", "flag", {}),  # precision 0.60: record, do not refuse
         ("toxicity", "response", "flag", {}),
     ]
     if guard is not None:

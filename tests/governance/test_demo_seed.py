@@ -76,7 +76,7 @@ def test_the_demo_use_case_shows_guardrails_at_work_and_cannot_call_the_guard_mo
         ("secrets", "request", "block"),
         ("invisible_text", "request", "redact"),
         ("pii", "request", "redact"),
-        ("prompt_injection", "request", "block"),
+        ("prompt_injection", "request", "flag"),
         ("toxicity", "response", "flag"),
         ("banned_topics", "both", "flag"),
     ]
