@@ -42,6 +42,14 @@ class Guarded:
             timeout=30,
         )
 
+    def echo(self, key: str, prompt: str) -> httpx.Response:
+        """A completion whose answer starts with its prompt (echo): a known text to check."""
+        return self.post(
+            key,
+            "/v1/completions",
+            {"model": MODEL, "prompt": prompt, "echo": True, "max_tokens": 2},
+        )
+
     def findings(self, count: int) -> list[dict[str, str]]:
         """The sy:guardrails entries, once there are ``count`` of them."""
 
@@ -130,11 +138,7 @@ def test_a_request_guardrail_redacts_what_the_replica_receives(guarded):
     alice = policy.key()
     policy.guardrail(alice, "words", side="request", action="redact", config=SECRET)
     world = start()
-    response = world.post(
-        alice,
-        "/v1/completions",
-        {"model": MODEL, "prompt": "my secret plan", "echo": True, "max_tokens": 2},
-    )
+    response = world.echo(alice, "my secret plan")
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"].startswith("my <WORD> plan")
     chat = world.post(
@@ -169,11 +173,7 @@ def test_a_request_guardrail_that_flags_forwards_unchanged_and_records(guarded):
     alice = policy.key()
     policy.guardrail(alice, "words", side="request", action="flag", config=SECRET)
     world = start()
-    response = world.post(
-        alice,
-        "/v1/completions",
-        {"model": MODEL, "prompt": "my secret plan", "echo": True, "max_tokens": 2},
-    )
+    response = world.echo(alice, "my secret plan")
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"].startswith("my secret plan")
     [entry] = world.findings(1)
@@ -198,11 +198,7 @@ def test_a_response_guardrail_refuses_the_answer_with_422(guarded):
     alice = policy.key()
     policy.guardrail(alice, "words", side="response", action="block", config=SECRET)
     world = start()
-    response = world.post(
-        alice,
-        "/v1/completions",
-        {"model": MODEL, "prompt": "the secret. ", "echo": True, "max_tokens": 2},
-    )
+    response = world.echo(alice, "the secret. ")
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["code"] == "guardrail_blocked"
@@ -245,11 +241,7 @@ def test_a_response_guardrail_that_flags_sends_the_answer_as_is(guarded):
     alice = policy.key()
     policy.guardrail(alice, "words", side="both", action="flag", config=SECRET)
     world = start()
-    response = world.post(
-        alice,
-        "/v1/completions",
-        {"model": MODEL, "prompt": "the secret. ", "echo": True, "max_tokens": 2},
-    )
+    response = world.echo(alice, "the secret. ")
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"].startswith("the secret")
     request, answer = world.findings(2)
