@@ -142,7 +142,7 @@ STATIC_ROOT = (
 )
 MEDIA_ROOT = Path(env_str("SWITCHYARD_MEDIA_ROOT", str(RUN_DIR / "media")))
 MEDIA_URL = "media/"
-STORAGES = {
+STORAGES: dict[str, dict[str, object]] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
         "BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"
@@ -157,6 +157,58 @@ LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
 # Local username/password login exists for the embedded demo only.
 LOCAL_LOGIN_ENABLED = env_bool("SWITCHYARD_LOCAL_LOGIN", not PRODUCTION)
+
+# --- Object storage: records and files (django-storages' S3 backend, or the filesystem) ------
+# The embedded stack runs SeaweedFS (config/seaweed.py) at SWITCHYARD_S3_ENDPOINT_URL with the
+# demo identity below; production points the same settings at AWS S3, MinIO, Ceph or any
+# S3-compatible store (leave the endpoint empty for AWS, and the keys empty to use the
+# instance's or pod's own credentials). "filesystem" is for the smallest installs.
+OBJECT_STORAGE = env_choice("SWITCHYARD_OBJECT_STORAGE", "s3", ("s3", "filesystem"))
+S3_ENDPOINT_URL = env_str(
+    "SWITCHYARD_S3_ENDPOINT_URL", "" if PRODUCTION else "http://127.0.0.1:8333"
+)
+S3_ACCESS_KEY_ID = env_str("SWITCHYARD_S3_ACCESS_KEY_ID", "" if PRODUCTION else "switchyard-demo")
+S3_SECRET_ACCESS_KEY = env_str(
+    "SWITCHYARD_S3_SECRET_ACCESS_KEY", "" if PRODUCTION else "embedded-demo-only-s3-secret"
+)
+S3_REGION = env_str("SWITCHYARD_S3_REGION", "us-east-1")
+RECORDS_BUCKET = env_str("SWITCHYARD_RECORDS_BUCKET", "switchyard-records")
+OBJECT_STORAGE_DIR = Path(env_str("SWITCHYARD_OBJECT_STORAGE_DIR", str(RUN_DIR / "objects")))
+
+
+def _object_storage(bucket: str) -> dict[str, object]:
+    if OBJECT_STORAGE == "filesystem":
+        return {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(OBJECT_STORAGE_DIR / bucket)},
+        }
+    return {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": bucket,
+            "endpoint_url": S3_ENDPOINT_URL or None,
+            "access_key": S3_ACCESS_KEY_ID or None,
+            "secret_key": S3_SECRET_ACCESS_KEY or None,
+            "region_name": S3_REGION,
+            "signature_version": "s3v4",
+            "addressing_style": "path",
+            "file_overwrite": True,  # object names are deterministic: a rewrite is a retry
+            "default_acl": None,
+            "querystring_auth": True,
+        },
+    }
+
+
+STORAGES["records"] = _object_storage(RECORDS_BUCKET)
+
+# --- Records: envelope encryption of content (scheduler/sealing.py) ------------------------
+# "kid:base64(32 bytes)" pairs, comma-separated; the first seals new objects, every one opens
+# old ones (rotation: put the new key first, keep the old ones until nothing sealed by them
+# is left). Production refuses to start without one; the embedded demo derives one.
+if PRODUCTION:
+    RECORDS_KEYS = env_required("SWITCHYARD_RECORDS_KEYS")
+else:
+    RECORDS_KEYS = env_str("SWITCHYARD_RECORDS_KEYS", "")
 
 # --- Valkey: policy snapshot, limits, queues, streams, Celery broker, Channels layer ---------
 try:

@@ -77,6 +77,13 @@ USAGE_FIELDS: Final = (
     "upstream_ms",
     "total_ms",
     "policy_version",
+    # Records (issue 12): the gateway's own id for the request (a client's may repeat), the
+    # endpoint path, "1" for a streamed answer, and what the use case's record policy kept:
+    # none | metadata | full | full_dropped (content not captured: the buffer was full).
+    "record_id",
+    "endpoint",
+    "streamed",
+    "record",
 )
 DECISION_FIELDS: Final = (
     "request_id",
@@ -89,6 +96,7 @@ DECISION_FIELDS: Final = (
     "model",
     "wait_ms",
     "policy_version",
+    "record_id",
 )
 
 # Guardrail findings (issue 11): one entry per guardrail that found something (or could not
@@ -109,8 +117,19 @@ GUARDRAIL_FIELDS: Final = (
     "entities",
     "score",
     "policy_version",
+    "record_id",
 )
-STREAMS: Final = (USAGE_STREAM, DECISIONS_STREAM, GUARDRAILS_STREAM)
+
+# Transcripts (issue 12): one entry per request of a ``full`` use case, self-contained (every
+# usage field, so that either persister may create the InteractionRecord row first) plus the
+# content: ``request`` (the body as forwarded, after request redaction), ``response`` (the
+# bytes the client got, after response redaction; a stream's SSE bytes as sent),
+# ``response_type`` (its content type) and ``truncated`` ("1" when either side was cut at the
+# capture limit). Persisted into sealed objects by scheduler/records.py, which trims entries
+# soon after acknowledging them (content must not linger in Valkey).
+RECORDS_STREAM: Final = "sy:records"
+RECORD_FIELDS: Final = (*USAGE_FIELDS, "request", "response", "response_type", "truncated")
+STREAMS: Final = (USAGE_STREAM, DECISIONS_STREAM, GUARDRAILS_STREAM, RECORDS_STREAM)
 
 Decision = Literal["admitted", "queued", "rejected", "shed"]
 _Record = tuple[str, bytes]  # (stream, its XADD command packed)
@@ -266,6 +285,10 @@ class Accounting:
         total_ms: float,
         policy_version: int | None,
         at_ms: int | None = None,
+        record_id: str = "",
+        endpoint: str = "",
+        streamed: bool = False,
+        record: str = "none",
     ) -> None:
         """One finished request (any status, including errors and client disconnects)."""
         self._append(
@@ -285,6 +308,10 @@ class Accounting:
                 upstream_ms,
                 total_ms,
                 policy_version,
+                record_id,
+                endpoint,
+                1 if streamed else 0,
+                record,
             ),
         )
 
@@ -301,6 +328,7 @@ class Accounting:
         wait_ms: float = 0,
         policy_version: int | None,
         at_ms: int | None = None,
+        record_id: str = "",
     ) -> None:
         """One admission decision; ``reason`` names the limit or cause (``queue_full``…)."""
         if decision == "admitted" and not wait_ms and not self._immediate:
@@ -318,6 +346,7 @@ class Accounting:
                 model,
                 wait_ms,
                 policy_version,
+                record_id,
             ),
         )
 
@@ -336,6 +365,7 @@ class Accounting:
         score: float,
         policy_version: int | None,
         at_ms: int | None = None,
+        record_id: str = "",
     ) -> None:
         """One guardrail's findings in one stage of a request, or its failure to run:
         entity types and counts only, never the text."""
@@ -355,6 +385,7 @@ class Accounting:
                 # A score in [0, 1]: as text with its decimals (``_wire`` rounds floats).
                 f"{float(score):.4f}",
                 policy_version,
+                record_id,
             ),
         )
 

@@ -87,3 +87,11 @@ class ApiKeyStatus(models.TextChoices):
     ACTIVE = "active", "Active"
     REJECTED = "rejected", "Rejected"
     REVOKED = "revoked", "Revoked"
+
+
+class RecordPolicy(models.TextChoices):
+    """What the gateway keeps of a use case's requests (docs/records.md)."""
+
+    NONE = "none", "None: no interaction record"
+    METADATA = "metadata", "Metadata: who, when, model, tokens, status, latency, findings"
+    FULL = "full", "Full: metadata plus the request and the response, after redaction"

@@ -19,6 +19,7 @@ from governance.choices import (
     GuardrailSide,
     Namespace,
     RateLimitScope,
+    RecordPolicy,
     UseCaseKind,
     UseCaseStatus,
 )
@@ -76,6 +77,11 @@ class Tenant(models.Model):
         blank=True,
         related_name="tenants",
         help_text="People who may see and work on this tenant's records",
+    )
+    legal_hold = models.BooleanField(
+        default=False,
+        help_text="Suspends the deletion of every use case's interaction records "
+        "(retention) while set",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -208,6 +214,27 @@ class UseCase(models.Model):
         default=GuardrailFailure.CLOSED,
         help_text="When a selected guardrail cannot run: refuse (closed, 503) or let the "
         "request through and record it (open)",
+    )
+    record_policy = models.CharField(
+        max_length=8,
+        choices=RecordPolicy.choices,
+        default=RecordPolicy.METADATA,
+        help_text="What the gateway keeps of each request: nothing, its metadata, or the "
+        "full request and response (after redaction)",
+    )
+    record_retention_days = models.PositiveIntegerField(
+        default=90,
+        validators=[MinValueValidator(1)],
+        help_text="Interaction records older than this are deleted (unless on legal hold)",
+    )
+    records_visible_to_developers = models.BooleanField(
+        default=False,
+        help_text="Whether the tenant's developers may read this use case's records "
+        "(auditors and officers always may)",
+    )
+    legal_hold = models.BooleanField(
+        default=False,
+        help_text="Suspends the deletion of this use case's interaction records while set",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

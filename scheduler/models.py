@@ -58,6 +58,9 @@ class AdmissionDecision(models.Model):
         max_length=40, unique=True, help_text="The sy:decisions entry it came from."
     )
     request_id = models.CharField(max_length=128, db_index=True)
+    record_id = models.CharField(
+        max_length=40, blank=True, db_index=True, help_text="The interaction record's id."
+    )
     occurred_at = models.DateTimeField(db_index=True)
     decision = models.CharField(max_length=16, choices=Kind.choices)
     reason = models.CharField(max_length=200, blank=True, help_text="The limit or cause.")
@@ -129,6 +132,9 @@ class GuardrailFinding(models.Model):
         max_length=40, unique=True, help_text="The sy:guardrails entry it came from."
     )
     request_id = models.CharField(max_length=128, db_index=True)
+    record_id = models.CharField(
+        max_length=40, blank=True, db_index=True, help_text="The interaction record's id."
+    )
     occurred_at = models.DateTimeField(db_index=True)
     tenant = models.CharField(max_length=100, help_text="The slug as the gateway saw it.")
     # Scoping key, from the use case (its tenant never changes), as for admission decisions.
@@ -178,3 +184,86 @@ class GuardrailHour(models.Model):
 
     def __str__(self) -> str:
         return f"{self.use_case_id} {self.guardrail} {self.action} @ {self.hour:%Y-%m-%d %H}h"
+
+
+class RecordObject(models.Model):
+    """One sealed, compressed JSON Lines object of transcripts: one use case, one hour (UTC),
+    one persister batch. Its checksums are written to the audit trail when it is stored, so
+    a changed or swapped object fails verification (scheduler/record_objects.py)."""
+
+    key = models.CharField(max_length=512, unique=True, help_text="The object's name.")
+    use_case_id = models.BigIntegerField()
+    tenant_id = models.BigIntegerField(null=True, blank=True)
+    hour = models.DateTimeField(help_text="Start of the hour (UTC) its records finished in.")
+    records = models.PositiveIntegerField()
+    size = models.BigIntegerField(help_text="Bytes stored (sealed).")
+    sha256 = models.CharField(max_length=64, help_text="Of the plaintext JSON Lines.")
+    sealed_sha256 = models.CharField(max_length=64, help_text="Of the bytes stored.")
+    key_id = models.CharField(max_length=64, help_text="The key-encryption key that sealed it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    audit_sequence = models.BigIntegerField(
+        null=True, blank=True, help_text="The audit event that recorded its checksums."
+    )
+
+    class Meta:
+        indexes = [models.Index(fields=["use_case_id", "hour"], name="record_object_use_case")]
+        ordering = ["-hour", "key"]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class InteractionRecord(models.Model):
+    """One request through the gateway, as its use case's record policy kept it: the
+    metadata always (from ``sy:usage``), the content for ``full`` (from ``sy:records``, in a
+    ``RecordObject``). Identified by the gateway's own ``record_id``: a client's request id
+    may repeat."""
+
+    class Content(models.TextChoices):
+        NONE = "none", "not kept (metadata policy)"
+        PENDING = "pending", "not received yet"
+        STORED = "stored", "stored"
+        DROPPED = "dropped", "dropped by the gateway (buffer full)"
+
+    record_id = models.CharField(max_length=40, unique=True)
+    request_id = models.CharField(max_length=128, db_index=True)
+    occurred_at = models.DateTimeField(help_text="When the request finished.")
+    tenant = models.CharField(max_length=100, help_text="The slug as the gateway saw it.")
+    tenant_id = models.BigIntegerField(null=True, blank=True)
+    use_case_id = models.BigIntegerField()
+    key_id = models.BigIntegerField(null=True, blank=True)
+    model = models.CharField(max_length=200)
+    endpoint = models.CharField(max_length=64, blank=True)
+    replica = models.CharField(max_length=300, blank=True)
+    status = models.PositiveSmallIntegerField()
+    streamed = models.BooleanField(default=False)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    queued_ms = models.BigIntegerField(default=0)
+    upstream_ms = models.BigIntegerField(default=0)
+    total_ms = models.BigIntegerField(default=0)
+    policy_version = models.BigIntegerField(null=True, blank=True)
+    record_policy = models.CharField(max_length=8, help_text="metadata or full, as applied.")
+    content = models.CharField(max_length=8, choices=Content.choices, default=Content.NONE)
+    object = models.ForeignKey(
+        RecordObject, null=True, blank=True, on_delete=models.SET_NULL, related_name="lines"
+    )
+    line = models.PositiveIntegerField(null=True, blank=True, help_text="Index in the object.")
+    content_sha256 = models.CharField(max_length=64, blank=True, help_text="Of its line.")
+    truncated = models.BooleanField(
+        default=False, help_text="The request or response was longer than the capture limit."
+    )
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["occurred_at"], name="record_time"),
+            models.Index(fields=["tenant_id", "occurred_at"], name="record_tenant_time"),
+            models.Index(fields=["use_case_id", "occurred_at"], name="record_use_case_time"),
+            models.Index(fields=["key_id", "occurred_at"], name="record_key_time"),
+            models.Index(fields=["model", "occurred_at"], name="record_model_time"),
+            models.Index(fields=["status", "occurred_at"], name="record_status_time"),
+        ]
+        ordering = ["-occurred_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.record_id} ({self.request_id})"

@@ -131,6 +131,10 @@ def test_records_land_in_the_streams_with_the_contract_fields(
         "upstream_ms": "250",
         "total_ms": "257",
         "policy_version": "3",
+        "record_id": "",
+        "endpoint": "",
+        "streamed": "0",
+        "record": "none",
     }
     assert records[1]["replica"] == ""
     assert records[1]["status"] == "429"
