@@ -4,7 +4,8 @@ hourly count per use case × guardrail × action.
 Called by the usage persister (``scheduler.usage``) inside its batch transaction, so the same
 lock, cursor and XACK make it exactly-once. Rows carry entity types and counts as the gateway
 recorded them — never the text a detector matched. A malformed entry is counted, logged and
-skipped, like the other streams'.
+skipped, like the other streams'. Each row carries the request's ``record_id`` (empty for
+entries from before interaction records), which ties it to its ``InteractionRecord``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def _finding(entry_id: bytes, fields: Mapping[bytes, bytes]) -> GuardrailFinding
     return GuardrailFinding(
         stream_id=entry_id.decode(),
         request_id=_text(fields, "request_id", 128),
+        record_id=_text(fields, "record_id", 40),
         occurred_at=datetime.fromtimestamp(at_ms / 1000, tz=UTC),
         tenant=_text(fields, "tenant", 100),
         use_case_id=use_case_id,

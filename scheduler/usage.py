@@ -1,31 +1,23 @@
-"""Persist the gateway's accounting streams: usage roll-ups, the admission audit and the
-guardrail findings (``scheduler.findings``).
+"""Persist the gateway's accounting streams: usage roll-ups, interaction records' metadata,
+the admission audit and the guardrail findings (``scheduler.findings``).
 
-Exactly-once effects over at-least-once delivery, in three parts:
-
-1. **One persister at a time per stream.** A run takes the stream's ``StreamCursor`` row
-   lock (``SELECT … FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` serialises writers anyway)
-   and keeps it until it commits. A concurrent run finds the row locked and leaves.
-2. **Orphans first.** Holding the lock, everything pending in the consumer group belongs to
-   a run that has ended — it died before COMMIT, or between COMMIT and XACK. The run claims
-   all of it (``XAUTOCLAIM`` with no idle threshold: waiting for an idle time would let new
-   entries be committed past the orphans) before it reads new entries (``XREADGROUP >``),
-   so entries are committed in id order.
-3. **A committed-id cursor.** The cursor advances to the batch's last id in the same
-   transaction as the upserts; an entry at or below it was already counted (its run died
-   before XACK) and is only acknowledged.
-
-4. **Trimming only what is done.** The gateway never trims the streams; after each run the
-   persister trims the entries every consumer group of the stream has read and
-   acknowledged (``XTRIM MINID``, below the oldest entry still pending or undelivered in any
-   group), so a lagging persister loses nothing; acknowledged entries of the last
-   ``KEEP_ACKNOWLEDGED_MS`` (an hour) stay, for inspection and redelivery. The backlog
-   left (entries not yet read) is in the report, and a warning is logged when it is over
-   ``BACKLOG_WARNING``.
+Exactly-once effects over at-least-once delivery come from ``scheduler.streams`` (one
+persister per stream under a row lock, orphans claimed first, a committed-id cursor,
+trimming only what every group acknowledged). Acknowledged entries of the last
+``KEEP_ACKNOWLEDGED_MS`` (an hour) stay, for inspection and redelivery. The backlog left
+(entries not yet read) is in the report, and a warning is logged when it is over
+``BACKLOG_WARNING``.
 
 Roll-ups are one ``INSERT … ON CONFLICT DO UPDATE SET n = n + excluded.n`` per (use case,
 tenant, model, minute) — the same SQL on SQLite and PostgreSQL. Malformed entries are
 logged, acknowledged and skipped, so one bad record cannot wedge the stream.
+
+Interaction records (issue 12): a usage entry whose ``record`` is ``metadata``, ``full`` or
+``full_dropped`` upserts its ``InteractionRecord`` in the batch's transaction (entries
+without the field, written before records existed, make none). The records persister
+(``scheduler.records``) may have created the row first, from its self-contained
+``sy:records`` entry: the upsert then refreshes the metadata and never touches the content
+fields, so either order leaves the same row.
 
 Refusals (``rejected``, ``shed``; never ``queued`` waits) also reach the hash-chained audit
 trail, aggregated so that a flood of refused requests cannot flood the serial chain: one
@@ -42,36 +34,42 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import valkey
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import connection, models
 
 from gateway.accounting import (
     BACKLOG_WARNING,
     DECISIONS_STREAM,
     GUARDRAILS_STREAM,
-    PERSISTER_GROUP,
     USAGE_STREAM,
 )
 from governance.audit import Actor, audit_record
 from governance.models import Tenant, UseCase
 from scheduler.findings import findings_store
-from scheduler.models import AdmissionDecision, StreamCursor, UsageMinute
+from scheduler.models import AdmissionDecision, InteractionRecord, UsageMinute
+from scheduler.streams import (
+    GROUP as GROUP,  # re-exported: the group the tests and tools name
+)
+from scheduler.streams import (
+    StreamEntry,
+    ensure_group,
+    stream_batch,
+    trim_consumed,
+    unread,
+)
 
 logger = logging.getLogger(__name__)
 
-GROUP = PERSISTER_GROUP
 KEEP_ACKNOWLEDGED_MS = 3_600_000
 BATCH_SIZE = 1000
 _MAX_BIGINT = 2**63 - 1
-
-StreamEntry = tuple[bytes, dict[bytes, bytes]]
 
 # The audit trail's record of refused requests: one event per group of a batch.
 REFUSAL_ACTION = "admission.refused"
@@ -85,6 +83,7 @@ class PersistReport:
     """What one ``usage_persist`` run did, per stream and in total."""
 
     usage: int = 0  # usage entries rolled up
+    records: int = 0  # interaction records' metadata upserted
     decisions: int = 0  # decisions stored
     findings: int = 0  # guardrail findings stored
     replayed: int = 0  # entries already committed, only acknowledged
@@ -98,6 +97,7 @@ class PersistReport:
     def as_dict(self) -> dict[str, object]:
         return {
             "usage": self.usage,
+            "records": self.records,
             "decisions": self.decisions,
             "findings": self.findings,
             "replayed": self.replayed,
@@ -133,144 +133,39 @@ def usage_persist(
     consumer = consumer or default_consumer()
     report = PersistReport()
     for stream in (USAGE_STREAM, DECISIONS_STREAM, GUARDRAILS_STREAM):
-        _ensure_group(client, stream)
+        ensure_group(client, stream)
         for _ in range(max_batches):
-            taken = _persist_batch(client, stream, consumer, batch_size, report)
+            taken = stream_batch(
+                client, stream, consumer, batch_size, report, _store_for(stream, report)
+            )
             if taken is None:
                 report.skipped_locked.append(stream)
                 break
             if taken < batch_size:
                 break
-        report.trimmed += _trim_consumed(client, stream, keep_acknowledged_ms)
-        report.unread[stream] = unread = _unread(client, stream)
-        if unread >= BACKLOG_WARNING:
+        report.trimmed += trim_consumed(client, stream, keep_acknowledged_ms)
+        report.unread[stream] = left = unread(client, stream)
+        if left >= BACKLOG_WARNING:
             logger.warning(
                 "usage_persist_backlog stream=%s unread=%s (runs read at most %s a run)",
                 stream,
-                unread,
+                left,
                 batch_size * max_batches,
             )
     return report
 
 
-def _next_id(entry_id: bytes | str) -> str:
-    ms, seq = _parse_id(entry_id)
-    return f"{ms}-{seq + 1}"
+def _store_for(stream: str, report: PersistReport) -> Callable[[Sequence[StreamEntry]], None]:
+    def store(fresh: Sequence[StreamEntry]) -> None:
+        if stream == USAGE_STREAM:
+            report.usage += _roll_up(fresh, report)
+            report.records += _store_records(fresh)
+        elif stream == GUARDRAILS_STREAM:
+            report.findings += findings_store(fresh, report)
+        else:
+            report.decisions += _store_decisions(fresh, report)
 
-
-def _trim_consumed(client: valkey.Valkey, stream: str, keep_ms: int) -> int:
-    """Trim the entries every consumer group has read and acknowledged, but those of the
-    last ``keep_ms`` (entry ids are Valkey's clock); returns how many.
-
-    The floor is the oldest entry any group still needs: its oldest pending one, or the one
-    after its last delivered. No group: nothing is known to be read, nothing is trimmed.
-    Entries delivered after the floor was read are above it, so a run reading meanwhile
-    loses nothing."""
-    groups = cast(list[dict[str, Any]], client.xinfo_groups(stream))
-    if not groups:
-        return 0
-    seconds, microseconds = cast(tuple[int, int], client.time())
-    floors = [f"{max(0, seconds * 1000 + microseconds // 1000 - keep_ms)}-0"]
-    for group in groups:
-        floor = _next_id(group["last-delivered-id"])
-        if int(group["pending"]):
-            oldest = cast(dict[str, Any], client.xpending(stream, group["name"]))["min"]
-            # None: another persister acknowledged them meanwhile; the floor read before
-            # stays (lower than what it is now, so nothing unread is trimmed).
-            if oldest is not None:
-                floor = min(floor, _text_id(oldest), key=_parse_id)
-        floors.append(floor)
-    return int(cast(int, client.xtrim(stream, minid=min(floors, key=_parse_id), approximate=False)))
-
-
-def _text_id(entry_id: bytes | str) -> str:
-    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-
-
-def _unread(client: valkey.Valkey, stream: str) -> int:
-    """Entries not yet delivered to the persister's group (its lag; the stream's length
-    when Valkey cannot count it)."""
-    for group in cast(list[dict[str, Any]], client.xinfo_groups(stream)):
-        if _text_id(group["name"]) == GROUP and group.get("lag") is not None:
-            return int(group["lag"])
-    return int(cast(int, client.xlen(stream)))
-
-
-def _ensure_group(client: valkey.Valkey, stream: str) -> None:
-    try:
-        # From the stream's start: entries written before the first run count too.
-        client.xgroup_create(stream, GROUP, id="0", mkstream=True)
-    except valkey.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-
-
-def _persist_batch(
-    client: valkey.Valkey, stream: str, consumer: str, batch_size: int, report: PersistReport
-) -> int | None:
-    """One batch in one transaction; the number of entries taken, None if another run holds
-    the stream."""
-    StreamCursor.objects.get_or_create(stream=stream)
-    with transaction.atomic():
-        cursor = StreamCursor.objects.select_for_update(skip_locked=True).filter(stream=stream)
-        locked = cursor.first()
-        if locked is None:
-            return None
-        claimed = _claim_orphans(client, stream, consumer, batch_size)
-        entries = list(claimed)
-        if len(entries) < batch_size:
-            entries += _read_new(client, stream, consumer, batch_size - len(entries))
-        if not entries:
-            return 0
-        last = _parse_id(locked.last_id)
-        fresh = [entry for entry in entries if _parse_id(entry[0]) > last]
-        report.claimed += len(claimed)
-        report.replayed += len(entries) - len(fresh)
-        if fresh:
-            if stream == USAGE_STREAM:
-                report.usage += _roll_up(fresh, report)
-            elif stream == GUARDRAILS_STREAM:
-                report.findings += findings_store(fresh, report)
-            else:
-                report.decisions += _store_decisions(fresh, report)
-            locked.last_id = max(fresh, key=lambda e: _parse_id(e[0]))[0].decode()
-            locked.save(update_fields=["last_id", "updated_at"])
-    # After COMMIT: dying before this line only makes the next run see them as replays.
-    client.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
-    return len(entries)
-
-
-def _claim_orphans(
-    client: valkey.Valkey, stream: str, consumer: str, count: int
-) -> list[StreamEntry]:
-    claimed: list[StreamEntry] = []
-    start: bytes | str = "0-0"
-    while len(claimed) < count:
-        reply = cast(
-            list[Any],
-            client.xautoclaim(
-                stream, GROUP, consumer, min_idle_time=0, start_id=start, count=count - len(claimed)
-            ),
-        )
-        start, entries = reply[0], reply[1]
-        # Entries trimmed away (MAXLEN) come back as None payloads: nothing to persist.
-        claimed += [(entry_id, fields) for entry_id, fields in entries if fields is not None]
-        if start in (b"0-0", "0-0"):
-            break
-    return claimed
-
-
-def _read_new(client: valkey.Valkey, stream: str, consumer: str, count: int) -> list[StreamEntry]:
-    reply = cast(list[Any], client.xreadgroup(GROUP, consumer, {stream: ">"}, count=count))
-    if not reply:
-        return []
-    return [(entry_id, fields) for entry_id, fields in reply[0][1]]
-
-
-def _parse_id(entry_id: bytes | str) -> tuple[int, int]:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
+    return store
 
 
 def _text(fields: Mapping[bytes, bytes], name: str, max_length: int) -> str:
@@ -367,9 +262,121 @@ def _upsert(sums: Mapping[RollUpKey, Sequence[int]]) -> None:
         cursor.executemany(sql, rows)
 
 
+# What a usage entry's ``record`` says the gateway kept → the row's policy and content state.
+_RECORD_KINDS: dict[str, tuple[str, str]] = {
+    "metadata": ("metadata", InteractionRecord.Content.NONE),
+    "full": ("full", InteractionRecord.Content.PENDING),
+    "full_dropped": ("full", InteractionRecord.Content.DROPPED),
+}
+# The columns a usage entry owns. The content columns (content, object, line, content_sha256,
+# truncated) belong to the records persister and are never among them.
+RECORD_METADATA_FIELDS = (
+    "request_id",
+    "occurred_at",
+    "tenant",
+    "tenant_id",
+    "use_case_id",
+    "key_id",
+    "model",
+    "endpoint",
+    "replica",
+    "status",
+    "streamed",
+    "prompt_tokens",
+    "completion_tokens",
+    "queued_ms",
+    "upstream_ms",
+    "total_ms",
+    "policy_version",
+    "record_policy",
+)
+
+
+def record_metadata(
+    fields: Mapping[bytes, bytes], tenant_id: int | None, *, policy: str
+) -> InteractionRecord:
+    """An unsaved ``InteractionRecord`` with the metadata of a usage (or records) entry;
+    raises ValueError when the entry is not one."""
+    record_id = _text(fields, "record_id", 64)
+    if not record_id or len(record_id) > 40:
+        raise ValueError(f"record_id {record_id!r}")
+    status = _int(fields, "status")
+    if not 0 <= status <= 32767:
+        raise ValueError(f"status {status}")
+    return InteractionRecord(
+        record_id=record_id,
+        request_id=_text(fields, "request_id", 128),
+        occurred_at=_at(fields),
+        tenant=_text(fields, "tenant", 100),
+        tenant_id=tenant_id,
+        use_case_id=_int(fields, "use_case_id"),
+        key_id=_number(fields, "key_id", optional=True),
+        model=_text(fields, "model", 200),
+        endpoint=_text(fields, "endpoint", 64),
+        replica=_text(fields, "replica", 300),
+        status=status,
+        streamed=fields.get(b"streamed", b"") in (b"1", b"true", b"True"),
+        prompt_tokens=_int(fields, "prompt_tokens"),
+        completion_tokens=_int(fields, "completion_tokens"),
+        queued_ms=_int(fields, "queued_ms"),
+        upstream_ms=_int(fields, "upstream_ms") if fields.get(b"upstream_ms") else 0,
+        total_ms=_int(fields, "total_ms"),
+        policy_version=_number(fields, "policy_version", optional=True),
+        record_policy=policy,
+    )
+
+
+def tenant_for(
+    fields: Mapping[bytes, bytes], tenant_of: Mapping[int, int], tenant_of_slug: Mapping[str, int]
+) -> int | None:
+    """The tenant a row is scoped by, as the decisions are (see ``tenants_of``)."""
+    return tenant_of.get(
+        _int(fields, "use_case_id"), tenant_of_slug.get(_text(fields, "tenant", 100))
+    )
+
+
+def _store_records(entries: Sequence[StreamEntry]) -> int:
+    """Upsert the interaction records of a batch of usage entries; how many."""
+    rows: dict[str, InteractionRecord] = {}
+    tenant_of, tenant_of_slug = tenants_of(entries)
+    for entry_id, fields in entries:
+        kind = fields.get(b"record", b"").decode(errors="replace")
+        if kind in ("", "none"):
+            continue  # no record kept, or an entry from before records
+        try:
+            if kind not in _RECORD_KINDS:
+                raise ValueError(f"record {kind!r}")
+            policy, content = _RECORD_KINDS[kind]
+            row = record_metadata(
+                fields, tenant_for(fields, tenant_of, tenant_of_slug), policy=policy
+            )
+        except (ValueError, OverflowError) as exc:
+            # Its usage is counted; only the record is lost, and says why.
+            logger.warning(
+                "usage_record_malformed stream=%s id=%s why=%s", USAGE_STREAM, entry_id, exc
+            )
+            continue
+        row.content = content
+        rows[row.record_id] = row  # a record id twice in a batch: the last entry wins
+    upsert_record_metadata(list(rows.values()))
+    return len(rows)
+
+
+def upsert_record_metadata(rows: Sequence[InteractionRecord]) -> None:
+    """Insert rows, or refresh the metadata of those another persister created first (their
+    content columns untouched)."""
+    if rows:
+        InteractionRecord.objects.bulk_create(
+            rows,
+            update_conflicts=True,
+            unique_fields=["record_id"],
+            update_fields=list(RECORD_METADATA_FIELDS),
+        )
+
+
 def _store_decisions(entries: Sequence[StreamEntry], report: PersistReport) -> int:
     rows = []
-    tenant_of, tenant_of_slug = _tenants_of(entries)
+    tenant_of, tenant_of_slug = tenants_of(entries)
     for entry_id, fields in entries:
         try:
             decision = _text(fields, "decision", 16)
@@ -379,14 +386,12 @@ def _store_decisions(entries: Sequence[StreamEntry], report: PersistReport) -> i
                 AdmissionDecision(
                     stream_id=entry_id.decode(),
                     request_id=_text(fields, "request_id", 128),
+                    record_id=_text(fields, "record_id", 40),
                     occurred_at=_at(fields),
                     decision=decision,
                     reason=_text(fields, "reason", 200),
                     tenant=_text(fields, "tenant", 100),
-                    tenant_id=tenant_of.get(
-                        _int(fields, "use_case_id"),
-                        tenant_of_slug.get(_text(fields, "tenant", 100)),
-                    ),
+                    tenant_id=tenant_for(fields, tenant_of, tenant_of_slug),
                     use_case_id=_int(fields, "use_case_id"),
                     key_id=_number(fields, "key_id", optional=True),
                     model=_text(fields, "model", 200),
@@ -405,7 +410,7 @@ def _store_decisions(entries: Sequence[StreamEntry], report: PersistReport) -> i
     return len(rows)
 
 
-def _tenants_of(entries: Sequence[StreamEntry]) -> tuple[dict[int, int], dict[str, int]]:
+def tenants_of(entries: Sequence[StreamEntry]) -> tuple[dict[int, int], dict[str, int]]:
     """The tenant ids decisions are scoped by: each use case's (a use case never changes
     tenant, whereas the slug the gateway saw can since have been renamed, even reused), and,
     for a use case unknown here, the slug's tenant now (seconds after the gateway saw it)."""
