@@ -209,6 +209,9 @@ if PRODUCTION:
     RECORDS_KEYS = env_required("SWITCHYARD_RECORDS_KEYS")
 else:
     RECORDS_KEYS = env_str("SWITCHYARD_RECORDS_KEYS", "")
+# Interaction records of a use case id no longer in governance (deleted, or a standalone
+# gateway's) are kept this long; a use case's own record_retention_days applies otherwise.
+RECORD_RETENTION_DAYS = env_int("SWITCHYARD_RECORD_RETENTION_DAYS", 90, minimum=1)
 
 # --- Valkey: policy snapshot, limits, queues, streams, Celery broker, Channels layer ---------
 try:

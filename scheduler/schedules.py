@@ -5,6 +5,7 @@ from __future__ import annotations
 from config.env import env_float
 
 _USAGE_PERSIST_SECONDS = env_float("SWITCHYARD_USAGE_PERSIST_SECONDS", 5.0, minimum=0.5)
+_RECORDS_PERSIST_SECONDS = env_float("SWITCHYARD_RECORDS_PERSIST_SECONDS", 5.0, minimum=0.5)
 _RETENTION_SECONDS = 3600.0
 
 BEAT_SCHEDULE: dict[str, dict[str, object]] = {
@@ -28,10 +29,24 @@ BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": _USAGE_PERSIST_SECONDS,
         "options": {"expires": _USAGE_PERSIST_SECONDS},
     },
+    # The gateway's transcripts (sy:records) into sealed objects; content must not linger
+    # in Valkey, and a run that could not start in time is superseded by the next.
+    "persist-records": {
+        "task": "scheduler.persist_records",
+        "schedule": _RECORDS_PERSIST_SECONDS,
+        "options": {"expires": _RECORDS_PERSIST_SECONDS},
+    },
     # Usage roll-ups and admission decisions past SWITCHYARD_USAGE_RETENTION_DAYS /
     # SWITCHYARD_DECISION_RETENTION_DAYS; each run deletes a bounded number of batches.
     "apply-retention": {
         "task": "scheduler.apply_retention",
+        "schedule": _RETENTION_SECONDS,
+        "options": {"expires": _RETENTION_SECONDS},
+    },
+    # Interaction records and their objects past each use case's retention, unless on legal
+    # hold; bounded batches per run, each audited.
+    "apply-record-retention": {
+        "task": "scheduler.apply_record_retention",
         "schedule": _RETENTION_SECONDS,
         "options": {"expires": _RETENTION_SECONDS},
     },

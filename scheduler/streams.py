@@ -22,6 +22,7 @@ share.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any, Protocol, cast
 
 import valkey
@@ -41,6 +42,12 @@ Store = Callable[[Sequence[StreamEntry]], None]
 class BatchCounts(Protocol):
     claimed: int
     replayed: int
+
+
+@cache
+def client_for(url: str) -> valkey.Valkey:
+    """One client per process and URL (the persisters run every few seconds)."""
+    return valkey.Valkey.from_url(url, socket_timeout=10, socket_connect_timeout=5)
 
 
 def stream_batch(

@@ -37,7 +37,6 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cache
 from typing import Any, NamedTuple
 
 import valkey
@@ -59,6 +58,7 @@ from scheduler.streams import (
 )
 from scheduler.streams import (
     StreamEntry,
+    client_for,
     ensure_group,
     stream_batch,
     trim_consumed,
@@ -110,11 +110,6 @@ class PersistReport:
         }
 
 
-@cache
-def _client_for(url: str) -> valkey.Valkey:
-    return valkey.Valkey.from_url(url, socket_timeout=10, socket_connect_timeout=5)
-
-
 def default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -129,7 +124,7 @@ def usage_persist(
 ) -> PersistReport:
     """Drain both streams into the database, up to ``max_batches`` batches each, then trim
     what every consumer group acknowledged more than ``keep_acknowledged_ms`` ago."""
-    client = client or _client_for(settings.VALKEY_URL)
+    client = client or client_for(settings.VALKEY_URL)
     consumer = consumer or default_consumer()
     report = PersistReport()
     for stream in (USAGE_STREAM, DECISIONS_STREAM, GUARDRAILS_STREAM):

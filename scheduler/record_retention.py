@@ -1,0 +1,221 @@
+"""Retention and legal hold for interaction records: delete what is past each use case's
+``record_retention_days``, unless the use case or its tenant is on legal hold.
+
+A use case id no longer in governance (deleted, or a standalone gateway's) gets
+``RECORD_RETENTION_DAYS``; its records are still held when their tenant is.
+
+An object holds one use case × one hour, so it goes once its whole hour is past the cutoff:
+the object is deleted from storage first, then (in one transaction) its rows, the
+``RecordObject`` and an audit event — a crash in between leaves rows whose object is gone,
+which the next run deletes (deleting a missing object is a no-op). Metadata-only rows (no
+object) go by their own time. Work is in bounded batches (``OBJECTS_PER_BATCH`` objects,
+``ROWS_PER_BATCH`` rows), at most ``MAX_BATCHES`` a run; the next run carries on. Every batch
+is one ``records.deleted`` audit event: the use case, the counts, the time range, and each
+object's key with its checksums.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Min
+from django.utils import timezone
+
+from governance.audit import Actor, audit_record
+from governance.models import Tenant, UseCase
+from scheduler.models import InteractionRecord, RecordObject
+from scheduler.record_objects import delete_object
+
+logger = logging.getLogger(__name__)
+
+OBJECTS_PER_BATCH = 100
+ROWS_PER_BATCH = 5000
+MAX_BATCHES = 5
+DELETED_ACTION = "records.deleted"
+ACTOR = Actor.system("record-retention")
+_HOUR = timedelta(hours=1)
+
+
+@dataclass
+class RecordRetentionReport:
+    objects: int = 0  # objects deleted (storage and row)
+    records: int = 0  # InteractionRecord rows deleted, with or without content
+    batches: int = 0  # audit events written
+    held: list[int] = field(default_factory=list)  # use case ids kept by a legal hold
+    backlog: bool = False  # stopped at the run's batch budget; the next run carries on
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "objects": self.objects,
+            "records": self.records,
+            "batches": self.batches,
+            "held": self.held,
+            "backlog": self.backlog,
+        }
+
+
+@dataclass(frozen=True)
+class _Policy:
+    use_case_id: int
+    days: int
+    held: bool  # the use case, or its tenant, is on legal hold
+    tenant_id: int | None
+    tenant: str
+
+
+def record_retention_apply(
+    *,
+    now: datetime | None = None,
+    objects_per_batch: int = OBJECTS_PER_BATCH,
+    rows_per_batch: int = ROWS_PER_BATCH,
+    max_batches: int = MAX_BATCHES,
+) -> RecordRetentionReport:
+    """Delete records past retention, in at most ``max_batches`` audited batches."""
+    now = now or timezone.now()
+    report = RecordRetentionReport()
+    held_tenants = set(Tenant.objects.filter(legal_hold=True).values_list("pk", flat=True))
+    for policy in _policies(held_tenants):
+        if policy.held:
+            report.held.append(policy.use_case_id)
+            continue
+        cutoff = now - timedelta(days=policy.days)
+        budget = (objects_per_batch, rows_per_batch, max_batches)
+        if not _apply(policy, cutoff, held_tenants, budget, report):
+            report.backlog = True
+            break
+    logger.info(
+        "record_retention_applied %s", " ".join(f"{k}={v}" for k, v in report.as_dict().items())
+    )
+    return report
+
+
+def _policies(held_tenants: set[int]) -> Iterator[_Policy]:
+    """Every use case id that has records, with its retention and hold."""
+    ids = set(InteractionRecord.objects.values_list("use_case_id", flat=True).distinct())
+    ids |= set(RecordObject.objects.values_list("use_case_id", flat=True).distinct())
+    known = {
+        use_case.pk: use_case
+        for use_case in UseCase.objects.filter(pk__in=ids).select_related("tenant")
+    }
+    for use_case_id in sorted(ids):
+        use_case = known.get(use_case_id)
+        if use_case is None:
+            # Gone from governance: the default age; a tenant hold still applies row by row.
+            yield _Policy(use_case_id, settings.RECORD_RETENTION_DAYS, False, None, "")
+            continue
+        yield _Policy(
+            use_case_id,
+            use_case.record_retention_days,
+            use_case.legal_hold or use_case.tenant_id in held_tenants,
+            use_case.tenant_id,
+            use_case.tenant.slug,
+        )
+
+
+def _apply(
+    policy: _Policy,
+    cutoff: datetime,
+    held_tenants: set[int],
+    budget: tuple[int, int, int],
+    report: RecordRetentionReport,
+) -> bool:
+    """Batches for one use case while the run's budget lasts; False when it ran out."""
+    objects_per_batch, rows_per_batch, max_batches = budget
+    objects = (
+        RecordObject.objects.filter(use_case_id=policy.use_case_id, hour__lte=cutoff - _HOUR)
+        .exclude(tenant_id__in=held_tenants)
+        .order_by("hour", "pk")
+    )
+    rows = (
+        InteractionRecord.objects.filter(
+            use_case_id=policy.use_case_id, occurred_at__lt=cutoff, object__isnull=True
+        )
+        .exclude(tenant_id__in=held_tenants)
+        .order_by("occurred_at", "pk")
+    )
+    while True:
+        if report.batches >= max_batches:
+            return False
+        batch = list(objects[:objects_per_batch])
+        if batch:
+            _delete_objects(policy, batch, report)
+            continue
+        ids = list(rows.values_list("pk", flat=True)[:rows_per_batch])
+        if not ids:
+            return True
+        _delete_rows(policy, ids, report)
+
+
+def _delete_objects(
+    policy: _Policy, batch: list[RecordObject], report: RecordRetentionReport
+) -> None:
+    for obj in batch:
+        delete_object(obj.key)  # first: a row left behind is retried, content never is
+    with transaction.atomic():
+        lines = InteractionRecord.objects.filter(object__in=batch)
+        span = lines.aggregate(first=Min("occurred_at"), last=Max("occurred_at"))
+        records, _ = lines.delete()
+        RecordObject.objects.filter(pk__in=[obj.pk for obj in batch]).delete()
+        _audit(
+            policy,
+            records=records,
+            first=span["first"] or batch[0].hour,
+            last=span["last"] or batch[-1].hour + _HOUR,
+            objects=[
+                {
+                    "key": obj.key,
+                    "sha256": obj.sha256,
+                    "sealed_sha256": obj.sealed_sha256,
+                    "records": obj.records,
+                    "audit_sequence": obj.audit_sequence,
+                }
+                for obj in batch
+            ],
+        )
+    report.objects += len(batch)
+    report.records += records
+    report.batches += 1
+
+
+def _delete_rows(policy: _Policy, ids: list[int], report: RecordRetentionReport) -> None:
+    with transaction.atomic():
+        rows = InteractionRecord.objects.filter(pk__in=ids)
+        span = rows.aggregate(first=Min("occurred_at"), last=Max("occurred_at"))
+        records, _ = rows.delete()
+        _audit(policy, records=records, first=span["first"], last=span["last"], objects=[])
+    report.records += records
+    report.batches += 1
+
+
+def _audit(
+    policy: _Policy,
+    *,
+    records: int,
+    first: datetime | None,
+    last: datetime | None,
+    objects: list[dict[str, Any]],
+) -> None:
+    audit_record(
+        actor=ACTOR,
+        action=DELETED_ACTION,
+        # By the id the records carry: the use case may be gone from governance.
+        obj=UseCase(pk=policy.use_case_id),
+        object_repr=f"{records} records, {len(objects)} objects of use case {policy.use_case_id}",
+        tenant_slug=policy.tenant[:63],
+        tenant_id=policy.tenant_id,
+        after={
+            "use_case_id": policy.use_case_id,
+            "retention_days": policy.days,
+            "records": records,
+            "objects": len(objects),
+            "from": first.astimezone(UTC).isoformat() if first else None,
+            "to": last.astimezone(UTC).isoformat() if last else None,
+            "object_keys": objects,
+        },
+    )
