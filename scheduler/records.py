@@ -335,11 +335,11 @@ def records_verify(obj: RecordObject, *, stored: bytes | None = None) -> Verific
         sealed = read_object(obj.key) if stored is None else stored
     except ObjectUnreadable as exc:
         return Verification(False, str(exc))
-    if len(sealed) != obj.size:
-        return Verification(False, f"{len(sealed)} bytes stored, {obj.size} recorded")
     verdict = verify_sealed(sealed, sha256=obj.sha256, sealed_sha256=obj.sealed_sha256)
     if not verdict.ok:
         return verdict
+    if len(sealed) != obj.size:
+        return Verification(False, f"{len(sealed)} bytes stored, {obj.size} recorded")
     if sealed_key_id(sealed) != obj.key_id:  # it opened, so its header parses
         return Verification(False, "sealed with another key than recorded")
     lines = decode_object(sealed)
