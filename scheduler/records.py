@@ -6,10 +6,13 @@ row lock, orphans first, a committed-id cursor). Per batch:
 
 1. Entries are grouped by (use case, hour of ``at_ms`` UTC) and each group becomes one
    object (``scheduler.record_objects``), named after the group's first and last entry
-   ids, and written to storage **before** anything reaches the database. A batch of
-   orphans is never topped up with new entries, so a batch that died is retried as the
-   same entries, the same groups, and overwrites the same objects: a crash leaves no
-   second copy.
+   ids, and written to storage **before** any row is written. (The batch holds the
+   stream's cursor lock meanwhile, as every persister batch does, so that no other run
+   claims its entries: on PostgreSQL that is one row; on SQLite, whose transactions take
+   the write lock up front, other writers wait for the object writes — tens of
+   milliseconds for a batch of ``BATCH_SIZE``.) A batch of orphans is never topped up with
+   new entries, so a batch that died is retried as the same entries, the same groups, and
+   overwrites the same objects: a crash leaves no second copy.
 2. Then, in the batch's transaction: the ``RecordObject`` rows, the ``InteractionRecord``
    upserts (content, object, line, checksum; the metadata too, for rows the usage
    persister has not created yet), one ``records.object_stored`` audit event per object
