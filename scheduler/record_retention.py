@@ -8,7 +8,11 @@ An object holds one use case × one hour, so it goes once its whole hour is past
 the object is deleted from storage first, then (in one transaction) its rows, the
 ``RecordObject`` and an audit event — a crash in between leaves rows whose object is gone,
 which the next run deletes (deleting a missing object is a no-op). Metadata-only rows (no
-object) go by their own time. Work is in bounded batches (``OBJECTS_PER_BATCH`` objects,
+object) go by their own time. With an hour's objects go the objects under the same
+prefix that no row names, written at least ``ORPHAN_GRACE`` ago: a batch that died after
+writing them and was retried under other names (its batch size or a use case's tenant
+changed meanwhile) — content that would otherwise outlive its retention. Work is in bounded
+batches (``OBJECTS_PER_BATCH`` objects,
 ``ROWS_PER_BATCH`` rows), at most ``MAX_BATCHES`` a run; the next run carries on. Every batch
 is one ``records.deleted`` audit event: the use case, the counts, the time range, and each
 object's key with its checksums.
@@ -30,7 +34,7 @@ from django.utils import timezone
 from governance.audit import Actor, audit_record
 from governance.models import Tenant, UseCase
 from scheduler.models import InteractionRecord, RecordObject
-from scheduler.record_objects import delete_object
+from scheduler.record_objects import delete_object, records_storage
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ ROWS_PER_BATCH = 5000
 MAX_BATCHES = 5
 DELETED_ACTION = "records.deleted"
 ACTOR = Actor.system("record-retention")
+ORPHAN_GRACE = timedelta(hours=1)  # an unnamed object younger than this may be mid-commit
 _HOUR = timedelta(hours=1)
 
 
@@ -46,6 +51,7 @@ _HOUR = timedelta(hours=1)
 class RecordRetentionReport:
     objects: int = 0  # objects deleted (storage and row)
     records: int = 0  # InteractionRecord rows deleted, with or without content
+    unreferenced: int = 0  # objects no row named, deleted with their hour
     batches: int = 0  # audit events written
     held: list[int] = field(default_factory=list)  # use case ids kept by a legal hold
     backlog: bool = False  # stopped at the run's batch budget; the next run carries on
@@ -54,6 +60,7 @@ class RecordRetentionReport:
         return {
             "objects": self.objects,
             "records": self.records,
+            "unreferenced": self.unreferenced,
             "batches": self.batches,
             "held": self.held,
             "backlog": self.backlog,
@@ -75,6 +82,7 @@ def record_retention_apply(
     objects_per_batch: int = OBJECTS_PER_BATCH,
     rows_per_batch: int = ROWS_PER_BATCH,
     max_batches: int = MAX_BATCHES,
+    orphan_grace: timedelta = ORPHAN_GRACE,
 ) -> RecordRetentionReport:
     """Delete records past retention, in at most ``max_batches`` audited batches."""
     now = now or timezone.now()
@@ -86,7 +94,7 @@ def record_retention_apply(
             continue
         cutoff = now - timedelta(days=policy.days)
         budget = (objects_per_batch, rows_per_batch, max_batches)
-        if not _apply(policy, cutoff, held_tenants, budget, report):
+        if not _apply(policy, cutoff, held_tenants, budget, orphan_grace, report):
             report.backlog = True
             break
     logger.info(
@@ -123,6 +131,7 @@ def _apply(
     cutoff: datetime,
     held_tenants: set[int],
     budget: tuple[int, int, int],
+    orphan_grace: timedelta,
     report: RecordRetentionReport,
 ) -> bool:
     """Batches for one use case while the run's budget lasts; False when it ran out."""
@@ -144,7 +153,7 @@ def _apply(
             return False
         batch = list(objects[:objects_per_batch])
         if batch:
-            _delete_objects(policy, batch, report)
+            _delete_objects(policy, batch, orphan_grace, report)
             continue
         ids = list(rows.values_list("pk", flat=True)[:rows_per_batch])
         if not ids:
@@ -153,10 +162,14 @@ def _apply(
 
 
 def _delete_objects(
-    policy: _Policy, batch: list[RecordObject], report: RecordRetentionReport
+    policy: _Policy,
+    batch: list[RecordObject],
+    orphan_grace: timedelta,
+    report: RecordRetentionReport,
 ) -> None:
-    for obj in batch:
-        delete_object(obj.key)  # first: a row left behind is retried, content never is
+    unreferenced = _unreferenced(batch, orphan_grace)
+    for key in [obj.key for obj in batch] + unreferenced:
+        delete_object(key)  # first: a row left behind is retried, content never is
     with transaction.atomic():
         lines = InteractionRecord.objects.filter(object__in=batch)
         span = lines.aggregate(first=Min("occurred_at"), last=Max("occurred_at"))
@@ -177,10 +190,27 @@ def _delete_objects(
                 }
                 for obj in batch
             ],
+            unreferenced=unreferenced,
         )
     report.objects += len(batch)
+    report.unreferenced += len(unreferenced)
     report.records += records
     report.batches += 1
+
+
+def _unreferenced(batch: list[RecordObject], grace: timedelta) -> list[str]:
+    """Objects in the batch's hour prefixes that no ``RecordObject`` names, older than
+    ``grace`` by the storage's clock (one listing per use case × hour)."""
+    storage = records_storage()
+    found: list[str] = []
+    for prefix in sorted({obj.key.rsplit("/", 1)[0] for obj in batch}):
+        _, files = storage.listdir(prefix)
+        found += [f"{prefix}/{name}" for name in files]
+    named = set(RecordObject.objects.filter(key__in=found).values_list("key", flat=True))
+    settled = timezone.now() - grace
+    return sorted(
+        key for key in found if key not in named and storage.get_modified_time(key) <= settled
+    )
 
 
 def _delete_rows(policy: _Policy, ids: list[int], report: RecordRetentionReport) -> None:
@@ -188,7 +218,14 @@ def _delete_rows(policy: _Policy, ids: list[int], report: RecordRetentionReport)
         rows = InteractionRecord.objects.filter(pk__in=ids)
         span = rows.aggregate(first=Min("occurred_at"), last=Max("occurred_at"))
         records, _ = rows.delete()
-        _audit(policy, records=records, first=span["first"], last=span["last"], objects=[])
+        _audit(
+            policy,
+            records=records,
+            first=span["first"],
+            last=span["last"],
+            objects=[],
+            unreferenced=[],
+        )
     report.records += records
     report.batches += 1
 
@@ -200,6 +237,7 @@ def _audit(
     first: datetime | None,
     last: datetime | None,
     objects: list[dict[str, Any]],
+    unreferenced: list[str],
 ) -> None:
     audit_record(
         actor=ACTOR,
@@ -217,5 +255,6 @@ def _audit(
             "from": first.astimezone(UTC).isoformat() if first else None,
             "to": last.astimezone(UTC).isoformat() if last else None,
             "object_keys": objects,
+            "unreferenced_keys": unreferenced,
         },
     )

@@ -113,6 +113,7 @@ def test_records_past_retention_are_deleted_and_held_ones_are_kept(
             "audit_sequence": free_old.audit_sequence,
         }
     ]
+    assert objects_batch["unreferenced_keys"] == []
     assert objects_batch["from"] == OLD.isoformat()
     assert events[(free.pk, 0)]["records"] == 1  # the metadata-only row
     assert events[(999, 1)]["retention_days"] == 60
@@ -149,6 +150,36 @@ def test_an_object_goes_only_once_its_whole_hour_is_past_retention(
     assert bucket_keys(records_store) == set()
 
 
+def test_an_object_no_row_names_goes_with_its_hour(
+    valkey_client: valkey.Valkey, records_store: RecordsStore
+) -> None:
+    """GIVEN an old hour's object, and beside it one a dead batch wrote before it was retried
+    under another name (no row names it) …"""
+    acme = make_tenant("acme")
+    use_case = make_use_case(acme, "chat", record_retention_days=30)
+    add_record(valkey_client, "r1", use_case_id=use_case.pk, at_ms=at_ms(OLD))
+    persist(valkey_client)
+    obj = RecordObject.objects.get()
+    orphan = obj.key.rsplit("/", 1)[0] + "/1-0_1-9.jsonl.gz.sealed"
+    records_store.client().put_object(Bucket=records_store.bucket, Key=orphan, Body=b"sealed")
+
+    # … WHEN retention runs while the orphan is fresh (it could be a batch mid-commit)
+    report = record_retention_apply(now=NOW)
+    # THEN the hour's object goes and the orphan stays, for now
+    assert (report.objects, report.unreferenced) == (1, 0)
+    assert bucket_keys(records_store) == {orphan}
+
+    # AND once it is older than the grace, the next deletion in that hour takes it along
+    add_record(
+        valkey_client, "r2", use_case_id=use_case.pk, at_ms=at_ms(OLD + timedelta(seconds=1))
+    )
+    persist(valkey_client)
+    report = record_retention_apply(now=NOW, orphan_grace=timedelta(0))
+    assert (report.objects, report.unreferenced) == (1, 1)
+    assert bucket_keys(records_store) == set()
+    assert deletions()[-1]["unreferenced_keys"] == [orphan]
+
+
 def test_a_large_backlog_is_deleted_in_bounded_batches_across_runs(
     valkey_client: valkey.Valkey, records_store: RecordsStore
 ) -> None:
@@ -178,6 +209,7 @@ def test_retention_is_scheduled_hourly_through_its_task() -> None:
     assert apply_record_retention() == {
         "objects": 0,
         "records": 0,
+        "unreferenced": 0,
         "batches": 0,
         "held": [],
         "backlog": False,
