@@ -144,7 +144,10 @@ def records_persist(
     report.unread = unread(client, RECORDS_STREAM)
     if report.unread >= BACKLOG_WARNING:
         logger.warning("records_persist_backlog stream=%s unread=%s", RECORDS_STREAM, report.unread)
-    logger.info("records_persisted %s", " ".join(f"{k}={v}" for k, v in report.as_dict().items()))
+    if report.stored or report.malformed or report.duplicates:  # quiet when idle (every 5 s)
+        logger.info(
+            "records_persisted %s", " ".join(f"{k}={v}" for k, v in report.as_dict().items())
+        )
     return report
 
 
