@@ -47,15 +47,13 @@ from gateway.accounting import (
     BACKLOG_WARNING,
     DECISIONS_STREAM,
     GUARDRAILS_STREAM,
+    PERSISTER_GROUP,
     USAGE_STREAM,
 )
 from governance.audit import Actor, audit_record
 from governance.models import Tenant, UseCase
 from scheduler.findings import findings_store
 from scheduler.models import AdmissionDecision, InteractionRecord, UsageMinute
-from scheduler.streams import (
-    GROUP as GROUP,  # re-exported: the group the tests and tools name
-)
 from scheduler.streams import (
     StreamEntry,
     client_for,
@@ -67,6 +65,7 @@ from scheduler.streams import (
 
 logger = logging.getLogger(__name__)
 
+GROUP = PERSISTER_GROUP
 KEEP_ACKNOWLEDGED_MS = 3_600_000
 BATCH_SIZE = 1000
 _MAX_BIGINT = 2**63 - 1
