@@ -994,9 +994,13 @@ class Gateway:
         if call.form is not None:
             digests = call.digests
             found: dict[str, str] = {}
-            if digests is not None and digests.done() and not digests.cancelled():
-                if digests.exception() is None:
-                    found = digests.result()
+            if (
+                digests is not None
+                and digests.done()
+                and not digests.cancelled()
+                and digests.exception() is None
+            ):
+                found = digests.result()
             return upload_description(call.form, found)
         if call.request_sent is not None:
             return call.request_sent
