@@ -116,7 +116,10 @@ def describe() -> dict[str, str]:
 
 
 def _wrk_version() -> str:
-    result = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
+    try:
+        result = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        return "not installed"
     words = (result.stdout + result.stderr).split()
     return words[1] if len(words) > 1 else "unknown"
 
