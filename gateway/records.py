@@ -5,8 +5,13 @@ leaves the gateway: a ``Recorder`` wraps the ASGI ``send`` of a full-record requ
 the body bytes passed through it — after response redaction, after the usage-chunk filter of
 a stream, and the gateway's own error bodies too — up to a per-side limit (past it, the
 first part is kept and the transcript marked truncated). The request is the body as
-forwarded to the replica, after the request guardrails' redactions; an audio upload is kept
-as a description (fields, file name, type, size, SHA-256), never the audio.
+forwarded to the replica, after the request guardrails' redactions, with what the gateway
+itself adds (the served model name, the model's completion bound, a stream's request for its
+usage chunk; not the priority); a request refused before it was forwarded (429, a guardrail's
+block) is kept as it stood then, with the redactions that ran; one refused because a request
+guardrail could not run (fail closed) keeps no request text, since a redaction may be what
+did not run. An audio upload is kept as a description (fields, file name, type, size,
+SHA-256), never the audio.
 
 Nothing here runs for ``none`` and ``metadata`` use cases: the gateway looks the policy up
 once and wraps ``send`` only for ``full``. Per response chunk the recorder does one list
