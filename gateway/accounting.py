@@ -33,6 +33,12 @@ Stream entries (every value a string; the schema shared with scheduler/usage.py)
   ``max_concurrent``, ``queue_full``; ``shed``: dropped from the queue at its deadline) and
   waits (``queued``, with ``wait_ms``). Immediate admissions are implied by usage and not
   written unless ``record_immediate_admissions`` is set.
+- ``sy:records``: ``RECORD_FIELDS`` — the transcripts of ``full`` use cases
+  (``record_transcript``). Their content has a byte budget of its own in the buffer
+  (``content_budget_bytes``, counted from packing until written or dropped); a transcript
+  that does not fit is not kept (the usage entry says ``full_dropped``), counted in
+  ``switchyard_gateway_records_content_dropped_total`` and warned about once per
+  ``content_warning_s`` — never waited for.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
 import orjson
@@ -61,6 +67,9 @@ DECISIONS_STREAM: Final = "sy:decisions"
 # The persister's consumer group (scheduler/usage.py): what it has not read is the backlog.
 PERSISTER_GROUP: Final = "switchyard-persister"
 BACKLOG_WARNING: Final = 100_000
+# Transcript bytes the buffer may hold (SWITCHYARD_RECORD_BUFFER_BYTES): past it, content is
+# dropped and the request kept as metadata.
+CONTENT_BUDGET_BYTES: Final = 64 * 1024 * 1024
 
 USAGE_FIELDS: Final = (
     "request_id",
@@ -143,9 +152,21 @@ def _wire(value: object) -> bytes:
     """One field's value as a RESP bulk string."""
     if value is None:
         return b"$0\r\n\r\n"
+    if isinstance(value, bytes):
+        return b"$%d\r\n%s\r\n" % (len(value), value)
+    if isinstance(value, bool):
+        return b"$1\r\n1\r\n" if value else b"$1\r\n0\r\n"
     if isinstance(value, float):
         value = round(value)  # milliseconds: whole numbers are plenty
     return bulk(str(value))
+
+
+class Content(NamedTuple):
+    """A transcript's side as captured: its pieces (the chunks the client was sent), written
+    into the command as they are — joined once, by the packer, never copied before."""
+
+    parts: Sequence[bytes]
+    size: int
 
 
 class _XaddPacker:
@@ -160,11 +181,38 @@ class _XaddPacker:
         self._head = b"*%d\r\n%s" % (count, b"".join([bulk(part) for part in fixed]))
         self._fields = tuple(bulk(field) for field in fields)
 
-    def pack(self, values: tuple[object, ...]) -> bytes:
+    def pack(self, values: Sequence[object]) -> bytes:
         parts = [self._head]
         for field, value in zip(self._fields, values, strict=True):
-            parts += (field, _wire(value))
+            if isinstance(value, Content):
+                parts += (field, b"$%d\r\n" % value.size, *value.parts, b"\r\n")
+            else:
+                parts += (field, _wire(value))
         return b"".join(parts)
+
+
+class Usage(NamedTuple):
+    """One finished request's ``sy:usage`` entry, in ``USAGE_FIELDS`` order (a test holds
+    them equal); also the first fields of its ``sy:records`` entry."""
+
+    request_id: str
+    at_ms: int
+    tenant: str
+    use_case_id: int
+    key_id: int | None
+    model: str
+    replica: str | None
+    status: int
+    prompt_tokens: int
+    completion_tokens: int
+    queued_ms: float
+    upstream_ms: float
+    total_ms: float
+    policy_version: int | None
+    record_id: str = ""
+    endpoint: str = ""
+    streamed: bool = False
+    record: str = "none"  # none | metadata | full | full_dropped
 
 
 class Backlog(NamedTuple):
@@ -235,6 +283,8 @@ class Accounting:
         backlog_warning: int = BACKLOG_WARNING,
         record_immediate_admissions: bool = False,
         pipe: AutoPipeline | None = None,
+        content_budget_bytes: int = CONTENT_BUDGET_BYTES,
+        content_warning_s: float = 10.0,
     ) -> None:
         self._owns_pipe = pipe is None
         self._pipe = pipe if pipe is not None else AutoPipeline(client)
@@ -248,7 +298,16 @@ class Accounting:
             USAGE_STREAM: _XaddPacker(USAGE_STREAM, USAGE_FIELDS),
             DECISIONS_STREAM: _XaddPacker(DECISIONS_STREAM, DECISION_FIELDS),
             GUARDRAILS_STREAM: _XaddPacker(GUARDRAILS_STREAM, GUARDRAIL_FIELDS),
+            RECORDS_STREAM: _XaddPacker(RECORDS_STREAM, RECORD_FIELDS),
         }
+        # Transcript content is the one thing here that can be large: it gets a byte budget
+        # of its own, counted while its entries sit in the buffer (``content_bytes``).
+        self._content_budget = content_budget_bytes
+        self.content_bytes = 0
+        self.content_dropped = 0
+        self._content_warning_s = content_warning_s
+        self._content_warn_at = 0.0
+        self._content_unwarned = 0
         self._backlog_check_s = backlog_check_s
         self._backlog_warning = backlog_warning
         self.backlog: dict[str, Backlog] = {}
@@ -259,7 +318,7 @@ class Accounting:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._writing = False  # a batch's commands are out and their replies awaited
-        self.dropped: dict[str, int] = {USAGE_STREAM: 0, DECISIONS_STREAM: 0, GUARDRAILS_STREAM: 0}
+        self.dropped: dict[str, int] = dict.fromkeys(STREAMS, 0)
         self.written = 0
         self._healthy = True
 
@@ -293,7 +352,7 @@ class Accounting:
         """One finished request (any status, including errors and client disconnects)."""
         self._append(
             USAGE_STREAM,
-            (
+            Usage(
                 request_id,
                 _now_ms() if at_ms is None else at_ms,
                 tenant,
@@ -310,10 +369,74 @@ class Accounting:
                 policy_version,
                 record_id,
                 endpoint,
-                1 if streamed else 0,
+                streamed,
                 record,
             ),
         )
+
+    def append_usage(self, usage: Usage) -> None:
+        """``record_usage`` for a caller that built the entry already (the gateway, which
+        also hands it to ``record_transcript``)."""
+        self._append(USAGE_STREAM, usage)
+
+    def record_transcript(
+        self,
+        usage: Usage,
+        *,
+        request: Content,
+        response: Content,
+        response_type: bytes,
+        truncated: bool,
+    ) -> bool:
+        """A ``full`` use case's request and response, with its usage fields, for
+        ``sy:records``. False when the content did not fit (the buffer's byte budget or its
+        count limit): then nothing is kept, the drop is counted and warned about, and the
+        caller's usage entry says ``full_dropped``."""
+        size = request.size + response.size
+        if len(self._buffer) >= self._limit or self._closing:
+            self._drop_content("buffer_full")
+            return False
+        if self.content_bytes + size > self._content_budget:
+            self._drop_content("buffer_bytes")
+            return False
+        try:
+            command = self._packers[RECORDS_STREAM].pack(
+                (*usage, request, response, response_type, truncated)
+            )
+        except Exception:
+            logger.exception("records_transcript_dropped")
+            self._drop_content("unpackable")
+            return False
+        self.content_bytes += len(command)
+        self._buffer.append((RECORDS_STREAM, command))
+        return True
+
+    def _drop_content(self, reason: str) -> None:
+        self.content_dropped += 1
+        if self._metrics is not None:
+            self._metrics.records_content_dropped(reason)
+        # One line per interval with the count, not one per request: a full buffer under
+        # load would otherwise write thousands a second.
+        self._content_unwarned += 1
+        now = time.monotonic()
+        if now >= self._content_warn_at:
+            logger.warning(
+                "records_content_dropped count=%s reason=%s buffer_bytes=%s budget_bytes=%s "
+                "(kept as metadata: record=full_dropped)",
+                self._content_unwarned,
+                reason,
+                self.content_bytes,
+                self._content_budget,
+            )
+            self._content_unwarned = 0
+            self._content_warn_at = now + self._content_warning_s
+
+    def _released(self, records: Iterable[_Record]) -> None:
+        """Records that left the buffer for good (written or dropped): their content bytes
+        go back to the budget."""
+        for stream, command in records:
+            if stream == RECORDS_STREAM:
+                self.content_bytes -= len(command)
 
     def record_decision(
         self,
@@ -389,7 +512,7 @@ class Accounting:
             ),
         )
 
-    def _append(self, stream: str, values: tuple[object, ...]) -> None:
+    def _append(self, stream: str, values: Sequence[object]) -> None:
         if len(self._buffer) >= self._limit or self._closing:
             self._drop(stream, 1)
             return
@@ -430,6 +553,7 @@ class Accounting:
                     pass
         for stream, _ in self._buffer:
             self._drop(stream, 1)
+        self._released(self._buffer)
         self._buffer.clear()
         if self._owns_pipe:
             await self._pipe.close()
@@ -458,9 +582,11 @@ class Accounting:
             logger.exception("accounting_batch_dropped size=%s", len(batch))
             for stream, _ in batch:
                 self._drop(stream, 1)
+            self._released(batch)
             return True
         finally:
             self._writing = False
+        self._released(batch)
         self.written += len(batch)
         if not self._healthy:
             logger.info("accounting_write_ok dropped=%s", sum(self.dropped.values()))
@@ -512,6 +638,7 @@ class Accounting:
         self._buffer.extendleft(reversed(kept))
         for stream, _ in lost:
             self._drop(stream, 1)
+        self._released(lost)
 
     async def _run(self) -> None:
         backoff = self._flush_interval_s

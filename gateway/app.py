@@ -25,7 +25,7 @@ import valkey
 import valkey.asyncio as avalkey
 
 from gateway import errors
-from gateway.accounting import Accounting
+from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
 from gateway.autopipeline import Arg
 from gateway.costs import (
@@ -59,8 +59,15 @@ from gateway.http import (
 from gateway.logcontext import REQUEST_ID
 from gateway.metrics import Decision, GatewayMetrics
 from gateway.multipart import Form, FormError, encode_form, is_multipart, parse_form
-from gateway.policy import Model, Policy, Principal
+from gateway.policy import DEFAULT_RECORD_POLICY, Model, Policy, Principal, RecordPolicy
 from gateway.policy_store import PolicyStore
+from gateway.records import (
+    EMPTY_CONTENT,
+    Recorder,
+    capped,
+    file_digests,
+    upload_description,
+)
 from gateway.scheduling import (
     Grant,
     MaxConcurrent,
@@ -102,7 +109,12 @@ def _request_id(scope: Scope) -> bytes:
     given = header(scope, b"x-request-id")
     if given is not None and _REQUEST_ID.match(given):
         return given
-    return f"{_ID_TAG}{next(_ID_SEQ):020x}".encode()  # 32 hex digits, like a UUID
+    return _minted_id().encode()
+
+
+def _minted_id() -> str:
+    """32 hex digits, like a UUID, unique across gateway processes and restarts."""
+    return f"{_ID_TAG}{next(_ID_SEQ):020x}"
 
 
 def authenticate(
@@ -258,7 +270,12 @@ class Gateway:
             waiting_threshold=settings.backpressure_waiting,
         )
         # One connection for the hot path's scripts and the accounting streams.
-        self.accounting = Accounting(self.valkey, metrics=self.metrics, pipe=self.scheduler.pipe)
+        self.accounting = Accounting(
+            self.valkey,
+            metrics=self.metrics,
+            pipe=self.scheduler.pipe,
+            content_budget_bytes=settings.record_buffer_bytes,
+        )
         self.guardrails = Guardrails(
             service=ServiceClient(
                 self.upstream, settings.guardrail_url, settings.guardrail_timeout_s
@@ -364,9 +381,7 @@ class Gateway:
             return
         except Exception:
             logger.exception("unhandled_error")
-            failure = GatewayError(
-                500, "Internal gateway error.", type="api_error", code="internal_error"
-            )
+            failure = _internal_error()
             await send_response(send, 500, failure.body(), headers=[(b"x-request-id", request_id)])
 
     # --- handlers -----------------------------------------------------------------------
@@ -405,6 +420,15 @@ class Gateway:
         if principal is None:  # a token signed by a key not fetched yet
             principal = await authenticate_after_key_fetch(scope, policy, self.tokens)
         call = await self._read_call(scope, receive, policy, principal, request_id)
+        # The one lookup a use case without full records pays.
+        call.record = policy.records.get(principal.use_case_id, DEFAULT_RECORD_POLICY)
+        if call.record == "full":
+            # What the client receives, errors included, is what the transcript keeps.
+            send = call.recorder = Recorder(send, self.settings.record_max_content_bytes)
+            if call.form is not None:
+                # Hashed in a thread, beside the upstream call: an upload is up to 25 MiB.
+                loop = asyncio.get_running_loop()
+                call.digests = loop.run_in_executor(None, file_digests, call.form)
         try:
             self._ticket(call, policy)
             # The one lookup a use case without guardrails pays.
@@ -431,9 +455,32 @@ class Gateway:
                 watcher.cancel()
         except GatewayError as exc:
             call.status = exc.status
+            await self._refuse(call, send, exc)
+        except (ClientGone, _AbortResponse):
             raise
+        except Exception:
+            if call.started:
+                raise  # the head is out: handle_http drops the connection
+            logger.exception("unhandled_error")
+            call.status = 500
+            await self._refuse(call, send, _internal_error())
         finally:
-            self._account(call, policy, started)
+            try:
+                if call.digests is not None:
+                    await asyncio.wait((call.digests,))
+            finally:
+                self._account(call, policy, started)
+
+    async def _refuse(self, call: Call, send: Send, exc: GatewayError) -> None:
+        """A request refused or failed after it became a Call: answered here rather than by
+        handle_http, so that the answer carries its record id and is out (and, for a full
+        record, captured) before the request is accounted."""
+        headers = [
+            (b"x-request-id", call.request_id_bytes),
+            (b"x-switchyard-record-id", call.record_id_bytes),
+            *exc.headers,
+        ]
+        await send_response(send, exc.status, exc.body(), headers=headers)
 
     async def _read_call(
         self,
@@ -460,9 +507,12 @@ class Gateway:
             content_type = b"application/json"
             estimate = estimate_json_request(path, document, len(body), model.max_tokens)
             body, strip_usage, per_replica = _upstream_body(path, body, document, model)
+        record_id = _minted_id()
         return Call(
             request_id=request_id.decode(),
             request_id_bytes=request_id,
+            record_id=record_id,
+            record_id_bytes=record_id.encode(),
             principal=principal,
             model=model,
             path=path,
@@ -538,17 +588,21 @@ class Gateway:
             failure=guard.failure,
             policy_version=policy.version,
         )
+        if result.texts != texts:
+            # Also when blocked: a full record keeps the refused request as redacted.
+            for (container, key), text in zip(slots, result.texts, strict=True):
+                container[key] = text
+            if not call.rename_per_replica:  # else the body is made at the grant
+                call.body = _redacted_body(call, document)
         if result.blocked is not None:
             raise GatewayError(
                 400, blocked_message(result.blocked, "request"), code="guardrail_blocked"
             )
         if result.failed and guard.failure == "closed":
+            # Refused because a check (a redaction, maybe) could not run: nothing was sent
+            # on, and a full record must not keep text a redaction was to take out.
+            call.request_withheld = True
             raise self.guardrails.unavailable("request", result.failed)
-        if result.texts != texts:
-            for (container, key), text in zip(slots, result.texts, strict=True):
-                container[key] = text
-            if not call.rename_per_replica:  # else the body is made at the grant
-                call.body = _redacted_body(call, document)
 
     async def _serve(self, call: Call, send: Send) -> None:
         """Acquire capacity (rate limits included), relay from the granted replica; fail over
@@ -639,6 +693,8 @@ class Gateway:
                 # replica's, now that it is known.
                 call.document["model"] = model.served_name_for(grant.replica)
                 body = orjson.dumps(call.document)
+            if call.recorder is not None:
+                call.request_sent = body  # as forwarded, less the gateway's priority
             # The class's priority, for replicas running vLLM's priority scheduler (others
             # accept and ignore it); clients cannot set it (validate_request refuses).
             body = with_priority(body, grant.vllm_priority)
@@ -674,6 +730,7 @@ class Gateway:
                 response_headers = [
                     (b"content-type", response.content_type),
                     (b"x-request-id", call.request_id_bytes),
+                    (b"x-switchyard-record-id", call.record_id_bytes),
                 ]
                 strip = (
                     UsageEventFilter()
@@ -693,7 +750,7 @@ class Gateway:
                         "headers": response_headers,
                     }
                 )
-                started = True
+                started = call.started = True
                 more = True
                 while more and (chunk := await response.read()):
                     if meter.first_chunk_at is None:
@@ -762,6 +819,7 @@ class Gateway:
         headers = [
             (b"content-type", response.content_type),
             (b"x-request-id", call.request_id_bytes),
+            (b"x-switchyard-record-id", call.record_id_bytes),
         ]
         if call.path == "/v1/embeddings":
             checks = None  # an embedding answer has no text to check
@@ -862,6 +920,7 @@ class Gateway:
             model=call.model.public_id,
             wait_ms=call.grant.queued_ms if call.grant else 0,
             policy_version=self.policy.version,
+            record_id=call.record_id,
         )
 
     def _account(self, call: Call, policy: Policy, started: float) -> None:
@@ -888,8 +947,9 @@ class Gateway:
             prompt_tokens=prompt,
             completion_tokens=completion,
         )
-        self.accounting.record_usage(
+        usage = Usage(
             request_id=call.request_id,
+            at_ms=time.time_ns() // 1_000_000,
             tenant=call.principal.tenant,
             use_case_id=call.principal.use_case_id,
             key_id=call.principal.key_id,
@@ -902,7 +962,52 @@ class Gateway:
             upstream_ms=(call.upstream_s or 0) * 1000,
             total_ms=(time.monotonic() - started) * 1000,
             policy_version=policy.version,
+            record_id=call.record_id,
+            endpoint=call.path,
+            streamed=call.streaming,
+            record=call.record,
         )
+        if call.recorder is not None and not self._transcribe(call, call.recorder, usage):
+            usage = usage._replace(record="full_dropped")
+        self.metrics.record_kept(usage.record)
+        self.accounting.append_usage(usage)
+
+    def _transcribe(self, call: Call, recorder: Recorder, usage: Usage) -> bool:
+        """A full record's transcript to ``sy:records``; False when its content was dropped
+        (the buffer's budget: the request is then kept as metadata)."""
+        if call.request_withheld:
+            request, cut = EMPTY_CONTENT, False
+        else:
+            request, cut = capped(self._request_content(call), recorder.limit)
+        return self.accounting.record_transcript(
+            usage,
+            request=request,
+            response=recorder.response,
+            response_type=recorder.content_type,
+            truncated=cut or recorder.truncated,
+        )
+
+    @staticmethod
+    def _request_content(call: Call) -> bytes:
+        """The request as forwarded (after the request guardrails' redactions), or, not
+        forwarded, as it stood when refused; an upload as its description."""
+        if call.form is not None:
+            digests = call.digests
+            found: dict[str, str] = {}
+            if (
+                digests is not None
+                and digests.done()
+                and not digests.cancelled()
+                and digests.exception() is None
+            ):
+                found = digests.result()
+            return upload_description(call.form, found)
+        if call.request_sent is not None:
+            return call.request_sent
+        if call.rename_per_replica and call.document is not None:
+            # ``call.body`` is the client's, unredacted: the body is made at the grant.
+            return orjson.dumps(call.document)
+        return call.body
 
 
 @dataclass(slots=True)
@@ -911,6 +1016,10 @@ class Call:
 
     request_id: str
     request_id_bytes: bytes  # as it goes out in headers
+    # The gateway's own id for this request (a client's X-Request-Id may repeat): what joins
+    # its usage, decisions, findings and transcript; sent back as x-switchyard-record-id.
+    record_id: str
+    record_id_bytes: bytes
     principal: Principal
     model: Model
     path: str
@@ -935,7 +1044,12 @@ class Call:
     ttft_s: float | None = None
     deadline: float | None = None  # the model's timeout, on the loop's clock, for all attempts
     guard: GuardPlan | None = None  # the use case's guardrails, when it has any
-    started: bool = False  # a guarded relay sent the response's head
+    started: bool = False  # the response's head is out
+    record: RecordPolicy = DEFAULT_RECORD_POLICY  # the use case's record policy
+    recorder: Recorder | None = None  # a full record's capture of what the client gets
+    request_sent: bytes | None = None  # a full record's request, as forwarded
+    request_withheld: bool = False  # refused with a redaction unrun: no request content
+    digests: asyncio.Future[dict[str, str]] | None = None  # a full record's upload hashes
 
     def interrupt(self, reason: str) -> None:
         """Cancel the serving task, once, unless the response is already out."""
@@ -1040,6 +1154,10 @@ def _refusal(status: int, kind: str, refused: SchedulingRefused, code: str = "")
         # forever), and the OpenAI SDKs' own header telling them not to retry.
         headers = [(b"x-should-retry", b"false")]
     return GatewayError(status, str(refused), type=kind, code=code or refused.code, headers=headers)
+
+
+def _internal_error() -> GatewayError:
+    return GatewayError(500, "Internal gateway error.", type="api_error", code="internal_error")
 
 
 class _AbortResponse(Exception):

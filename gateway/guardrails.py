@@ -348,6 +348,7 @@ class Subject(Protocol):
     """What a record needs of the request being checked (gateway/app.py's ``Call``)."""
 
     request_id: str
+    record_id: str
     principal: Principal
     model: Model
 
@@ -459,6 +460,7 @@ class Guardrails:
                 entities=entities,
                 score=score,
                 policy_version=policy_version,
+                record_id=subject.record_id,
             )
 
 

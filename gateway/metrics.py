@@ -159,8 +159,27 @@ class GatewayMetrics:
         self._dropped = _Children(
             Counter(
                 PREFIX + "accounting_dropped",
-                "Usage and decision records dropped because Valkey could not take them.",
+                "Accounting stream entries dropped because Valkey could not take them.",
                 ["stream"],
+                registry=r,
+            )
+        )
+
+        self._records = _Children(
+            Counter(
+                PREFIX + "records",
+                "Forwarded requests by what their use case's record policy kept: none, "
+                "metadata, full, or full_dropped (content not kept: the buffer was full).",
+                ["record"],
+                registry=r,
+            )
+        )
+        self._content_dropped = _Children(
+            Counter(
+                PREFIX + "records_content_dropped",
+                "Transcripts of full-record use cases whose content was not kept, by reason "
+                "(buffer_bytes: the byte budget; buffer_full: the record count limit).",
+                ["reason"],
                 registry=r,
             )
         )
@@ -229,6 +248,13 @@ class GatewayMetrics:
 
     def accounting_dropped(self, stream: str, count: int = 1) -> None:
         self._dropped[(stream,)].inc(count)
+
+    def record_kept(self, record: str) -> None:
+        """One forwarded request, by what its record policy kept."""
+        self._records[(record,)].inc()
+
+    def records_content_dropped(self, reason: str) -> None:
+        self._content_dropped[(reason,)].inc()
 
     # --- exposition -----------------------------------------------------------------------
     def render(self, accept: str | None = None) -> tuple[bytes, str]:

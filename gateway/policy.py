@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict, cast
 
 import orjson
 import valkey
@@ -20,6 +20,10 @@ from gateway.guardrails import GuardPlan, plan_guardrails
 SNAPSHOT_KEY = "switchyard:policy:snapshot"
 VERSION_KEY = "switchyard:policy:version"
 SCHEMA = 1
+
+RecordPolicy = Literal["none", "metadata", "full"]
+RECORD_POLICIES: frozenset[str] = frozenset(("none", "metadata", "full"))
+DEFAULT_RECORD_POLICY: RecordPolicy = "metadata"
 
 # "guard": a guard model (Llama Guard's prompt format) that fleet-run guardrails ask.
 ModelCapability = Literal["chat", "completions", "embeddings", "transcription", "guard"]
@@ -65,6 +69,9 @@ class UseCaseEntry(TypedDict):
     # What happens when a guardrail cannot run: "closed" (503, the default) or "open" (let
     # through, recorded as failed_open). Absent from snapshots before issue 11.
     guardrail_failure: NotRequired[Literal["closed", "open"]]
+    # What is kept of each request (issue 12): "none", "metadata" (no content; the default,
+    # also for snapshots before issue 12) or "full" (the request and response too).
+    record: NotRequired[RecordPolicy]
 
 
 class PriorityClassEntry(TypedDict):
@@ -187,6 +194,7 @@ class UseCase:
     limits: Limits
     guardrails: tuple[Guardrail, ...] = ()
     guardrail_failure: str = "closed"
+    record: RecordPolicy = DEFAULT_RECORD_POLICY
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +235,13 @@ class Policy:
     # By UseCase id, only the use cases with at least one guardrail selected: the request
     # path's one lookup (a use case without any pays nothing else).
     guarded: Mapping[int, GuardPlan] = field(default_factory=dict)
+    # By UseCase id, each use case's record policy: the request path's one lookup
+    # (``record_policy``).
+    records: Mapping[int, RecordPolicy] = field(default_factory=dict)
+
+    def record_policy(self, use_case_id: int) -> RecordPolicy:
+        """What the use case's record policy keeps; "metadata" for one not in the snapshot."""
+        return self.records.get(use_case_id, DEFAULT_RECORD_POLICY)
 
     def principal_for(self, key_hash: str) -> Principal | None:
         # Looking up by the SHA-256 of a 256-bit random key is safe against timing attacks:
@@ -274,6 +289,7 @@ def parse_snapshot(raw: bytes) -> Policy:
                 for g in entry.get("guardrails", [])
             ),
             guardrail_failure=entry.get("guardrail_failure", "closed"),
+            record=_record_policy(entry.get("record", DEFAULT_RECORD_POLICY)),
         )
         for use_case_id, entry in document.get("use_cases", {}).items()
     }
@@ -292,6 +308,7 @@ def parse_snapshot(raw: bytes) -> Policy:
             for use_case_id, use_case in use_cases.items()
             if use_case.guardrails
         },
+        records={use_case_id: use_case.record for use_case_id, use_case in use_cases.items()},
         priority_classes={
             name: PriorityClass(
                 name=name,
@@ -313,6 +330,12 @@ def parse_snapshot(raw: bytes) -> Policy:
             for entry in document.get("rate_limits", [])
         ),
     )
+
+
+def _record_policy(value: object) -> RecordPolicy:
+    if value not in RECORD_POLICIES:
+        raise ValueError(f"record policy {value!r} is not one of none, metadata, full")
+    return cast(RecordPolicy, value)
 
 
 def _model(public_id: str, entry: ModelEntry) -> Model:

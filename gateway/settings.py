@@ -58,6 +58,11 @@ class GatewaySettings:
     guardrail_url: str = "http://127.0.0.1:8095"
     guardrail_timeout_s: float = 5.0
     guardrail_retry_after_s: int = 5
+    # Records (issue 12): each side of a full-record transcript is kept up to this many bytes
+    # (the rest is cut and the record marked truncated), and the transcripts waiting in the
+    # accounting buffer hold at most this many bytes (past it: kept as metadata only).
+    record_max_content_bytes: int = 1024 * 1024
+    record_buffer_bytes: int = 64 * 1024 * 1024
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -100,5 +105,11 @@ class GatewaySettings:
             ),
             guardrail_retry_after_s=env_int(
                 "SWITCHYARD_GUARDRAIL_RETRY_AFTER_SECONDS", 5, minimum=1
+            ),
+            record_max_content_bytes=env_int(
+                "SWITCHYARD_RECORD_MAX_CONTENT_BYTES", 1024 * 1024, minimum=1
+            ),
+            record_buffer_bytes=env_int(
+                "SWITCHYARD_RECORD_BUFFER_BYTES", 64 * 1024 * 1024, minimum=1
             ),
         )

@@ -71,8 +71,9 @@ def _models() -> dict[str, ModelEntry]:
 
 
 def _use_cases() -> dict[str, UseCaseEntry]:
-    """Approved use cases, each with its guardrails in the order they run and what to do
-    when one cannot run (``guardrail_failure``): the contract the gateway enforces."""
+    """Approved use cases, each with its guardrails in the order they run, what to do when
+    one cannot run (``guardrail_failure``) and what to keep of each request (``record``): the
+    contract the gateway enforces."""
     entries: dict[str, UseCaseEntry] = {}
     approved = UseCase.objects.filter(status=UseCaseStatus.APPROVED).select_related("tenant")
     in_order = GuardrailSelection.objects.order_by("position", "pk")
@@ -102,6 +103,8 @@ def _use_cases() -> dict[str, UseCaseEntry]:
                 },
                 "guardrails": guardrails,
                 "guardrail_failure": use_case.guardrail_failure,
+                # What the gateway captures of each request (issue 12).
+                "record": use_case.record_policy,
             },
         )
     return entries

@@ -22,6 +22,9 @@ fill in per request:
   nothing is ever waiting, and a request is answered before the next is read — which is
   what the fleet watcher scrapes.
 - ``GET /health``: 200, empty. Anything else: 404.
+
+``--content-bytes N`` makes the answer's text N bytes (its four tokens padded alike) instead
+of "The sky is blue": the records benchmark's 1 KB answer.
 """
 
 from __future__ import annotations
@@ -96,17 +99,27 @@ def _render(payload: dict[str, Any]) -> bytes:
     return raw.replace(b'"@created@"', _CREATED_HOLE)
 
 
+def tokens_of(content_bytes: int) -> tuple[str, ...]:
+    """The answer's four tokens: "The sky is blue", or ``content_bytes`` of text split in four."""
+    if content_bytes <= 0:
+        return TOKENS
+    text = ("The sky is blue. " * (content_bytes // 17 + 1))[:content_bytes]
+    cut = [len(text) * i // COMPLETION_TOKENS for i in range(COMPLETION_TOKENS + 1)]
+    return tuple(text[cut[i] : cut[i + 1]] for i in range(COMPLETION_TOKENS))
+
+
 class Replica:
     """The answers of one served model, rendered once."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, tokens: tuple[str, ...] = TOKENS) -> None:
         self.model = model
+        self.tokens = tokens
         self._next_id = random.getrandbits(63)
         # "%" in the model name is escaped once here, so the templates can be filled with %.
         name = model.replace("%", "%%")
         request_id = "chatcmpl-" + _ID_HOLE.decode()
         created: Any = "@created@"
-        text = "".join(TOKENS)
+        text = "".join(tokens)
         choice = wire.chat_choice(0, text, "length", None)
         self._plain = self._framed_body(
             _render(
@@ -123,7 +136,7 @@ class Replica:
         )
         self._streams = {
             include_usage: self._framed_stream(
-                self._events(request_id, created, name, include_usage=include_usage)
+                self._events(request_id, created, name, tokens, include_usage=include_usage)
             )
             for include_usage in (False, True)
         }
@@ -153,12 +166,19 @@ class Replica:
         return self._plain.fill(request_id, created)
 
     @staticmethod
-    def _events(request_id: str, created: Any, model: str, *, include_usage: bool) -> list[bytes]:
+    def _events(
+        request_id: str,
+        created: Any,
+        model: str,
+        tokens: tuple[str, ...],
+        *,
+        include_usage: bool,
+    ) -> list[bytes]:
         """vLLM's stream: the fingerprint rides on the usage chunk, or without one on the
         last token's."""
         events = [_render_sse(wire.chat_role_chunk(request_id, created, model, 0, None))]
-        for position, token in enumerate(TOKENS):
-            last = position == len(TOKENS) - 1
+        for position, token in enumerate(tokens):
+            last = position == len(tokens) - 1
             events.append(
                 _render_sse(
                     wire.chat_chunk(
@@ -338,8 +358,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--served-model-name", required=True)
+    parser.add_argument(
+        "--content-bytes", type=int, default=0, help="the answer's text size (0: 4 short words)"
+    )
     args = parser.parse_args()
-    uvloop.run(serve(args.host, args.port, Replica(args.served_model_name)))
+    replica = Replica(args.served_model_name, tokens_of(args.content_bytes))
+    uvloop.run(serve(args.host, args.port, replica))
 
 
 if __name__ == "__main__":

@@ -151,13 +151,14 @@ def publish_policy(client: valkey.Valkey, replicas: list[str]) -> str:
     return plaintext
 
 
-def _replica(upstream: str, port: int, logs: Path) -> ManagedProcess:
+def _replica(upstream: str, port: int, logs: Path, content_bytes: int = 0) -> ManagedProcess:
     if upstream == "instant":
         return ManagedProcess(
             f"instant-vllm-{port}",
             [
                 PYTHON, "-m", "bench.gateway.instant_vllm", "--host", "127.0.0.1",
                 "--port", str(port), "--served-model-name", MODEL,
+                "--content-bytes", str(content_bytes),
             ],
             log_path=logs / f"instant-vllm-{port}.log",
         )  # fmt: skip
@@ -173,12 +174,19 @@ def _replica(upstream: str, port: int, logs: Path) -> ManagedProcess:
 
 @contextlib.contextmanager
 def running_stack(
-    replicas: int = 2, upstream: str = "instant", baseline_src: Path | None = None
+    replicas: int = 2,
+    upstream: str = "instant",
+    baseline_src: Path | None = None,
+    *,
+    content_bytes: int = 0,
 ) -> Iterator[Stack]:
     """``baseline_src``: another checkout of the project (``git worktree``) whose gateway is
-    started beside this one's, on the same Valkey, replicas and policy."""
+    started beside this one's, on the same Valkey, replicas and policy. ``content_bytes``:
+    the instant replicas' answer text size (0: four short words)."""
     if upstream not in UPSTREAMS:
         raise ValueError(f"upstream is one of {UPSTREAMS}, not {upstream!r}")
+    if content_bytes and upstream != "instant":
+        raise ValueError("content_bytes sizes the instant replicas' answers only")
     with contextlib.ExitStack() as stack:
         # Removed last, once every process is stopped; a failed start shows its log's tail.
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="switchyard-bench-")))
@@ -192,7 +200,7 @@ def running_stack(
         started = []
         for _ in range(replicas):
             port = free_port()
-            replica = _replica(upstream, port, logs)
+            replica = _replica(upstream, port, logs, content_bytes)
             stack.callback(replica.stop)
             replica.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=20)
             started.append((replica, f"http://127.0.0.1:{port}"))

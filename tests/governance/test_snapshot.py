@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, parse_snapshot
 from governance.audit import Actor
-from governance.choices import ApiKeyStatus, Environment, UseCaseStatus
+from governance.choices import ApiKeyStatus, Environment, RecordPolicy, UseCaseStatus
 from governance.models import ApiKey, Deployment, Model, UseCase
 from governance.services import api_key_revoke
 from governance.snapshot import snapshot_build, snapshot_publish
@@ -218,3 +218,71 @@ def test_a_model_deployed_twice_names_each_replica_by_its_deployments_served_nam
     assert llama.replicas == ("http://127.0.0.1:1", "http://127.0.0.1:2")
     assert llama.served_name_for("http://127.0.0.1:1") == "llama-8b"
     assert llama.served_name_for("http://127.0.0.1:2") == "llama-8b-h200"
+
+
+def test_each_use_cases_record_policy_reaches_the_gateway(acme_chatbot) -> None:
+    """GIVEN acme's chatbot keeps full records, its search only metadata (the default) and
+    its batch none WHEN the snapshot is built THEN the gateway's policy says so per use
+    case, and a use case it has never heard of counts as metadata."""
+    UseCase.objects.filter(pk=acme_chatbot.pk).update(record_policy=RecordPolicy.FULL)
+    search = make_use_case(acme_chatbot.tenant, "search")
+    batch = make_use_case(acme_chatbot.tenant, "batch")
+    UseCase.objects.filter(pk=batch.pk).update(record_policy=RecordPolicy.NONE)
+    document = snapshot_build(version=1)
+    assert document["use_cases"][str(acme_chatbot.pk)]["record"] == "full"
+    assert document["use_cases"][str(search.pk)]["record"] == "metadata"
+    assert document["use_cases"][str(batch.pk)]["record"] == "none"
+    policy = parse_snapshot(orjson.dumps(document))
+    assert policy.record_policy(acme_chatbot.pk) == "full"
+    assert policy.record_policy(search.pk) == "metadata"
+    assert policy.record_policy(batch.pk) == "none"
+    assert policy.record_policy(10_000_000) == "metadata"
+
+
+def test_a_snapshot_from_before_record_policies_keeps_metadata() -> None:
+    old = {
+        "schema": 1,
+        "version": 4,
+        "published_at": 0.0,
+        "models": {},
+        "keys": {},
+        "use_cases": {
+            "3": {
+                "tenant": "acme",
+                "slug": "chatbot",
+                "limits": {
+                    "requests_per_minute": None,
+                    "tokens_per_minute": None,
+                    "tokens_per_day": None,
+                },
+                "guardrails": [],
+            }
+        },
+    }
+    assert parse_snapshot(orjson.dumps(old)).record_policy(3) == "metadata"
+
+
+def test_a_snapshot_with_an_unknown_record_policy_is_refused() -> None:
+    """A typo must not silently turn full records into none (or the reverse)."""
+    bad = {
+        "schema": 1,
+        "version": 4,
+        "published_at": 0.0,
+        "models": {},
+        "keys": {},
+        "use_cases": {
+            "3": {
+                "tenant": "acme",
+                "slug": "chatbot",
+                "limits": {
+                    "requests_per_minute": None,
+                    "tokens_per_minute": None,
+                    "tokens_per_day": None,
+                },
+                "guardrails": [],
+                "record": "everything",
+            }
+        },
+    }
+    with pytest.raises(ValueError, match="record policy 'everything'"):
+        parse_snapshot(orjson.dumps(bad))

@@ -22,6 +22,7 @@ from gateway.policy import (
     ModelEntry,
     PriorityClassEntry,
     RateLimitEntry,
+    RecordPolicy,
     ServiceAccountEntry,
     UseCaseEntry,
     snapshot_write,
@@ -157,6 +158,8 @@ class PolicyBuilder:
             self.use_cases[str(entry["use_case_id"])]["guardrail_failure"] = before[
                 "guardrail_failure"
             ]
+        if before and "record" in before:
+            self.use_cases[str(entry["use_case_id"])]["record"] = before["record"]
         return self
 
     def _use_case(self, plaintext: str) -> UseCaseEntry:
@@ -185,6 +188,11 @@ class PolicyBuilder:
     def guardrail_failure(self, plaintext: str, mode: Literal["closed", "open"]) -> PolicyBuilder:
         """What the key's use case does when a guardrail cannot run."""
         self._use_case(plaintext)["guardrail_failure"] = mode
+        return self
+
+    def record(self, plaintext: str, policy: RecordPolicy) -> PolicyBuilder:
+        """What the key's use case keeps of each request: none, metadata or full."""
+        self._use_case(plaintext)["record"] = policy
         return self
 
     def use_case_id(self, plaintext: str) -> int:
