@@ -8,7 +8,7 @@ field-level before → after. What apply does is exactly what the plan lists.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -394,15 +394,7 @@ class _Builder:
         if path is None:
             self.problems.append(_lifecycle_problem(change.key, start, target))
             return None
-        return Change(
-            change.action,
-            change.section,
-            change.key,
-            before=change.before,
-            after=change.after,
-            transitions=path,
-            reason=reason,
-        )
+        return replace(change, transitions=path, reason=reason)
 
     def service_account_clashes(self) -> None:
         """A client the file binds that a use case the file does not list holds: apply would
