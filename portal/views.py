@@ -436,8 +436,8 @@ def use_case_transition_view(request: HttpRequest, pk: int) -> HttpResponse:
 def _form_error(form: forms.Form) -> ValidationError:
     """The form's first complaint, named by its field, for the message on the page."""
     name, errors = next(iter(form.errors.items()))
-    label = form.fields[name].label if name in form.fields else None
-    return ValidationError(f"{label or name}: {' '.join(str(e) for e in errors)}")
+    label = form[name].label if name in form.fields else name
+    return ValidationError(f"{label}: {' '.join(str(e) for e in errors)}")
 
 
 @portal_action(back=_use_case_url)
