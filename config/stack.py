@@ -152,7 +152,6 @@ class Stack:
         self.config = config
         self.logs = config.run_dir / "logs"
         self.valkey: ValkeyServer | None = None
-        self.seaweed: SeaweedServer | None = None
         self.children: list[ManagedProcess] = []
         self.env = {
             "SWITCHYARD_RUN_DIR": str(config.run_dir),
@@ -209,7 +208,7 @@ class Stack:
         )
         self.valkey.start()
         say(f"seaweedfs   starting on {config.host}:{config.s3_port} (S3)")
-        self.seaweed = SeaweedServer(
+        seaweed = SeaweedServer(
             config.run_dir / "seaweedfs",
             access_key=config.s3_access_key,
             secret_key=config.s3_secret_key,
@@ -218,7 +217,8 @@ class Stack:
             log_path=self.logs / "seaweedfs.log",
         )
         # Watched with the other children: if it dies, the stack says so and stops.
-        self.children.append(self.seaweed.launch())
+        seaweed_process = seaweed.launch()
+        self.children.append(seaweed_process)
 
         fleet_urls: dict[str, list[str]] = {}
         simulators = []
@@ -250,7 +250,7 @@ class Stack:
 
         say("database    migrating")
         self._manage("migrate", "--noinput")
-        self.seaweed.process.wait_ready(self.seaweed.ready, timeout=60)  # type: ignore[union-attr]
+        seaweed_process.wait_ready(seaweed.ready, timeout=60)
         say("storage     creating the buckets")
         self._manage("ensure_buckets")
         fleet_args = []
@@ -335,7 +335,6 @@ class Stack:
     def stop(self) -> None:
         for child in reversed(self.children):
             child.stop(timeout=10)
-        self.seaweed = None  # its process was one of the children
         if self.valkey is not None:
             self.valkey.stop()
             self.valkey = None

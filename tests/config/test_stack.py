@@ -40,36 +40,43 @@ def stack_env(tmp_path, ports: dict[str, int]) -> dict[str, str]:
     }
 
 
-def contiguous_free_ports(count: int) -> int:
-    """A base port with `count` free ports after it (the fleet takes consecutive ports)."""
+def contiguous_free_ports(count: int, taken: set[int]) -> int:
+    """A base port with `count` free ports from it (the fleet takes consecutive ports)."""
     for _ in range(50):
         base = free_port()
-        if base + count < 65535 and not any(port_is_listening(base + i) for i in range(count)):
+        run = range(base, base + count)
+        if base + count < 65535 and not taken & set(run) and not any(map(port_is_listening, run)):
             return base
     raise RuntimeError("no run of free ports found")
 
 
-def seaweed_base_port() -> int:
+def seaweed_base_port(taken: set[int]) -> int:
     """A base port whose SeaweedFS block (it and the next four, each + 10000) is free."""
     for _ in range(100):
         base = free_port()
         if base > 55_000:
             continue
-        if all(port_bindable("127.0.0.1", port) for port in SeaweedPorts.from_base(base).all()):
+        block = SeaweedPorts.from_base(base).all()
+        if not taken & set(block) and all(port_bindable("127.0.0.1", port) for port in block):
             return base
     raise RuntimeError("no free SeaweedFS port block found")
 
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    return {
-        "web": free_port(),
-        "gateway": free_port(),
-        "valkey": free_port(),
-        "guardrails": free_port(),
-        "fleet": contiguous_free_ports(3),
-        "s3": seaweed_base_port(),
-    }
+    """Every port the stack takes, none shared: the fleet's four in a row, SeaweedFS's ten."""
+    chosen: dict[str, int] = {}
+    taken: set[int] = set()
+    for name in ("web", "gateway", "valkey", "guardrails"):
+        port = free_port()
+        while port in taken:
+            port = free_port()
+        chosen[name] = port
+        taken.add(port)
+    chosen["fleet"] = contiguous_free_ports(4, taken)
+    taken |= set(range(chosen["fleet"], chosen["fleet"] + 4))
+    chosen["s3"] = seaweed_base_port(taken)
+    return chosen
 
 
 def _as_a_background_job() -> None:
@@ -179,6 +186,46 @@ def test_a_port_in_use_is_reported_with_the_variable_to_change(tmp_path, ports) 
     assert f"port {ports['gateway']}" in result.stderr
     assert "SWITCHYARD_GATEWAY_PORT" in result.stderr
     assert time.monotonic() - started < 30
+
+
+def test_seaweedfs_dying_stops_the_stack_with_its_log(tmp_path, ports) -> None:
+    """Object storage is a child like the others: if it dies, the stack says which, shows the
+    end of its log, and stops everything else rather than limping on without a bucket."""
+    import psutil
+
+    log = (tmp_path / "stack.out").open("w+")
+    stack = subprocess.Popen(
+        [PYTHON, "-m", "config.stack"],
+        cwd=REPO_ROOT,
+        env=stack_env(tmp_path, ports),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+    def output() -> str:
+        return (tmp_path / "stack.out").read_text()
+
+    try:
+        assert wait_until(
+            lambda: "Press Ctrl-C" in output() or stack.poll() is not None, timeout=150
+        )
+        assert stack.poll() is None, output()
+        (weed,) = [
+            p
+            for p in psutil.Process(stack.pid).children(recursive=True)
+            if f"-s3.port={ports['s3']}" in p.cmdline()
+        ]
+        weed.kill()
+        code = stack.wait(timeout=60)
+    finally:
+        if stack.poll() is None:
+            stack.kill()
+    assert code == 1
+    assert "seaweedfs exited unexpectedly; stopping the stack." in output()
+    assert f"--- last lines of {tmp_path / 'run' / 'logs' / 'seaweedfs.log'} ---" in output()
+    for name, port in ports.items():
+        assert not port_is_listening(port), f"{name} port {port} still open after the stop"
 
 
 def test_a_clash_on_a_seaweedfs_grpc_port_names_the_s3_port_variable(tmp_path, ports) -> None:
