@@ -26,7 +26,7 @@ from governance.choices import ApiKeyStatus, GuardrailFailure, RecordPolicy, Use
 from governance.errors import Conflict
 from governance.guardrail_selections import model_change_check, selection_validate
 from governance.keys import key_generate, key_hash, key_visible_prefix
-from governance.models import ApiKey, AuditEvent, GuardrailSelection, Model, Tenant, UseCase
+from governance.models import ApiKey, GuardrailSelection, Model, Tenant, UseCase
 from governance.roles import Role, can_govern, has_role
 from governance.snapshot import snapshot_publish
 
@@ -625,23 +625,6 @@ def tenant_set_legal_hold(*, actor: Actor, tenant: Tenant, hold: bool, reason: s
     """Place or lift a legal hold on every use case's records of a tenant."""
     _set_hold(actor, tenant, hold, reason)
     return tenant
-
-
-def legal_hold_reason(instance: Tenant | UseCase) -> str:
-    """The reason given when the current hold was placed ("" when there is none)."""
-    if not instance.legal_hold:
-        return ""
-    kind = "usecase" if isinstance(instance, UseCase) else "tenant"
-    event = (
-        AuditEvent.objects.filter(
-            action=f"{kind}.legal_hold_place",
-            object_type=instance._meta.label_lower,
-            object_id=str(instance.pk),
-        )
-        .order_by("-sequence")
-        .first()
-    )
-    return str((event.after or {}).get("reason", "")) if event is not None else ""
 
 
 # --- API keys -----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from governance.policy_as_code.schema import (
     TenantSpec,
     UseCaseSpec,
 )
-from governance.services import legal_hold_reason
+from governance.selectors import legal_hold_reason
 
 
 def _deployments(model: Model) -> tuple[DeploymentSpec, ...]:

@@ -15,9 +15,9 @@ from gateway.policy import SNAPSHOT_KEY
 from governance.audit import Actor, audit_verify
 from governance.models import AuditEvent, Tenant, UseCase
 from governance.roles import Role
+from governance.selectors import legal_hold_reason
 from governance.services import (
     RETENTION_DAYS_MAX,
-    legal_hold_reason,
     record_update,
     tenant_set_legal_hold,
     use_case_create,
@@ -331,3 +331,33 @@ def test_the_admin_places_a_tenant_hold_through_the_service_only_with_a_reason(
     assert Tenant.objects.get(slug="acme").legal_hold
     event = AuditEvent.objects.get(action="tenant.legal_hold_place")
     assert (event.actor, event.after) == ("root", {"legal_hold": True, "reason": "Subpoena 9"})
+
+
+def test_the_admin_sets_record_settings_and_lifts_a_use_case_hold_through_the_services(
+    world, client
+) -> None:
+    """GIVEN acme/chatbot on hold WHEN root, in the admin, records it in full and clears the
+    hold with a reason THEN both are audited: the settings as an update, the hold as a lift."""
+    from tests.governance.test_admin import _use_case_form
+
+    use_case_set_legal_hold(actor=world["olivia"], use_case=world["chatbot"], hold=True, reason="M")
+    root = world["users"]["root"]
+    root.is_staff = root.is_superuser = True
+    root.save()
+    client.force_login(root)
+    chatbot = UseCase.objects.get(pk=world["chatbot"].pk)
+    form = _use_case_form(chatbot, record_policy="full", legal_hold_reason="Matter closed")
+    del form["legal_hold"]  # the box cleared
+
+    response = client.post(f"/admin/governance/usecase/{chatbot.pk}/change/", form)
+
+    assert response.status_code == 302, response.content.decode()[:3000]
+    chatbot.refresh_from_db()
+    assert chatbot.record_policy == "full"
+    assert not chatbot.legal_hold
+    update = AuditEvent.objects.get(action="usecase.update")
+    assert update.after is not None
+    assert update.after["record_policy"] == "full"
+    assert update.after["legal_hold"] is True  # the update never moved the hold…
+    lift = AuditEvent.objects.get(action="usecase.legal_hold_lift")  # …the lift did
+    assert (lift.actor, lift.after) == ("root", {"legal_hold": False, "reason": "Matter closed"})
