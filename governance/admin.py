@@ -39,6 +39,8 @@ from governance.services import (
     record_create,
     record_delete,
     record_update,
+    tenant_set_legal_hold,
+    use_case_set_legal_hold,
     use_case_transition,
 )
 
@@ -165,12 +167,82 @@ class GuardrailInline(admin.TabularInline):  # type: ignore[type-arg]
     ordering = ("position", "pk")
 
 
+class LegalHoldForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A tenant's or use case's form with its legal hold: ticking or clearing the box needs a
+    reason, which the legal-hold service records in the audit trail."""
+
+    legal_hold_reason = forms.CharField(
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Required when you place or lift the legal hold; kept in the audit trail",
+    )
+
+    def hold_changed(self) -> bool:
+        stored = bool(
+            self.instance.pk
+            and type(self.instance)
+            ._default_manager.filter(pk=self.instance.pk, legal_hold=True)
+            .exists()
+        )
+        return bool(self.cleaned_data.get("legal_hold")) != stored
+
+    def clean(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().clean() or {}
+        if (
+            "legal_hold" in data
+            and self.hold_changed()
+            and not data.get("legal_hold_reason", "").strip()
+        ):
+            verb = "placing" if data["legal_hold"] else "lifting"
+            self.add_error("legal_hold_reason", f"Say why you are {verb} the legal hold.")
+        return data
+
+
+class LegalHoldAdmin(AuditedAdmin):
+    """Saves the record through the record services and moves its hold through the
+    legal-hold service (the record services refuse to move a hold)."""
+
+    form = LegalHoldForm
+
+    def save_related(
+        self, request: HttpRequest, form: ModelForm[Any], formsets: Any, change: bool
+    ) -> None:
+        assert isinstance(form, LegalHoldForm)
+        moved = form.hold_changed()
+        wanted = bool(form.cleaned_data.get("legal_hold"))
+        if moved:
+            form.instance.legal_hold = not wanted  # as stored: the service moves it below
+        super().save_related(request, form, formsets, change)
+        if moved:
+            self.set_hold(
+                Actor.from_request(request),
+                form.instance,
+                wanted,
+                form.cleaned_data["legal_hold_reason"],
+            )
+
+    def set_hold(self, actor: Actor, obj: Any, hold: bool, reason: str) -> None:
+        raise NotImplementedError
+
+
 @admin.register(Tenant)
-class TenantAdmin(AuditedAdmin):
-    list_display = ("slug", "name", "business_unit", "application_id", "environment", "owner_email")
+class TenantAdmin(LegalHoldAdmin):
+    list_display = (
+        "slug",
+        "name",
+        "business_unit",
+        "application_id",
+        "environment",
+        "owner_email",
+        "legal_hold",
+    )
     list_filter = ("environment",)
     search_fields = ("slug", "name", "application_id", "business_unit")
     filter_horizontal = ("members",)
+
+    def set_hold(self, actor: Actor, obj: Any, hold: bool, reason: str) -> None:
+        tenant_set_legal_hold(actor=actor, tenant=obj, hold=hold, reason=reason)
 
 
 @admin.register(Model)
@@ -186,7 +258,7 @@ class DeploymentAdmin(AuditedAdmin):
 
 
 @admin.register(UseCase)
-class UseCaseAdmin(AuditedAdmin):
+class UseCaseAdmin(LegalHoldAdmin):
     list_display = (
         "slug",
         "tenant",
@@ -195,8 +267,17 @@ class UseCaseAdmin(AuditedAdmin):
         "namespace",
         "data_classification",
         "service_account_client_id",
+        "record_policy",
+        "legal_hold",
     )
-    list_filter = ("status", "kind", "namespace", "data_classification")
+    list_filter = (
+        "status",
+        "kind",
+        "namespace",
+        "data_classification",
+        "record_policy",
+        "legal_hold",
+    )
     search_fields = ("slug", "name", "tenant__slug", "ticket_ref", "service_account_client_id")
     filter_horizontal = ("allowed_models",)
     readonly_fields = ("status", "status_changed_at", "status_changed_by", "status_reason")
@@ -208,6 +289,9 @@ class UseCaseAdmin(AuditedAdmin):
         return (*super().get_readonly_fields(request, obj), *fixed)
 
     actions = ("approve", "suspend", "reinstate", "retire")
+
+    def set_hold(self, actor: Actor, obj: Any, hold: bool, reason: str) -> None:
+        use_case_set_legal_hold(actor=actor, use_case=obj, hold=hold, reason=reason)
 
     def _transition(
         self, request: HttpRequest, queryset: QuerySet[UseCase], transition: str

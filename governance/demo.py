@@ -1,4 +1,8 @@
-"""The embedded demo's governance records: one tenant, one approved use case, the fleet."""
+"""The embedded demo's governance records: one tenant, two approved use cases, the fleet.
+
+The demo assistant records in full (so an auditor has transcripts to read and download); the
+demo embeddings use case keeps metadata only, the default, to show the difference.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from governance.choices import (
     ApiKeyStatus,
     Environment,
     Namespace,
+    RecordPolicy,
     UseCaseKind,
     UseCaseStatus,
 )
@@ -25,12 +30,14 @@ from governance.services import (
     record_delete,
     record_update,
     use_case_create,
+    use_case_set_records,
     use_case_transition,
     use_case_update,
 )
 
 DEMO_TENANT = "demo"
 DEMO_USE_CASE = "demo-assistant"
+DEMO_METADATA_USE_CASE = "demo-embeddings"
 DEMO_KEY_NAME = "embedded demo key"
 ACTOR = Actor.system("demo-seed")
 
@@ -109,6 +116,34 @@ def _demo_guardrails(use_case: UseCase, guard: Model | None) -> None:
         )  # fmt: skip
 
 
+def _approve(use_case: UseCase) -> None:
+    if use_case.status == UseCaseStatus.DRAFT:
+        use_case_transition(actor=ACTOR, use_case=use_case, transition="submit")
+    if use_case.status == UseCaseStatus.SUBMITTED:
+        use_case_transition(actor=ACTOR, use_case=use_case, transition="approve")
+
+
+def _metadata_use_case(tenant: Tenant, models: list[Model]) -> None:
+    """A second use case that keeps metadata only (who, when, model, tokens), no content."""
+    use_case = UseCase.objects.filter(tenant=tenant, slug=DEMO_METADATA_USE_CASE).first()
+    if use_case is None:
+        use_case = use_case_create(
+            actor=ACTOR,
+            tenant=tenant,
+            fields={
+                "slug": DEMO_METADATA_USE_CASE,
+                "name": "Demo embeddings",
+                "kind": UseCaseKind.EMBEDDINGS,
+                "purpose": "Search the demo's documents; only metadata is kept of each request.",
+                "namespace": Namespace.DEV,
+            },
+        )
+    embedders = [m for m in models if "embeddings" in m.capabilities]
+    use_case_update(actor=ACTOR, use_case=use_case, changes={}, allowed_models=embedders)
+    use_case_set_records(actor=ACTOR, use_case=use_case, policy=RecordPolicy.METADATA)
+    _approve(use_case)
+
+
 @transaction.atomic
 def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
     """Create or refresh the demo; mint a fresh key and revoke the previous demo keys.
@@ -148,10 +183,10 @@ def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
         _demo_guardrails(
             use_case, guard=next((m for m in models if "guard" in m.capabilities), None)
         )
-    if use_case.status == UseCaseStatus.DRAFT:
-        use_case_transition(actor=ACTOR, use_case=use_case, transition="submit")
-    if use_case.status == UseCaseStatus.SUBMITTED:
-        use_case_transition(actor=ACTOR, use_case=use_case, transition="approve")
+    # Every run, as the allowed models: the demo exists to show transcripts to an auditor.
+    use_case_set_records(actor=ACTOR, use_case=use_case, policy=RecordPolicy.FULL)
+    _approve(use_case)
+    _metadata_use_case(tenant, models)
 
     for old in ApiKey.objects.filter(
         use_case=use_case, name=DEMO_KEY_NAME, status=ApiKeyStatus.ACTIVE

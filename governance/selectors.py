@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
-from governance.models import ApiKey, AuditEvent, GuardrailSelection, RateLimitPolicy, UseCase
+from governance.models import (
+    ApiKey,
+    AuditEvent,
+    GuardrailSelection,
+    RateLimitPolicy,
+    Tenant,
+    UseCase,
+)
 from governance.roles import AnyUser, can_read_everything, visible_tenants
 from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour
 
@@ -66,3 +73,20 @@ def guardrail_hours_visible(user: AnyUser) -> QuerySet[GuardrailHour]:
         return GuardrailHour.objects.all()
     ids = visible_tenants(user).values_list("pk", flat=True)
     return GuardrailHour.objects.filter(tenant_id__in=list(ids))
+
+
+def legal_hold_reason(instance: Tenant | UseCase) -> str:
+    """The reason given when the current hold was placed ("" when there is none)."""
+    if not instance.legal_hold:
+        return ""
+    kind = "usecase" if isinstance(instance, UseCase) else "tenant"
+    event = (
+        AuditEvent.objects.filter(
+            action=f"{kind}.legal_hold_place",
+            object_type=instance._meta.label_lower,
+            object_id=str(instance.pk),
+        )
+        .order_by("-sequence")
+        .first()
+    )
+    return str((event.after or {}).get("reason", "")) if event is not None else ""

@@ -22,7 +22,7 @@ from django.db.models import Model as DjangoModel
 from django.utils import timezone
 
 from governance.audit import Actor, audit_record, object_state
-from governance.choices import ApiKeyStatus, GuardrailFailure, UseCaseStatus
+from governance.choices import ApiKeyStatus, GuardrailFailure, RecordPolicy, UseCaseStatus
 from governance.errors import Conflict
 from governance.guardrail_selections import model_change_check, selection_validate
 from governance.keys import key_generate, key_hash, key_visible_prefix
@@ -201,6 +201,10 @@ def record_delete(*, actor: Actor, instance: DjangoModel) -> None:
 
 def _prepare(instance: DjangoModel, *, creating: bool) -> None:
     """Rules that span rows, for the records that have them, whatever the door."""
+    if isinstance(instance, Tenant | UseCase):
+        _hold_unchanged(instance, creating=creating)
+    if isinstance(instance, UseCase):
+        _retention_in_range(instance)
     if isinstance(instance, GuardrailSelection):
         _guardrail_prepare(instance, creating=creating)
     if isinstance(instance, Model) and not creating:
@@ -378,6 +382,8 @@ def use_case_create(
     _require_member(actor, tenant)
     _check_developer_fields(actor, [*fields, *(["allowed_models"] if allowed_models else [])])
     use_case = UseCase(tenant=tenant, **fields)
+    _hold_unchanged(use_case, creating=True)
+    _retention_in_range(use_case)
     use_case.full_clean()
     use_case.save()
     if allowed_models is not None:
@@ -413,9 +419,12 @@ def use_case_update(
         raise ValidationError(
             "A use case's tenant and status change only through their own actions."
         )
+    if "legal_hold" in changes and changes["legal_hold"] != use_case.legal_hold:
+        raise ValidationError({"legal_hold": LEGAL_HOLD_OWN_ACTION})
     before = object_state(UseCase.objects.get(pk=use_case.pk))
     for field, value in changes.items():
         setattr(use_case, field, value)
+    _retention_in_range(use_case)
     use_case.full_clean()
     use_case.save()
     if allowed_models is not None:
@@ -503,6 +512,119 @@ def use_case_transition(
     )
     policy_changed()
     return use_case
+
+
+# --- interaction records: what the gateway keeps, how long, who reads it, legal holds -------
+# Officers and admins decide these; developers and auditors are refused (auditors read every
+# record, and change nothing). A legal hold is set and lifted only here, each time with the
+# reason in the audit trail, so no form or file can drop one silently.
+LEGAL_HOLD_OWN_ACTION = "A legal hold is set or lifted with its own action, giving a reason."
+
+
+# A century: beyond it a number is a typo (and the column is a 32-bit integer).
+RETENTION_DAYS_MAX = 36_500
+
+
+def _retention_in_range(use_case: UseCase) -> None:
+    days = use_case.record_retention_days
+    if isinstance(days, int) and not 1 <= days <= RETENTION_DAYS_MAX:
+        raise ValidationError(
+            {"record_retention_days": f"Keep records from 1 to {RETENTION_DAYS_MAX} days."}
+        )
+
+
+def _hold_unchanged(instance: Tenant | UseCase, *, creating: bool) -> None:
+    """The generic doors (record services, admin forms, policy files) never move a hold."""
+    stored = False
+    if not creating and instance.pk is not None:
+        stored = bool(
+            type(instance)
+            ._default_manager.filter(pk=instance.pk)
+            .values_list("legal_hold", flat=True)
+            .first()
+        )
+    if instance.legal_hold != stored:
+        raise ValidationError({"legal_hold": LEGAL_HOLD_OWN_ACTION})
+
+
+def use_case_set_records(
+    *,
+    actor: Actor,
+    use_case: UseCase,
+    policy: str | None = None,
+    retention_days: int | None = None,
+    developers_can_read: bool | None = None,
+) -> UseCase:
+    """Set what the gateway records for a use case, for how long, and whether its tenant's
+    developers may read it; a None leaves that setting as it is.
+
+    Lowering the retention deletes nothing now: the next retention run (a periodic task)
+    removes what has grown older than the new limit, unless a legal hold keeps it.
+    """
+    _require_governor(actor)
+    changes: dict[str, Any] = {}
+    if policy is not None:
+        if policy not in RecordPolicy.values:
+            raise ValidationError(
+                {"record_policy": f"Choose one of {', '.join(RecordPolicy.values)}."}
+            )
+        changes["record_policy"] = policy
+    if retention_days is not None:
+        if isinstance(retention_days, bool) or not isinstance(retention_days, int):
+            raise ValidationError({"record_retention_days": "Give a whole number of days."})
+        changes["record_retention_days"] = retention_days
+    if developers_can_read is not None:
+        changes["records_visible_to_developers"] = bool(developers_can_read)
+    return use_case_update(actor=actor, use_case=use_case, changes=changes)
+
+
+def _set_hold(actor: Actor, instance: Tenant | UseCase, hold: bool, reason: str) -> bool:
+    """Set the hold with a conditional UPDATE (two officers at once: one change, one audit);
+    True when it moved."""
+    _require_governor(actor)
+    if not isinstance(hold, bool):
+        raise ValidationError({"hold": "Say true (hold) or false (lift)."})
+    if not reason.strip():
+        verb = "placed" if hold else "lifted"
+        raise ValidationError({"reason": f"Say why the legal hold is {verb}."})
+    if len(reason) > 2000:
+        raise ValidationError({"reason": "Keep the reason to 2,000 characters."})
+    moved = (
+        type(instance)
+        ._default_manager.filter(pk=instance.pk, legal_hold=not hold)
+        .update(legal_hold=hold, updated_at=timezone.now())
+    )
+    instance.refresh_from_db()
+    if not moved:
+        return False
+    kind = "usecase" if isinstance(instance, UseCase) else "tenant"
+    audit_record(
+        actor=actor,
+        action=f"{kind}.legal_hold_{'place' if hold else 'lift'}",
+        obj=instance,
+        before={"legal_hold": not hold},
+        after={"legal_hold": hold, "reason": reason},
+        tenant_slug=_tenant_of(instance),
+    )
+    policy_changed()
+    return True
+
+
+@transaction.atomic
+def use_case_set_legal_hold(*, actor: Actor, use_case: UseCase, hold: bool, reason: str) -> UseCase:
+    """Place or lift a legal hold on one use case's records; retention skips them while held.
+
+    Asking for the state it is already in changes nothing and records nothing.
+    """
+    _set_hold(actor, use_case, hold, reason)
+    return use_case
+
+
+@transaction.atomic
+def tenant_set_legal_hold(*, actor: Actor, tenant: Tenant, hold: bool, reason: str) -> Tenant:
+    """Place or lift a legal hold on every use case's records of a tenant."""
+    _set_hold(actor, tenant, hold, reason)
+    return tenant
 
 
 # --- API keys -----------------------------------------------------------------------------

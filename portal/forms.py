@@ -11,8 +11,9 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from governance.choices import RecordPolicy
 from governance.models import UseCase
-from governance.services import USE_CASE_TRANSITIONS
+from governance.services import RETENTION_DAYS_MAX, USE_CASE_TRANSITIONS
 from scheduler.models import AdmissionDecision, GuardrailFinding
 
 
@@ -77,6 +78,38 @@ class KeyDecisionForm(ReasonForm):
 
 class UseCaseTransitionForm(ReasonForm):
     transition = forms.ChoiceField(choices=[(name, name) for name in USE_CASE_TRANSITIONS])
+
+
+class RecordSettingsForm(PortalForm):
+    """What the gateway keeps of a use case's requests, how long, and who reads it."""
+
+    record_policy = forms.ChoiceField(
+        choices=RecordPolicy.choices,
+        label="Record",
+        help_text="Full keeps the request and the response (after redaction); metadata keeps "
+        "who, when, model, tokens and status; none keeps nothing.",
+    )
+    record_retention_days = forms.IntegerField(
+        min_value=1,
+        max_value=RETENTION_DAYS_MAX,
+        label="Keep records for (days)",
+        help_text="A shorter period applies at the next retention run; a legal hold keeps "
+        "records whatever this says.",
+    )
+    records_visible_to_developers = forms.BooleanField(
+        required=False,
+        label="The tenant's developers may read these records",
+    )
+
+
+class LegalHoldForm(PortalForm):
+    """Place or lift a legal hold, on the use case or on its whole tenant, with a reason."""
+
+    target = forms.ChoiceField(choices=[("use_case", "use case"), ("tenant", "tenant")])
+    hold = forms.TypedChoiceField(
+        choices=[("place", "Place"), ("lift", "Lift")], coerce=lambda value: value == "place"
+    )
+    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
 
 
 class UTCDateTimeField(forms.DateTimeField):

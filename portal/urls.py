@@ -19,6 +19,8 @@ urlpatterns = [
         views.use_case_transition_view,
         name="use_case_transition",
     ),
+    path("use-cases/<int:pk>/records/", views.use_case_records, name="use_case_records"),
+    path("use-cases/<int:pk>/legal-hold/", views.use_case_legal_hold, name="use_case_legal_hold"),
     path("use-cases/<int:pk>/keys/new/", views.key_request, name="key_request"),
     path("keys/<int:pk>/", views.key_detail, name="key_detail"),
     path("keys/<int:pk>/reveal/", views.key_reveal, name="key_reveal"),

@@ -16,6 +16,7 @@ from datetime import timedelta
 from functools import wraps
 from typing import Concatenate, ParamSpec
 
+from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -41,6 +42,9 @@ from governance.services import (
     api_key_reveal,
     api_key_revoke,
     api_key_rotate,
+    tenant_set_legal_hold,
+    use_case_set_legal_hold,
+    use_case_set_records,
     use_case_transition,
 )
 from portal import selectors
@@ -49,7 +53,9 @@ from portal.forms import (
     FindingSearchForm,
     KeyDecisionForm,
     KeyRequestForm,
+    LegalHoldForm,
     ReasonForm,
+    RecordSettingsForm,
     UseCaseTransitionForm,
 )
 
@@ -174,6 +180,14 @@ def use_case_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "actions": selectors.use_case_actions(request.user, use_case),
             "guardrails": use_case.guardrails.order_by("position", "pk"),
             "finding_counts": selectors.use_case_finding_counts(use_case),
+            "governs": can_govern(request.user),
+            "records_form": RecordSettingsForm(
+                initial={
+                    "record_policy": use_case.record_policy,
+                    "record_retention_days": use_case.record_retention_days,
+                    "records_visible_to_developers": use_case.records_visible_to_developers,
+                }
+            ),
             "sees_findings": can_read_everything(request.user),
             "now": now(),
         },
@@ -417,6 +431,54 @@ def use_case_transition_view(request: HttpRequest, pk: int) -> HttpResponse:
     )
     messages.success(request, f"Use case {use_case} {TRANSITION_DONE.get(transition, transition)}.")
     return redirect(_back(request, _use_case_url(use_case.pk)))
+
+
+def _form_error(form: forms.Form) -> ValidationError:
+    """The form's first complaint, named by its field, for the message on the page."""
+    name, errors = next(iter(form.errors.items()))
+    label = form[name].label if name in form.fields else name
+    return ValidationError(f"{label}: {' '.join(str(e) for e in errors)}")
+
+
+@portal_action(back=_use_case_url)
+@require_POST
+def use_case_records(request: HttpRequest, pk: int) -> HttpResponse:
+    """An officer sets what the gateway records for this use case (audited by the service)."""
+    use_case = _use_case_for(request, pk)
+    form = RecordSettingsForm(request.POST)
+    if not form.is_valid():
+        raise _form_error(form)
+    data = form.cleaned_data
+    use_case_set_records(
+        actor=_actor(request),
+        use_case=use_case,
+        policy=data["record_policy"],
+        retention_days=data["record_retention_days"],
+        developers_can_read=data["records_visible_to_developers"],
+    )
+    messages.success(request, f"Record settings of {use_case} saved.")
+    return redirect(_use_case_url(use_case.pk))
+
+
+@portal_action(back=_use_case_url)
+@require_POST
+def use_case_legal_hold(request: HttpRequest, pk: int) -> HttpResponse:
+    """An officer places or lifts a legal hold on this use case or on its whole tenant."""
+    use_case = _use_case_for(request, pk)
+    form = LegalHoldForm(request.POST)
+    if not form.is_valid():
+        raise _form_error(form)
+    hold, reason = form.cleaned_data["hold"], form.cleaned_data["reason"]
+    if form.cleaned_data["target"] == "tenant":
+        tenant_set_legal_hold(
+            actor=_actor(request), tenant=use_case.tenant, hold=hold, reason=reason
+        )
+        what = f"tenant {use_case.tenant.slug}"
+    else:
+        use_case_set_legal_hold(actor=_actor(request), use_case=use_case, hold=hold, reason=reason)
+        what = f"use case {use_case}"
+    messages.success(request, f"Legal hold on {what} {'placed' if hold else 'lifted'}.")
+    return redirect(_use_case_url(use_case.pk))
 
 
 class LocalLoginView(auth_views.LoginView):

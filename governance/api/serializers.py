@@ -21,6 +21,7 @@ from governance.models import (
     Tenant,
     UseCase,
 )
+from governance.services import RETENTION_DAYS_MAX
 
 User = get_user_model()
 
@@ -94,10 +95,20 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
             "owner_email",
             "contacts",
             "members",
+            "legal_hold",
             "created_at",
             "updated_at",
         )
-        read_only_fields = ("created_at", "updated_at")
+        # A hold moves only with its own action and a reason (POST …/legal-hold/).
+        read_only_fields = ("legal_hold", "created_at", "updated_at")
+
+
+class LegalHoldSerializer(serializers.Serializer[Any]):
+    """Place (``hold: true``) or lift (``hold: false``) a legal hold; the reason goes into
+    the audit trail either way."""
+
+    hold = serializers.BooleanField(help_text="true: place the hold; false: lift it")
+    reason = serializers.CharField(max_length=2000, help_text="Why; recorded in the audit trail")
 
 
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
@@ -268,10 +279,15 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
             "service_account_client_id",
             "guardrail_failure",
             "guardrails",
+            "record_policy",
+            "record_retention_days",
+            "records_visible_to_developers",
+            "legal_hold",
             "created_at",
             "updated_at",
         )
         read_only_fields = (
+            "legal_hold",
             "status",
             "status_changed_at",
             "status_reason",
@@ -284,6 +300,7 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
             "tokens_per_minute": LIMIT,
             "tokens_per_day": LIMIT,
             "max_concurrent": LIMIT,
+            "record_retention_days": {"min_value": 1, "max_value": RETENTION_DAYS_MAX},
         }
 
     def validate_tenant(self, tenant: Tenant) -> Tenant:

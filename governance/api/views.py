@@ -60,7 +60,9 @@ from governance.services import (
     record_create,
     record_delete,
     record_update,
+    tenant_set_legal_hold,
     use_case_create,
+    use_case_set_legal_hold,
     use_case_transition,
     use_case_update,
 )
@@ -147,6 +149,17 @@ class TenantViewSet(GovernedViewSet):
 
     def get_queryset(self) -> QuerySet[Tenant]:
         return visible_tenants(self.request.user).prefetch_related("members")
+
+    @extend_schema(request=s.LegalHoldSerializer, responses=s.TenantSerializer)
+    @action(detail=True, methods=["post"], url_path="legal-hold")
+    def legal_hold(self, request: Request, slug: str | None = None) -> Response:
+        """Place or lift a legal hold on every use case's records of the tenant (officers)."""
+        body = s.LegalHoldSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        tenant = tenant_set_legal_hold(
+            actor=actor_of(request), tenant=self.get_object(), **body.validated_data
+        )
+        return Response(s.TenantSerializer(tenant).data)
 
 
 class ModelViewSet(GovernedViewSet):
@@ -306,6 +319,17 @@ class UseCaseViewSet(
     @action(detail=True, methods=["post"])
     def retire(self, request: Request, pk: str | None = None) -> Response:
         return self._transition(request, "retire")
+
+    @extend_schema(request=s.LegalHoldSerializer, responses=s.UseCaseSerializer)
+    @action(detail=True, methods=["post"], url_path="legal-hold")
+    def legal_hold(self, request: Request, pk: str | None = None) -> Response:
+        """Place or lift a legal hold on the use case's records (officers)."""
+        body = s.LegalHoldSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        use_case = use_case_set_legal_hold(
+            actor=actor_of(request), use_case=self.get_object(), **body.validated_data
+        )
+        return Response(s.UseCaseSerializer(use_case).data)
 
     @extend_schema(methods=["get"], request=None, responses=s.UseCaseGuardrailSerializer(many=True))
     @extend_schema(

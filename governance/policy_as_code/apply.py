@@ -50,7 +50,9 @@ from governance.services import (
     record_create,
     record_delete,
     record_update,
+    tenant_set_legal_hold,
     use_case_create,
+    use_case_set_legal_hold,
     use_case_transition,
     use_case_update,
 )
@@ -60,6 +62,13 @@ logger = logging.getLogger(__name__)
 _UPSERT = (Action.CREATE, Action.UPDATE)
 _CLIENT = "service_account_client_id"
 _LIMITS_PREFIX = "limits."
+_HOLD = "legal_hold"
+# The file's names under ``records:`` → the use case's fields.
+_RECORDS_FIELDS = {
+    "records.policy": "record_policy",
+    "records.retention_days": "record_retention_days",
+    "records.developers_can_read": "records_visible_to_developers",
+}
 
 
 @dataclass(frozen=True)
@@ -105,12 +114,18 @@ def _blame(path: str) -> Iterator[None]:
 
 
 def _use_case_fields(record: Record) -> dict[str, Any]:
-    """Record names to model fields; models and status have their own services."""
+    """Record names to model fields; models, status and the legal hold have their own
+    services."""
     return {
-        name.removeprefix(_LIMITS_PREFIX): value
+        _RECORDS_FIELDS.get(name, name.removeprefix(_LIMITS_PREFIX)): value
         for name, value in record.items()
-        if name not in ("models", "status")
+        if name not in ("models", "status", _HOLD)
     }
+
+
+def _hold_reason(change: Change, hold: bool) -> str:
+    # Placing needs the file's reason (the schema requires it); so does lifting (the plan).
+    return change.hold_reason or f"{'placed' if hold else 'lifted'} by the policy file"
 
 
 def _place_in_file(change: Change) -> tuple[Key, int]:
@@ -178,7 +193,7 @@ class _Applier:
         steps: list[tuple[Section, tuple[Action, ...], Callable[[Change], None]]] = [
             (Section.MODELS, _UPSERT, self.upsert),
             (Section.DEPLOYMENTS, _UPSERT, self.upsert),
-            (Section.TENANTS, _UPSERT, self.upsert),
+            (Section.TENANTS, _UPSERT, self.tenant_upsert),
             (Section.USE_CASES, _UPSERT, self.use_case_upsert),
             # Removed guardrails first: one the file moves to another stage is a delete and a
             # create, and the create must not clash with the selection it replaces.
@@ -257,26 +272,53 @@ class _Applier:
                 return RateLimitPolicy(name=key[0], **fields)
         raise AssertionError(f"{section} records are not created as rows")
 
+    def tenant_upsert(self, change: Change) -> None:
+        """A tenant's fields through the record services; its hold through its own."""
+        changed = change.changed() if change.action is Action.UPDATE else dict(change.after or {})
+        hold = changed.pop(_HOLD, None)
+        if change.action is Action.CREATE:
+            record_create(actor=self.actor, instance=Tenant(slug=change.key[0], **changed))
+        elif changed:
+            record_update(actor=self.actor, instance=self.tenant(change.key[0]), changes=changed)
+        if hold is not None:
+            tenant_set_legal_hold(
+                actor=self.actor,
+                tenant=self.tenant(change.key[0]),
+                hold=hold,
+                reason=_hold_reason(change, hold),
+            )
+
     def use_case_upsert(self, change: Change) -> None:
         if change.action is Action.CREATE:
             assert change.after is not None
-            use_case_create(
+            use_case = use_case_create(
                 actor=self.actor,
                 tenant=self.tenant(change.key[0]),
                 fields={"slug": change.key[1], **_use_case_fields(change.after)},
                 allowed_models=[self.model(m) for m in change.after["models"]],
             )
+            self.use_case_hold(change, use_case, change.after.get(_HOLD))
             return
         changed = change.changed()
         fields = _use_case_fields(changed)
-        if not fields and "models" not in changed:
-            return  # only the status moves, in use_case_move
         models = changed.get("models")
-        use_case_update(
+        if fields or models is not None:  # otherwise only the status moves, in use_case_move
+            use_case_update(
+                actor=self.actor,
+                use_case=self.use_case(change.key),
+                changes=fields,
+                allowed_models=None if models is None else [self.model(m) for m in models],
+            )
+        self.use_case_hold(change, None, changed.get(_HOLD))
+
+    def use_case_hold(self, change: Change, use_case: UseCase | None, hold: bool | None) -> None:
+        if hold is None or (use_case is not None and use_case.legal_hold == hold):
+            return
+        use_case_set_legal_hold(
             actor=self.actor,
-            use_case=self.use_case(change.key),
-            changes=fields,
-            allowed_models=None if models is None else [self.model(m) for m in models],
+            use_case=use_case or self.use_case(change.key),
+            hold=hold,
+            reason=_hold_reason(change, hold),
         )
 
     def use_case_move(self, change: Change) -> None:

@@ -20,6 +20,7 @@ from governance.policy_as_code.schema import (
     PolicyDocument,
     PriorityClassSpec,
     RateLimitSpec,
+    RecordsSpec,
     TenantSpec,
     UseCaseSpec,
 )
@@ -109,7 +110,35 @@ def _tenant(spec: TenantSpec) -> dict[str, Any]:
         "environment": spec.environment,
         "owner_email": spec.owner_email,
         **_some(contacts=sorted(spec.contacts)),
+        **_hold(spec),
     }
+
+
+def _hold(spec: TenantSpec | UseCaseSpec) -> dict[str, Any]:
+    """A hold that is on, with the reason it was placed for; none says nothing (and a file
+    that says nothing leaves a hold as it is)."""
+    if not spec.legal_hold:
+        return {}
+    return {
+        "legal_hold": True,
+        "legal_hold_reason": spec.legal_hold_reason or "(no reason recorded)",
+    }
+
+
+def _records(spec: RecordsSpec) -> dict[str, Any]:
+    """The record settings that differ from the defaults (metadata, 90 days, no developers)."""
+    default = RecordsSpec()
+    return _Flow(
+        {
+            name: value
+            for name, value in (
+                ("policy", spec.policy),
+                ("retention_days", spec.retention_days),
+                ("developers_can_read", spec.developers_can_read),
+            )
+            if value != getattr(default, name)
+        }
+    )
 
 
 def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
@@ -141,6 +170,8 @@ def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
         **_some(
             guardrail_failure=spec.guardrail_failure if spec.guardrail_failure != "closed" else ""
         ),
+        **({"records": records} if (records := _records(spec.records)) else {}),
+        **_hold(spec),
     }
 
 

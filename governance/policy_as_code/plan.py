@@ -8,7 +8,7 @@ field-level before → after. What apply does is exactly what the plan lists.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -90,6 +90,8 @@ class Change:
     # the file gives for them (apply supplies one where a transition requires it).
     transitions: tuple[str, ...] = ()
     reason: str = ""
+    # Tenants and use cases: why the file places or lifts a legal hold (for the audit trail).
+    hold_reason: str = ""
 
     @property
     def path(self) -> str:
@@ -170,6 +172,11 @@ def _use_case_record(use_case: UseCaseSpec) -> Record:
         "limits.tokens_per_minute": limits.tokens_per_minute,
         "limits.tokens_per_day": limits.tokens_per_day,
         "limits.max_concurrent": limits.max_concurrent,
+        "records.policy": use_case.records.policy,
+        "records.retention_days": use_case.records.retention_days,
+        "records.developers_can_read": use_case.records.developers_can_read,
+        # None (the file says nothing) is resolved against the database by the plan.
+        "legal_hold": use_case.legal_hold,
         "status": use_case.status,
     }
 
@@ -200,6 +207,7 @@ def document_records(document: PolicyDocument) -> dict[Section, dict[Key, Record
                 "environment": t.environment,
                 "owner_email": t.owner_email,
                 "contacts": sorted(t.contacts),
+                "legal_hold": t.legal_hold,
             }
             for t in document.tenants
         }
@@ -325,20 +333,58 @@ class _Builder:
         reasons: dict[Key, str] = {
             (u.tenant, u.slug): u.status_reason for u in self.desired.use_cases or ()
         }
+        hold_reasons: dict[tuple[Section, Key], str] = {
+            (Section.USE_CASES, (u.tenant, u.slug)): u.legal_hold_reason
+            for u in self.desired.use_cases or ()
+        } | {(Section.TENANTS, (t.id,)): t.legal_hold_reason for t in self.desired.tenants or ()}
         for section in Section:
             wanted = self.want[section]
             if wanted is None or section is Section.KEYS:
                 continue
             for key, record in sorted(wanted.items()):
                 old = self.have[section].get(key)
+                hold_reason = hold_reasons.get((section, key), "")
+                if "legal_hold" in record:
+                    record = self._resolve_hold(section, key, record, old, hold_reason)
                 if old == record:
                     continue
                 action = Action.CREATE if old is None else Action.UPDATE
-                change: Change | None = Change(action, section, key, before=old, after=record)
+                change: Change | None = Change(
+                    action,
+                    section,
+                    key,
+                    before=old,
+                    after=record,
+                    hold_reason=hold_reason,
+                )
                 if change is not None and section is Section.USE_CASES:
                     change = self._with_lifecycle(change, reasons.get(key, ""))
                 if change is not None:
                     self.changes.append(change)
+
+    def _resolve_hold(
+        self, section: Section, key: Key, record: Record, old: Record | None, reason: str
+    ) -> Record:
+        """A hold the file says nothing about stays as it is (an old file must not lift one);
+        lifting one takes a reason, as placing one does."""
+        held = bool(old and old["legal_hold"])
+        if record["legal_hold"] is None:
+            if held:
+                self.keep(
+                    section,
+                    key,
+                    "on legal hold; kept (write legal_hold: false with a legal_hold_reason "
+                    "to lift it)",
+                )
+            return {**record, "legal_hold": held}
+        if held and record["legal_hold"] is False and not reason.strip():
+            self.problems.append(
+                Problem(
+                    f"{record_path(section, key)}.legal_hold_reason",
+                    "is required to lift a legal hold (say why)",
+                )
+            )
+        return record
 
     def _with_lifecycle(self, change: Change, reason: str) -> Change | None:
         assert change.after is not None
@@ -348,15 +394,7 @@ class _Builder:
         if path is None:
             self.problems.append(_lifecycle_problem(change.key, start, target))
             return None
-        return Change(
-            change.action,
-            change.section,
-            change.key,
-            before=change.before,
-            after=change.after,
-            transitions=path,
-            reason=reason,
-        )
+        return replace(change, transitions=path, reason=reason)
 
     def service_account_clashes(self) -> None:
         """A client the file binds that a use case the file does not list holds: apply would

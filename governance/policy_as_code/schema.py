@@ -24,6 +24,7 @@ from governance.choices import (
     GuardrailSide,
     Namespace,
     RateLimitScope,
+    RecordPolicy,
     UseCaseKind,
     UseCaseStatus,
 )
@@ -89,6 +90,20 @@ class TenantSpec:
     environment: str
     owner_email: str
     contacts: tuple[str, ...] = ()
+    # True or False as the file says; None where the file says nothing (the hold is left as
+    # it is: an old file must not lift a hold by leaving it out). The reason is recorded
+    # when apply moves the hold, and not compared afterwards (the audit trail keeps it).
+    legal_hold: bool | None = None
+    legal_hold_reason: str = ""
+
+
+@dataclass(frozen=True)
+class RecordsSpec:
+    """What the gateway keeps of a use case's requests (``records:`` in the file)."""
+
+    policy: str = RecordPolicy.METADATA.value
+    retention_days: int = 90
+    developers_can_read: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,9 @@ class UseCaseSpec:
     limits: LimitsSpec = LimitsSpec()
     guardrails: tuple[GuardrailSpec, ...] = ()
     guardrail_failure: str = GuardrailFailure.CLOSED.value
+    records: RecordsSpec = RecordsSpec()
+    legal_hold: bool | None = None  # as on TenantSpec
+    legal_hold_reason: str = ""
 
     @property
     def id(self) -> str:
@@ -261,6 +279,8 @@ def _tenants(raw: Any, problems: list[Problem]) -> tuple[TenantSpec, ...]:
         "environment",
         "owner_email",
         "contacts",
+        "legal_hold",
+        "legal_hold_reason",
     )
     tenants: list[TenantSpec] = []
     seen: dict[str, str] = {}
@@ -277,9 +297,41 @@ def _tenants(raw: Any, problems: list[Problem]) -> tuple[TenantSpec, ...]:
                 environment=r.choice("environment", Environment.values),
                 owner_email=r.text("owner_email", max_length=254, check=check_email),
                 contacts=r.texts("contacts", check=check_email),
+                **_legal_hold(r),
             )
         )
     return tuple(tenants)
+
+
+def _legal_hold(r: Reader) -> dict[str, Any]:
+    """``legal_hold`` (true/false; absent: left as it is) and the reason for placing it."""
+    hold = None if r.raw.get("legal_hold") is None else r.boolean("legal_hold", default=False)
+    reason = r.text("legal_hold_reason", required=False, max_length=2000)
+    if hold is True and not reason.strip():
+        r.problem("legal_hold_reason", "is required with legal_hold: true (say why)")
+    if hold is None and reason:
+        r.problem("legal_hold_reason", "goes with legal_hold: true or false")
+    return {"legal_hold": hold, "legal_hold_reason": reason}
+
+
+RETENTION_DAYS_MAX: Final = 36_500  # governance.services.RETENTION_DAYS_MAX
+
+
+def _records_settings(
+    raw: Mapping[Any, Any] | None, path: str, problems: list[Problem]
+) -> RecordsSpec:
+    if raw is None:
+        return RecordsSpec()
+    r = Reader(
+        raw, f"{path}.records", problems, ("policy", "retention_days", "developers_can_read")
+    )
+    return RecordsSpec(
+        policy=r.choice("policy", RecordPolicy.values, default=RecordPolicy.METADATA.value),
+        retention_days=r.integer(
+            "retention_days", default=90, minimum=1, maximum=RETENTION_DAYS_MAX
+        ),
+        developers_can_read=r.boolean("developers_can_read", default=False),
+    )
 
 
 def split_use_case_id(value: str) -> tuple[str, str] | None:
@@ -374,6 +426,9 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
         "limits",
         "guardrails",
         "guardrail_failure",
+        "records",
+        "legal_hold",
+        "legal_hold_reason",
     )
     use_cases: list[UseCaseSpec] = []
     seen: dict[str, str] = {}
@@ -422,6 +477,8 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
                     GuardrailFailure.values,
                     default=GuardrailFailure.CLOSED.value,
                 ),
+                records=_records_settings(r.mapping("records"), path, problems),
+                **_legal_hold(r),
             )
         )
     return tuple(use_cases)

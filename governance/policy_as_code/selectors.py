@@ -29,9 +29,11 @@ from governance.policy_as_code.schema import (
     PolicyDocument,
     PriorityClassSpec,
     RateLimitSpec,
+    RecordsSpec,
     TenantSpec,
     UseCaseSpec,
 )
+from governance.selectors import legal_hold_reason
 
 
 def _deployments(model: Model) -> tuple[DeploymentSpec, ...]:
@@ -91,6 +93,13 @@ def _use_case(use_case: UseCase) -> UseCaseSpec:
             )
             for g in sorted(use_case.guardrails.all(), key=lambda g: (g.position, g.pk))
         ),
+        records=RecordsSpec(
+            policy=use_case.record_policy,
+            retention_days=use_case.record_retention_days,
+            developers_can_read=use_case.records_visible_to_developers,
+        ),
+        legal_hold=use_case.legal_hold,
+        legal_hold_reason=legal_hold_reason(use_case),
     )
 
 
@@ -144,6 +153,8 @@ def policy_current(*, now: datetime | None = None) -> PolicyDocument:
                 environment=tenant.environment,
                 owner_email=tenant.owner_email,
                 contacts=tuple(tenant.contacts),
+                legal_hold=tenant.legal_hold,
+                legal_hold_reason=legal_hold_reason(tenant),
             )
             for tenant in Tenant.objects.order_by("slug")
         ),

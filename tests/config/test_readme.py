@@ -37,3 +37,12 @@ def test_the_readme_opens_with_the_two_commands_ci_runs() -> None:
     assert "make up" in first_block
     assert "make test" in first_block
     assert "make test" in (REPO_ROOT / ".ci" / "run").read_text()
+
+
+def test_the_example_production_env_sets_only_variables_the_code_reads() -> None:
+    """A misspelt name in deploy/example.env would be copied into real deploys and ignored."""
+    example = (REPO_ROOT / "deploy" / "example.env").read_text()
+    names = re.findall(r"^(SWITCHYARD_[A-Z0-9_]+)=", example, re.M)
+    assert "SWITCHYARD_RECORDS_KEYS_FILE" in names  # the scan itself works
+    unknown = sorted({n.removesuffix("_FILE") for n in names} - variables_read_by_the_code())
+    assert unknown == [], f"deploy/example.env sets variables nothing reads: {unknown}"

@@ -8,11 +8,13 @@ import socket
 import subprocess
 import time
 
+import boto3
 import httpx
 import openai
 import pytest
 
-from config.processes import PYTHON, REPO_ROOT, free_port, wait_until
+from config.processes import PYTHON, REPO_ROOT, free_port, port_bindable, wait_until
+from config.seaweed import SeaweedPorts
 
 
 def port_is_listening(port: int) -> bool:
@@ -32,29 +34,49 @@ def stack_env(tmp_path, ports: dict[str, int]) -> dict[str, str]:
         "SWITCHYARD_VALKEY_PORT": str(ports["valkey"]),
         "SWITCHYARD_FLEET_BASE_PORT": str(ports["fleet"]),
         "SWITCHYARD_GUARDRAIL_PORT": str(ports["guardrails"]),
+        "SWITCHYARD_S3_PORT": str(ports["s3"]),
         "SWITCHYARD_SIM_TIME_SCALE": "0.05",
         "PYTHONUNBUFFERED": "1",
     }
 
 
-def contiguous_free_ports(count: int) -> int:
-    """A base port with `count` free ports after it (the fleet takes consecutive ports)."""
+def contiguous_free_ports(count: int, taken: set[int]) -> int:
+    """A base port with `count` free ports from it (the fleet takes consecutive ports)."""
     for _ in range(50):
         base = free_port()
-        if base + count < 65535 and not any(port_is_listening(base + i) for i in range(count)):
+        run = range(base, base + count)
+        if base + count < 65535 and not taken & set(run) and not any(map(port_is_listening, run)):
             return base
     raise RuntimeError("no run of free ports found")
 
 
+def seaweed_base_port(taken: set[int]) -> int:
+    """A base port whose SeaweedFS block (it and the next four, each + 10000) is free."""
+    for _ in range(100):
+        base = free_port()
+        if base > 55_000:
+            continue
+        block = SeaweedPorts.from_base(base).all()
+        if not taken & set(block) and all(port_bindable("127.0.0.1", port) for port in block):
+            return base
+    raise RuntimeError("no free SeaweedFS port block found")
+
+
 @pytest.fixture
 def ports() -> dict[str, int]:
-    return {
-        "web": free_port(),
-        "gateway": free_port(),
-        "valkey": free_port(),
-        "guardrails": free_port(),
-        "fleet": contiguous_free_ports(3),
-    }
+    """Every port the stack takes, none shared: the fleet's four in a row, SeaweedFS's ten."""
+    chosen: dict[str, int] = {}
+    taken: set[int] = set()
+    for name in ("web", "gateway", "valkey", "guardrails"):
+        port = free_port()
+        while port in taken:
+            port = free_port()
+        chosen[name] = port
+        taken.add(port)
+    chosen["fleet"] = contiguous_free_ports(4, taken)
+    taken |= set(range(chosen["fleet"], chosen["fleet"] + 4))
+    chosen["s3"] = seaweed_base_port(taken)
+    return chosen
 
 
 def _as_a_background_job() -> None:
@@ -113,6 +135,20 @@ def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, p
         assert guardrails["status"] == "ok"
         assert guardrails["workers"] == guardrails["size"] >= 1
 
+        # The records bucket exists at start-up, on SeaweedFS, under the run directory.
+        s3_url = f"http://127.0.0.1:{ports['s3']}"
+        assert f"Object storage  {s3_url} (S3, SeaweedFS; bucket switchyard-records)" in output()
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=s3_url,
+            aws_access_key_id="switchyard-demo",
+            aws_secret_access_key="embedded-demo-only-s3-secret",
+            region_name="us-east-1",
+        )
+        assert "switchyard-records" in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+        assert (tmp_path / "run" / "seaweedfs" / "data").is_dir()
+        assert (tmp_path / "run" / "logs" / "seaweedfs.log").is_file()
+
         web = f"http://127.0.0.1:{ports['web']}"
         assert "llama-3.1-8b-instruct" in httpx.get(web + "/").text
         assert httpx.get(web + "/admin/login/").status_code == 200
@@ -128,6 +164,8 @@ def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, p
     assert "stopped." in output()
     for name, port in ports.items():
         assert not port_is_listening(port), f"{name} port {port} still open after shutdown"
+    for port in SeaweedPorts.from_base(ports["s3"]).all():
+        assert not port_is_listening(port), f"SeaweedFS port {port} still open after shutdown"
 
 
 def test_a_port_in_use_is_reported_with_the_variable_to_change(tmp_path, ports) -> None:
@@ -148,3 +186,79 @@ def test_a_port_in_use_is_reported_with_the_variable_to_change(tmp_path, ports) 
     assert f"port {ports['gateway']}" in result.stderr
     assert "SWITCHYARD_GATEWAY_PORT" in result.stderr
     assert time.monotonic() - started < 30
+
+
+def test_seaweedfs_dying_stops_the_stack_with_its_log(tmp_path, ports) -> None:
+    """Object storage is a child like the others: if it dies, the stack says which, shows the
+    end of its log, and stops everything else rather than limping on without a bucket."""
+    import psutil
+
+    log = (tmp_path / "stack.out").open("w+")
+    stack = subprocess.Popen(
+        [PYTHON, "-m", "config.stack"],
+        cwd=REPO_ROOT,
+        env=stack_env(tmp_path, ports),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+    def output() -> str:
+        return (tmp_path / "stack.out").read_text()
+
+    try:
+        assert wait_until(
+            lambda: "Press Ctrl-C" in output() or stack.poll() is not None, timeout=150
+        )
+        assert stack.poll() is None, output()
+        (weed,) = [
+            p
+            for p in psutil.Process(stack.pid).children(recursive=True)
+            if f"-s3.port={ports['s3']}" in p.cmdline()
+        ]
+        weed.kill()
+        code = stack.wait(timeout=60)
+    finally:
+        if stack.poll() is None:
+            stack.kill()
+    assert code == 1
+    assert "seaweedfs exited unexpectedly; stopping the stack." in output()
+    assert f"--- last lines of {tmp_path / 'run' / 'logs' / 'seaweedfs.log'} ---" in output()
+    for name, port in ports.items():
+        assert not port_is_listening(port), f"{name} port {port} still open after the stop"
+
+
+def test_a_clash_on_a_seaweedfs_grpc_port_names_the_s3_port_variable(tmp_path, ports) -> None:
+    """SeaweedFS listens on the S3 port's neighbours and their gRPC twins: a clash on any is
+    named by the one variable that moves them all."""
+    filer_grpc = SeaweedPorts.from_base(ports["s3"]).filer + 10_000
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", filer_grpc))
+        blocker.listen()
+        result = subprocess.run(
+            [PYTHON, "-m", "config.stack"],
+            cwd=REPO_ROOT,
+            env=stack_env(tmp_path, ports),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert f"port {filer_grpc}" in result.stderr
+    assert "SWITCHYARD_S3_PORT" in result.stderr
+
+
+def test_an_s3_port_without_room_for_its_neighbours_is_refused(tmp_path, ports) -> None:
+    env = {**stack_env(tmp_path, ports), "SWITCHYARD_S3_PORT": "60000"}
+    result = subprocess.run(
+        [PYTHON, "-m", "config.stack"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "SWITCHYARD_S3_PORT=60000 must be at most 55531" in result.stderr

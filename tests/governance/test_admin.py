@@ -130,6 +130,15 @@ def _use_case_form(use_case: UseCase, **inline: str) -> dict[str, Any]:
         "ticket_ref": "",
         "service_account_client_id": "",
         "guardrail_failure": use_case.guardrail_failure,
+        "record_policy": use_case.record_policy,
+        "record_retention_days": str(use_case.record_retention_days),
+        # Check boxes: present when ticked.
+        **(
+            {"records_visible_to_developers": "on"}
+            if use_case.records_visible_to_developers
+            else {}
+        ),
+        **({"legal_hold": "on"} if use_case.legal_hold else {}),
         "guardrails-TOTAL_FORMS": str(use_case.guardrails.count()),
         "guardrails-INITIAL_FORMS": str(use_case.guardrails.count()),
         "guardrails-MIN_NUM_FORMS": "0",

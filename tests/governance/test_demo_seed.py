@@ -33,7 +33,7 @@ def test_seeding_twice_refreshes_in_place_and_only_the_newest_demo_key_works(
         hashlib.sha256(first.key_plaintext.encode()).hexdigest(): ApiKeyStatus.REVOKED,
         hashlib.sha256(second.key_plaintext.encode()).hexdigest(): ApiKeyStatus.ACTIVE,
     }
-    assert UseCase.objects.count() == 1
+    assert UseCase.objects.count() == 2
     assert Deployment.objects.get(model__public_id="llama").replicas == ["http://127.0.0.1:9101"]
     # The admin is created once; the second run does not reset (or reveal) its password.
     assert first.admin_password == "pw-one-123"
@@ -70,7 +70,7 @@ def test_the_demo_use_case_shows_guardrails_at_work_and_cannot_call_the_guard_mo
     demo_seed(fleet=fleet, admin_password="pw-one-123")
     demo_seed(fleet=fleet, admin_password="pw-one-123")
 
-    use_case = UseCase.objects.get()
+    use_case = UseCase.objects.get(slug="demo-assistant")
     selections = list(use_case.guardrails.order_by("position"))
     assert [(s.guardrail, s.side, s.action) for s in selections] == [
         ("secrets", "request", "block"),
@@ -82,3 +82,20 @@ def test_the_demo_use_case_shows_guardrails_at_work_and_cannot_call_the_guard_mo
     ]
     assert selections[-1].config["model"] == "guard"
     assert sorted(m.public_id for m in use_case.allowed_models.all()) == ["embed", "llama"]
+
+
+def test_the_demo_assistant_records_in_full_and_the_embeddings_use_case_metadata_only(
+    live_valkey_settings,
+) -> None:
+    """GIVEN the demo seeded WHEN an officer turned the assistant's recording down and the demo
+    is seeded again THEN the assistant records in full again (the demo shows transcripts) and
+    the second demo use case, approved, keeps metadata only."""
+    demo_seed(fleet=FLEET, admin_password="pw-one-123")
+    UseCase.objects.filter(slug="demo-assistant").update(record_policy="none")
+    demo_seed(fleet=FLEET, admin_password="pw-one-123")
+
+    policies = dict(UseCase.objects.values_list("slug", "record_policy"))
+    assert policies == {"demo-assistant": "full", "demo-embeddings": "metadata"}
+    embeddings = UseCase.objects.get(slug="demo-embeddings")
+    assert embeddings.status == "approved"
+    assert [m.public_id for m in embeddings.allowed_models.all()] == ["embed"]
