@@ -143,8 +143,10 @@ def test_an_auditor_reads_a_transcript_from_object_storage_and_the_read_is_audit
     assert "http://10.0.0.7:8000" in page  # the replica
     assert "queued 5 ms, upstream 120 ms, total 130 ms" in page
     assert "checkout-service" in page
-    assert 'id="record-decisions"' in page and "250 ms" in page
-    assert 'id="record-findings"' in page and "EMAIL" in page
+    assert 'id="record-decisions"' in page
+    assert "250 ms" in page
+    assert 'id="record-findings"' in page
+    assert "EMAIL" in page
     (viewed,) = _events("records.viewed")
     assert viewed.actor == "audrey"
     assert viewed.tenant_slug == "acme"
@@ -271,7 +273,8 @@ def test_a_csv_export_has_the_content_as_text_columns(world: World) -> None:
     assert [row["record_id"] for row in rows] == [row["record_id"] for row in expected]
     assert [row["response"] for row in rows] == [row["response"] for row in expected]
     assert [row["request"] for row in rows] == [row["request"] for row in expected]
-    assert rows[0]["streamed"] == "True" and rows[0]["status"] == "200"
+    assert rows[0]["streamed"] == "True"
+    assert rows[0]["status"] == "200"
     (exported,) = _events("records.exported")
     assert exported.after["filter"] == {"status": "2xx"}
     assert exported.after["records"] == 2
@@ -297,7 +300,8 @@ def test_under_asgi_the_export_is_an_async_stream_pulled_chunk_by_chunk(
     response, chunks = async_to_sync(export)()
 
     assert response.status_code == 200
-    assert response.streaming and response.is_async
+    assert response.streaming
+    assert response.is_async
     assert len(chunks) == 3  # one record per chunk: pulled one at a time
     body = b"".join(chunks)
     assert [orjson.loads(line) for line in body.splitlines()] == _expected_rows(world)
