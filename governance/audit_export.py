@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -125,7 +125,7 @@ class _Progress:
     complete: bool = False
 
 
-def audit_export(*, actor: Actor, wanted: AuditExportRange) -> Iterator[bytes]:
+def audit_export(*, actor: Actor, wanted: AuditExportRange) -> Generator[bytes]:
     """The export's bytes, a few hundred events per chunk; the signed summary last. When it
     ends (finished, or closed early) one ``audit.exported`` event records who, the range,
     how many events and the SHA-256 of what was sent."""

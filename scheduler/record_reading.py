@@ -21,7 +21,7 @@ import csv
 import hashlib
 import io
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -651,7 +651,7 @@ def records_export(
     rows: QuerySet[InteractionRecord],
     fmt: str,
     described: dict[str, Any],
-) -> Iterator[bytes]:
+) -> Generator[bytes]:
     """The export's bytes, a few hundred records per chunk, read with a database cursor and
     the object cache (memory stays flat). When it ends — finished, or closed early because
     the client went away — one ``records.exported`` event records who, the filter, the

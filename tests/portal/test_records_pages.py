@@ -67,21 +67,29 @@ def world(records_store: RecordsStore) -> World:
         ]
     )
     audrey = Client()
-    audrey.force_login(make_user("audrey", Role.AUDITOR))
+    audrey.force_login(_user("audrey", Role.AUDITOR))
     return World(chatbot, plain, streamed, metadata_only, audrey)
+
+
+def _body(response: Any) -> bytes:
+    return b"".join(response.streaming_content)
 
 
 def _text(response: Any) -> str:
     return unescape(response.content.decode())
 
 
-def _events(action: str) -> list[AuditEvent]:
+def _events(action: str) -> list[Any]:
     return list(AuditEvent.objects.filter(action=action).order_by("sequence"))
+
+
+def _user(username: str, *roles: Role, **kwargs: Any) -> Any:
+    return make_user(username, *roles, **kwargs)
 
 
 # --- search -----------------------------------------------------------------------------------
 def test_the_search_lists_records_newest_first_with_the_count(world: World) -> None:
-    response = world.audrey.get("/records/")
+    response: Any = world.audrey.get("/records/")
     assert response.status_code == 200
     page = _text(response)
     assert 'id="record-count">3<' in page
@@ -134,7 +142,7 @@ def test_an_auditor_reads_a_transcript_from_object_storage_and_the_read_is_audit
         entities={"EMAIL": 2},
     )
 
-    response = world.audrey.get(f"/records/{world.plain.record_id}/")
+    response: Any = world.audrey.get(f"/records/{world.plain.record_id}/")
 
     assert response.status_code == 200
     page = _text(response)
@@ -243,7 +251,7 @@ def _expected_rows(world: World) -> list[dict[str, Any]]:
 
 
 def test_a_jsonl_export_is_streamed_holds_the_records_and_is_audited(world: World) -> None:
-    response = world.audrey.get("/records/export/", {"format": "jsonl"})
+    response: Any = world.audrey.get("/records/export/", {"format": "jsonl"})
 
     assert response.status_code == 200
     assert response.streaming
@@ -263,7 +271,7 @@ def test_a_jsonl_export_is_streamed_holds_the_records_and_is_audited(world: Worl
 
 
 def test_a_csv_export_has_the_content_as_text_columns(world: World) -> None:
-    response = world.audrey.get("/records/export/", {"format": "csv", "status": "2xx"})
+    response: Any = world.audrey.get("/records/export/", {"format": "csv", "status": "2xx"})
 
     assert response.streaming
     assert response["Content-Type"] == "text/csv; charset=utf-8"
@@ -288,12 +296,12 @@ def test_under_asgi_the_export_is_an_async_stream_pulled_chunk_by_chunk(
     THEN the response is an async stream (Django would buffer a sync one whole), one chunk
     per few records, and the bytes and the audit event are the same as under WSGI."""
     monkeypatch.setattr(record_reading, "EXPORT_CHUNK_ROWS", 1)
-    user = make_user("audrey2", Role.AUDITOR)
+    user = _user("audrey2", Role.AUDITOR)
 
     async def export() -> tuple[Any, list[bytes]]:
         client = AsyncClient()
         await client.aforce_login(user)
-        response = await client.get("/records/export/", {"format": "jsonl"})
+        response: Any = await client.get("/records/export/", {"format": "jsonl"})
         chunks = [chunk async for chunk in response.streaming_content]
         return response, chunks
 
@@ -339,18 +347,18 @@ def test_an_export_cut_short_is_audited_as_such(
 
 def test_a_selection_beyond_the_cap_is_refused_before_it_starts(world: World) -> None:
     with override_settings(RECORDS_EXPORT_MAX_RECORDS=2):
-        response = world.audrey.get("/records/export/", {"format": "csv"})
+        response: Any = world.audrey.get("/records/export/", {"format": "csv"})
         assert response.status_code == 400
         assert not response.streaming
         assert "holds 3 records; an export holds at most 2" in _text(response)
-        narrowed = world.audrey.get("/records/export/", {"format": "csv", "status": "200"})
+        narrowed: Any = world.audrey.get("/records/export/", {"format": "csv", "status": "200"})
         assert narrowed.status_code == 200
         b"".join(narrowed.streaming_content)
     assert len(_events("records.exported")) == 1
 
 
 def test_an_unknown_format_is_a_clear_400(world: World) -> None:
-    response = world.audrey.get("/records/export/", {"format": "xlsx"})
+    response: Any = world.audrey.get("/records/export/", {"format": "xlsx"})
     assert response.status_code == 400
     assert "Choose a format: jsonl, csv." in _text(response)
     assert _events("records.exported") == []
@@ -364,11 +372,11 @@ def test_a_developer_exports_only_the_records_open_to_them(
     hr = make_use_case(world.chatbot.tenant, "hr-bot", record_policy="full")
     hidden = make_record(hr, minutes=5)
     alice = Client()
-    alice.force_login(make_user("alice", Role.DEVELOPER, tenants=(world.chatbot.tenant,)))
+    alice.force_login(_user("alice", Role.DEVELOPER, tenants=(world.chatbot.tenant,)))
 
-    assert b"".join(alice.get("/records/export/").streaming_content) == b""
+    assert _body(alice.get("/records/export/")) == b""
     UseCase.objects.filter(pk=world.chatbot.pk).update(records_visible_to_developers=True)
-    body = b"".join(alice.get("/records/export/").streaming_content)
+    body = _body(alice.get("/records/export/"))
 
     ids = [orjson.loads(line)["record_id"] for line in body.splitlines()]
     assert ids == [r["record_id"] for r in _expected_rows(world)]
