@@ -479,7 +479,8 @@ def test_record_lists_and_exports_hold_only_what_each_persona_may_read(
     expected = {world[name].record_id for name in sees}
     listed = {item["record_id"] for item in client.get("/api/records/").json()["results"]}
     assert listed == expected
-    exported = b"".join(client.get("/api/records/export/").streaming_content)
+    response: Any = client.get("/api/records/export/")
+    exported = b"".join(response.streaming_content)
     assert {orjson.loads(line)["record_id"] for line in exported.splitlines()} == expected
 
 
