@@ -388,7 +388,7 @@ def test_a_developer_exports_only_the_records_open_to_them(
 
 # --- the audit trail page -----------------------------------------------------------------------
 def test_the_audit_page_shows_the_chain_filters_events_and_lists_downloads(world: World) -> None:
-    b"".join(world.audrey.get("/records/export/", {"format": "csv"}).streaming_content)
+    _body(world.audrey.get("/records/export/", {"format": "csv"}))
 
     page = _text(world.audrey.get("/audit/"))
     assert "The chain of" in page
