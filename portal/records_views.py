@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -43,6 +44,7 @@ from scheduler.record_reading import (
 )
 
 AUDIT_EVENTS_PER_PAGE = 50
+DETAILS_CHARS = 240
 
 
 def _require_records(request: HttpRequest) -> None:
@@ -69,7 +71,7 @@ def _search_page(
             "searched": any(form.data.get(name) for name in form.fields),
             "sees_everything": can_read_everything(request.user),
             "formats": EXPORT_FORMATS,
-            "export_limit": export_limit(),
+            "export_limit": f"{export_limit():,}",
             "problem": problem,
         },
         status=status,
@@ -155,6 +157,14 @@ class AuditExportForm(forms.Form):
         )
 
 
+def _details(after: Any) -> str:
+    """An event's ``after`` as compact JSON, cut to a line's worth."""
+    if not after:
+        return ""
+    text = orjson.dumps(after).decode()
+    return text if len(text) <= DETAILS_CHARS else text[: DETAILS_CHARS - 1] + "…"
+
+
 def _require_audit(request: HttpRequest) -> None:
     if not can_read_everything(request.user):
         raise Http404("The audit trail page is for auditors and officers.")
@@ -177,12 +187,14 @@ def audit_trail(request: HttpRequest) -> HttpResponse:
         if data["tenant"]:
             events = events.filter(tenant_slug=data["tenant"].strip())
         page = Paginator(events, AUDIT_EVENTS_PER_PAGE).get_page(request.GET.get("page"))
+    rows = [(event, _details(event.after)) for event in (page.object_list if page else [])]
     return render(
         request,
         "portal/audit_trail.html",
         {
             "form": form,
             "page": page,
+            "rows": rows,
             "chain": audit_verify(),
             "export_form": AuditExportForm(),
             "public_key": signing_public_key(),
