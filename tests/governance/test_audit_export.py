@@ -243,3 +243,19 @@ def test_the_verify_command_checks_a_downloaded_file(
     wrong = verify(good, "--public-key", other_key)
     assert wrong.returncode == 1
     assert "signed by another key" in wrong.stderr
+
+
+def test_the_few_lines_of_python_in_docs_records_md_verify_an_export(
+    trail: list[AuditEvent], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The offline check the docs give works as written, and catches a changed byte."""
+    doc = (Path(REPO_ROOT) / "docs" / "records.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    data = _export()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "audit.jsonl").write_bytes(data)
+    exec(code, {"TRUSTED_PUBLIC_KEY": signing_public_key()})  # noqa: S102 (the doc's own code)
+
+    (tmp_path / "audit.jsonl").write_bytes(data.replace(b"Acme 1", b"Acme 7", 1))
+    with pytest.raises(AssertionError):
+        exec(code, {"TRUSTED_PUBLIC_KEY": signing_public_key()})  # noqa: S102
