@@ -38,7 +38,7 @@ def _export(**wanted: Any) -> bytes:
 
 
 @pytest.fixture
-def trail(db: None) -> list[AuditEvent]:
+def trail() -> list[AuditEvent]:
     acme = make_tenant("acme")
     return [
         audit_record(
@@ -196,7 +196,7 @@ def test_downloading_the_export_is_audited_in_the_portal_and_the_api(
     assert AuditEvent.objects.filter(action="audit.exported").count() == 2
 
 
-def test_the_api_refuses_a_bad_range_with_a_400(db: None) -> None:
+def test_the_api_refuses_a_bad_range_with_a_400() -> None:
     api = APIClient()
     audrey: Any = make_user("audrey", Role.AUDITOR)
     api.force_authenticate(audrey)

@@ -142,7 +142,7 @@ def test_an_error_event_in_the_stream_is_reported() -> None:
 
 # --- who sees what, and the search ----------------------------------------------------------
 @pytest.fixture
-def world(db: None) -> dict[str, Any]:
+def world() -> dict[str, Any]:
     acme, globex = make_tenant("acme"), make_tenant("globex")
     open_case = make_use_case(acme, "chatbot", records_visible_to_developers=True)
     closed_case = make_use_case(acme, "hr-bot")
@@ -163,6 +163,7 @@ def world(db: None) -> dict[str, Any]:
     }
 
 
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("persona", "sees"),
     [
@@ -185,7 +186,8 @@ def _search(user: Any, **params: Any) -> list[str]:
     return list(records_search(user, form.record_filter()).values_list("record_id", flat=True))
 
 
-def test_each_search_filter_narrows_to_what_matches(db: None) -> None:
+@pytest.mark.django_db
+def test_each_search_filter_narrows_to_what_matches() -> None:
     acme = make_tenant("acme")
     llama = make_model("llama")
     chatbot = make_use_case(acme, "chatbot", models=(llama,))
@@ -231,6 +233,7 @@ def test_each_search_filter_narrows_to_what_matches(db: None) -> None:
     assert _search(audrey, content="stored") == []
 
 
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("params", "field"),
     [
@@ -245,7 +248,7 @@ def test_each_search_filter_narrows_to_what_matches(db: None) -> None:
         ({"guardrail_action": "ignored"}, "guardrail_action"),
     ],
 )
-def test_a_bad_search_names_its_field(db: None, params: dict[str, str], field: str) -> None:
+def test_a_bad_search_names_its_field(params: dict[str, str], field: str) -> None:
     acme = make_tenant("acme")
     make_tenant("globex")
     alice = make_user("alice", Role.DEVELOPER, tenants=(acme,))
@@ -255,7 +258,8 @@ def test_a_bad_search_names_its_field(db: None, params: dict[str, str], field: s
     assert field in form.errors
 
 
-def test_a_filter_describes_only_what_was_set(db: None) -> None:
+@pytest.mark.django_db
+def test_a_filter_describes_only_what_was_set() -> None:
     acme = make_tenant("acme")
     assert RecordFilter(tenant=acme, status="4xx").describe() == {"tenant": "acme", "status": "4xx"}
     assert InteractionRecord.objects.count() == 0
