@@ -24,6 +24,7 @@ from governance.models import AuditEvent, UseCase
 from governance.roles import Role
 from scheduler import record_reading
 from scheduler.models import AdmissionDecision, GuardrailFinding, InteractionRecord
+from scheduler.record_reading import exports as record_exports
 from tests.conftest import RecordsStore
 from tests.factories import make_key, make_tenant, make_use_case, make_user
 from tests.support.records import (
@@ -295,7 +296,7 @@ def test_under_asgi_the_export_is_an_async_stream_pulled_chunk_by_chunk(
     """GIVEN the web process's ASGI handler WHEN an auditor exports
     THEN the response is an async stream (Django would buffer a sync one whole), one chunk
     per few records, and the bytes and the audit event are the same as under WSGI."""
-    monkeypatch.setattr(record_reading, "EXPORT_CHUNK_ROWS", 1)
+    monkeypatch.setattr(record_exports, "EXPORT_CHUNK_ROWS", 1)
     user = _user("audrey2", Role.AUDITOR)
 
     async def export() -> tuple[Any, list[bytes]]:
@@ -325,7 +326,7 @@ def test_an_export_cut_short_is_audited_as_such(
 ) -> None:
     """GIVEN an export streaming one record per chunk WHEN the client goes away after the
     first chunk (the server closes the generator) THEN its audit event says how far it got."""
-    monkeypatch.setattr(record_reading, "EXPORT_CHUNK_ROWS", 1)
+    monkeypatch.setattr(record_exports, "EXPORT_CHUNK_ROWS", 1)
     chunks = record_reading.records_export(
         actor=Actor.system("tests"),
         rows=InteractionRecord.objects.order_by("-occurred_at"),
