@@ -23,6 +23,9 @@ PRODUCTION = {
     "SWITCHYARD_AUDIT_ANCHOR_KEY": "a" * 50,
     "SWITCHYARD_ALLOWED_HOSTS": "switchyard.example.com",
     "SWITCHYARD_DATABASE_URL": "postgres://switchyard@db.example.com:5432/switchyard",
+    # Production refuses to start without the keys that seal transcripts and sign exports.
+    "SWITCHYARD_RECORDS_KEYS": "k1:" + "QUFB" * 10 + "QUE=",
+    "SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY": "QUFB" * 10 + "QUE=",
 }
 SSO = {
     "SWITCHYARD_OIDC_ISSUER": "https://kc.example.com/realms/switchyard",

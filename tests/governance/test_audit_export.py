@@ -259,3 +259,19 @@ def test_the_few_lines_of_python_in_docs_records_md_verify_an_export(
     (tmp_path / "audit.jsonl").write_bytes(data.replace(b"Acme 1", b"Acme 7", 1))
     with pytest.raises(AssertionError):
         exec(code, {"TRUSTED_PUBLIC_KEY": signing_public_key()})  # noqa: S102
+
+
+def test_production_requires_a_signing_key_and_refuses_a_malformed_one() -> None:
+    from tests.config.test_production_settings import PRODUCTION, settings_for
+
+    without = {k: v for k, v in PRODUCTION.items() if k != "SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY"}
+    with pytest.raises(RuntimeError, match="SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY must be set"):
+        settings_for(without, "AUDIT_EXPORT_SIGNING_KEY")
+    short = {**PRODUCTION, "SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY": "c2hvcnQ="}
+    with pytest.raises(RuntimeError, match="must be 32 bytes, base64"):
+        settings_for(short, "AUDIT_EXPORT_SIGNING_KEY")
+    seed = base64.b64encode(bytes(range(32))).decode()
+    given = settings_for(
+        {**PRODUCTION, "SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY": seed}, "AUDIT_EXPORT_SIGNING_KEY"
+    )
+    assert given == {"AUDIT_EXPORT_SIGNING_KEY": seed}
