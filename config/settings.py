@@ -7,6 +7,8 @@ secret key, turns DEBUG and local login off, and expects PostgreSQL, a Valkey UR
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 from pathlib import Path
 
@@ -367,6 +369,28 @@ else:
         "SWITCHYARD_AUDIT_ANCHOR_KEY", "embedded-demo-only-audit-anchor-" + "x" * 20
     )
 AUDIT_ANCHOR_DIR = Path(env_str("SWITCHYARD_AUDIT_ANCHOR_DIR", str(RUN_DIR / "audit-anchors")))
+
+# --- The signed audit export and record exports (governance/audit_export.py, docs/records.md)
+# A base64 32-byte Ed25519 seed that signs audit-trail exports; auditors verify downloads with
+# its public key. Production refuses to start without one; the embedded demo derives one.
+if PRODUCTION:
+    AUDIT_EXPORT_SIGNING_KEY = env_required("SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY")
+else:
+    AUDIT_EXPORT_SIGNING_KEY = env_str(
+        "SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY",
+        base64.b64encode(
+            hashlib.sha256(b"switchyard-audit-export-demo:" + SECRET_KEY.encode()).digest()
+        ).decode(),
+    )
+try:
+    if len(base64.b64decode(AUDIT_EXPORT_SIGNING_KEY, validate=True)) != 32:
+        raise ValueError
+except ValueError:
+    raise ConfigurationError(
+        "SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY must be 32 bytes, base64 (an Ed25519 seed)"
+    ) from None
+# The most records one export may hold; a larger selection is refused (400) before it starts.
+RECORDS_EXPORT_MAX_RECORDS = env_int("SWITCHYARD_RECORDS_EXPORT_MAX_RECORDS", 1_000_000, minimum=1)
 
 # --- The gateway's public address, shown in snippets and the portal -----------------------
 GATEWAY_PUBLIC_URL = env_str("SWITCHYARD_GATEWAY_PUBLIC_URL", "http://127.0.0.1:8080")

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from portal import views
+from portal import records_views, views
 
 app_name = "portal"
 
@@ -13,6 +13,11 @@ urlpatterns = [
     path("review/", views.review, name="review"),
     path("admission-decisions/", views.admission_decisions, name="admission_decisions"),
     path("guardrail-findings/", views.guardrail_findings, name="guardrail_findings"),
+    path("records/", records_views.records, name="records"),
+    path("records/export/", records_views.records_export_download, name="records_export"),
+    path("records/<str:record_id>/", records_views.record_detail, name="record_detail"),
+    path("audit/", records_views.audit_trail, name="audit_trail"),
+    path("audit/export/", records_views.audit_export_download, name="audit_export"),
     path("use-cases/<int:pk>/", views.use_case_detail, name="use_case_detail"),
     path(
         "use-cases/<int:pk>/transition/",

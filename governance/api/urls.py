@@ -3,7 +3,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from governance.api import decisions, findings, views
+from governance.api import decisions, findings, records, views
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -22,6 +22,7 @@ router.register(
     "admission-decisions", decisions.AdmissionDecisionViewSet, basename="admissiondecision"
 )
 router.register("guardrail-findings", findings.GuardrailFindingViewSet, basename="guardrailfinding")
+router.register("records", records.RecordViewSet, basename="record")
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),
@@ -30,6 +31,7 @@ urlpatterns = [
         views.GuardrailCatalogueView.as_view(),
         name="guardrail-catalogue",
     ),
+    path("audit/export/", records.AuditExportView.as_view(), name="audit-export"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view loads its start-up script from a URL, not inline, as the
     # Content-Security-Policy requires; Swagger UI's own page styles are inline.

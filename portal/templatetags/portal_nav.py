@@ -10,6 +10,7 @@ from django.urls import reverse
 
 from governance.roles import Role, can_govern, can_read_everything, has_role, roles_of
 from portal.selectors import can_act, review_queue_size
+from scheduler.record_reading import may_search_records
 
 register = template.Library()
 
@@ -47,6 +48,10 @@ def portal_nav(context: template.Context) -> Nav:
         wanted.append(("Admission decisions", reverse("portal:admission_decisions"), None))
     if can_read_everything(user):
         wanted.append(("Guardrail findings", reverse("portal:guardrail_findings"), None))
+    if may_search_records(user):
+        wanted.append(("Records", reverse("portal:records"), None))
+    if can_read_everything(user):
+        wanted.append(("Audit trail", reverse("portal:audit_trail"), None))
     if getattr(user, "is_staff", False):
         wanted.append(("Admin", reverse("admin:index"), None))
     items = [

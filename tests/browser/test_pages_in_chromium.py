@@ -19,10 +19,11 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
 from governance import services
 from governance.audit import Actor
-from governance.models import GuardrailSelection
+from governance.models import GuardrailSelection, UseCase
 from governance.roles import Role
 from scheduler.models import GuardrailFinding, GuardrailHour
 from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
+from tests.support.records import make_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,6 +100,7 @@ def test_every_page_renders_under_the_content_security_policy(
     browser: Browser, portal_server: str, acme_requests: dict[str, int], screenshot_dir: Path
 ) -> None:
     use_case, alice_key = acme_requests["use_case"], acme_requests["alice-ci"]
+    record = make_record(UseCase.objects.get(pk=use_case)).record_id
     journeys = {
         "olivia": [
             "/",
@@ -107,10 +109,19 @@ def test_every_page_renders_under_the_content_security_policy(
             "/admission-decisions/",
             "/guardrail-findings/",
             f"/use-cases/{use_case}/",
+            "/records/",
+            "/audit/",
             "/api/docs/",
         ],
-        "alice": ["/dashboard/", f"/use-cases/{use_case}/", f"/keys/{alice_key}/"],
-        "avery": ["/dashboard/", "/admission-decisions/", "/guardrail-findings/"],
+        "alice": ["/dashboard/", f"/use-cases/{use_case}/", f"/keys/{alice_key}/", "/records/"],
+        "avery": [
+            "/dashboard/",
+            "/admission-decisions/",
+            "/guardrail-findings/",
+            "/records/",
+            f"/records/{record}/",
+            "/audit/",
+        ],
     }
     problems: list[str] = []
     for username, paths in journeys.items():

@@ -29,6 +29,7 @@ from governance.models import GuardrailSelection, PriorityClass, PriorityRule, R
 from governance.roles import Role
 from scheduler.models import GuardrailFinding
 from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from tests.support.records import make_record
 
 pytestmark = pytest.mark.django_db
 
@@ -166,6 +167,7 @@ def sessions(
     limit = RateLimitPolicy.objects.create(
         name="acme-cap", scope="tenant", tenant=acme, requests_per_minute=600
     )
+    record = make_record(chatbot, key_id=key.pk)
     KNOWN.update(
         {
             "tenants": ["acme", "globex"],
@@ -175,6 +177,7 @@ def sessions(
             "api-keys": [key.pk],
             "guardrail-selections": [guardrail.pk],
             "guardrail-findings": [finding.pk],
+            "records": [record.record_id],
             "priority-classes": list(PriorityClass.objects.values_list("name", flat=True)),
             "priority-rules": list(PriorityRule.objects.values_list("pk", flat=True)[:3]),
             "rate-limit-policies": [limit.pk],

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 from rest_framework.test import APIClient
 
@@ -18,6 +19,7 @@ from governance.audit import Actor, audit_record
 from governance.models import GuardrailSelection, PriorityRule, RateLimitPolicy
 from governance.roles import Role
 from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from tests.support.records import make_record
 
 pytestmark = pytest.mark.django_db
 
@@ -49,7 +51,11 @@ def world(company_guardrails) -> dict[str, Any]:
     event = audit_record(
         actor=Actor.system("tests"), action="tenant.update", obj=acme, tenant_slug="acme"
     )
+    # Records: chatbot keeps its records from developers; faq opens them to its tenant's.
+    faq = make_use_case(acme, "faq", records_visible_to_developers=True)
     return {
+        "record": make_record(use_case, key_id=key.pk),
+        "open_record": make_record(faq),
         "users": users,
         "acme": acme,
         "llama": llama,
@@ -278,6 +284,47 @@ CASES = [
         None,
         everyone(405),
     ),
+    Case("audit-export", "get", lambda w: "/api/audit/export/", None, governed(200, audrey=200)),
+    # interaction records: auditors, officers and admins read all; a developer reads their own
+    # tenant's, and only of use cases that open their records to developers (faq, not chatbot)
+    Case("record-list", "get", lambda w: "/api/records/", None, READ_ALL),
+    Case(
+        "record-read-open",
+        "get",
+        lambda w: f"/api/records/{w['open_record'].record_id}/",
+        None,
+        everyone(200, bob=404),
+    ),
+    Case(
+        "record-read-closed",
+        "get",
+        lambda w: f"/api/records/{w['record'].record_id}/",
+        None,
+        everyone(200, alice=404, bob=404),
+    ),
+    Case("record-export", "get", lambda w: "/api/records/export/", None, READ_ALL),
+    Case(
+        "record-export-csv",
+        "get",
+        lambda w: "/api/records/export/?format=csv&tenant=acme",
+        None,
+        everyone(200, bob=400),
+    ),  # bob is told acme is not a valid choice, as for a tenant no one has
+    Case(
+        "record-delete",
+        "delete",
+        lambda w: f"/api/records/{w['record'].record_id}/",
+        None,
+        everyone(405),
+    ),
+    Case(
+        "record-update",
+        "patch",
+        lambda w: f"/api/records/{w['record'].record_id}/",
+        lambda w: {"status": 200},
+        everyone(405),
+    ),
+    Case("record-create", "post", lambda w: "/api/records/", lambda w: {}, everyone(405)),
 ]
 
 PERSONAS = ("alice", "bob", "olivia", "audrey", "root", "mallory", "anonymous")
@@ -412,4 +459,36 @@ def test_filtering_by_a_foreign_use_case_answers_as_for_an_unknown_one(world, ur
     foreign = bob.get(url, {"use_case": foreign_id})
     unknown = bob.get(url, {"use_case": unknown_id})
     assert foreign.status_code == unknown.status_code
+    assert _scrub(foreign.json(), str(foreign_id)) == _scrub(unknown.json(), str(unknown_id))
+
+
+@pytest.mark.parametrize(
+    ("persona", "sees"),
+    [
+        ("alice", {"open_record"}),
+        ("bob", set()),
+        ("audrey", {"record", "open_record"}),
+        ("olivia", {"record", "open_record"}),
+    ],
+)
+def test_record_lists_and_exports_hold_only_what_each_persona_may_read(
+    world, persona: str, sees: set[str]
+) -> None:
+    client = APIClient()
+    client.force_authenticate(world["users"][persona])
+    expected = {world[name].record_id for name in sees}
+    listed = {item["record_id"] for item in client.get("/api/records/").json()["results"]}
+    assert listed == expected
+    response: Any = client.get("/api/records/export/")
+    exported = b"".join(response.streaming_content)
+    assert {orjson.loads(line)["record_id"] for line in exported.splitlines()} == expected
+
+
+def test_a_foreign_use_case_filter_on_records_answers_as_for_an_unknown_one(world) -> None:
+    bob = APIClient()
+    bob.force_authenticate(world["users"]["bob"])
+    foreign_id, unknown_id = world["use_case"].pk, world["use_case"].pk + 1000
+    foreign = bob.get("/api/records/", {"use_case": foreign_id})
+    unknown = bob.get("/api/records/", {"use_case": unknown_id})
+    assert foreign.status_code == unknown.status_code == 400
     assert _scrub(foreign.json(), str(foreign_id)) == _scrub(unknown.json(), str(unknown_id))

@@ -354,6 +354,9 @@ def test_production_signs_in_with_sso_only() -> None:
         SWITCHYARD_MODE="production",
         SWITCHYARD_SECRET_KEY="s" * 50,
         SWITCHYARD_AUDIT_ANCHOR_KEY="a" * 50,
+        # Production requires the keys that seal transcripts and sign audit exports.
+        SWITCHYARD_RECORDS_KEYS="k1:" + "QUFB" * 10 + "QUE=",
+        SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY="QUFB" * 10 + "QUE=",
         SWITCHYARD_DATABASE_URL="postgres://switchyard@db.example.com:5432/switchyard",
         SWITCHYARD_ALLOWED_HOSTS="switchyard.example.com",
         SWITCHYARD_OIDC_ISSUER="https://kc.example.com/realms/switchyard",
