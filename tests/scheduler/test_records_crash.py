@@ -9,64 +9,26 @@ import base64
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import valkey
 from django.test import override_settings
 
-from config.processes import PYTHON, ManagedProcess, wait_until
+from config.processes import wait_until
 from config.valkey_urls import for_kombu
 from gateway.accounting import RECORDS_STREAM
 from governance.models import AuditEvent
 from scheduler.models import InteractionRecord, RecordObject
 from scheduler.records import STORED_ACTION, records_verify
 from tests.conftest import RecordsStore
+from tests.scheduler.conftest import RecordsWorkerFactory
 from tests.scheduler.test_records import AT, record_fields
-from tests.scheduler.test_usage import _database_url, ms, pending
+from tests.scheduler.test_usage import ms, pending
 
 HOURS = 8
 PER_HOUR = 250  # one batch of 2,000 entries: eight objects of 250 transcripts
 KEYS = f"crash:{base64.b64encode(os.urandom(32)).decode()}"
-
-WorkerFactory = Callable[[], ManagedProcess]
-
-
-@pytest.fixture
-def start_worker(
-    valkey_url: str, records_store: RecordsStore, tmp_path: Path
-) -> Iterator[WorkerFactory]:
-    """Real workers (solo pool: the task runs in the process that is killed) on the test's
-    Valkey, database, bucket and records key."""
-    started: list[ManagedProcess] = []
-
-    def start() -> ManagedProcess:
-        process = ManagedProcess(
-            f"records-worker-{len(started)}",
-            [
-                PYTHON, "-m", "celery", "-A", "config.celery", "worker", "--pool", "solo",
-                "--loglevel", "INFO", "--hostname", f"records-{len(started)}@%h",
-                "--without-mingle", "--without-gossip", "--without-heartbeat",
-            ],
-            env={
-                "SWITCHYARD_VALKEY_URL": valkey_url,
-                "SWITCHYARD_DATABASE_URL": _database_url(),
-                "SWITCHYARD_RUN_DIR": str(tmp_path),
-                "SWITCHYARD_RECORDS_KEYS": KEYS,
-                **records_store.env,
-            },
-        )  # fmt: skip
-        started.append(process)
-        process.start(ready=lambda: "ready." in process.log_text(), timeout=60)
-        return process
-
-    try:
-        yield start
-    finally:
-        for process in started:
-            process.stop()
 
 
 def fill(client: valkey.Valkey) -> set[str]:
@@ -101,7 +63,7 @@ def test_a_worker_killed_between_the_object_write_and_the_commit_loses_nothing(
     valkey_client: valkey.Valkey,
     valkey_url: str,
     records_store: RecordsStore,
-    start_worker: WorkerFactory,
+    start_records_worker: RecordsWorkerFactory,
 ) -> None:
     from config.celery import app
     from scheduler.tasks import persist_records
@@ -112,7 +74,7 @@ def test_a_worker_killed_between_the_object_write_and_the_commit_loses_nothing(
     s3.create_bucket(Bucket=records_store.bucket)
 
     # GIVEN a worker persisting the whole backlog as one batch
-    first = start_worker()
+    first = start_records_worker(KEYS)
     persist_records.delay(batch_size=len(record_ids))
 
     # WHEN it is killed as soon as the batch's first object is in the bucket
@@ -133,7 +95,7 @@ def test_a_worker_killed_between_the_object_write_and_the_commit_loses_nothing(
     assert pending(valkey_client, RECORDS_STREAM) == len(record_ids)
 
     # WHEN another worker runs the (same-sized) batch again
-    second = start_worker()
+    second = start_records_worker(KEYS)
     persist_records.delay(batch_size=len(record_ids))
     assert wait_until(
         lambda: InteractionRecord.objects.filter(content="stored").count() == len(record_ids),
