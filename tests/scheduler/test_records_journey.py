@@ -60,7 +60,7 @@ def world(
 
 
 def chat(world: dict[str, Any], policy: str, *, stream: bool = False) -> httpx.Response:
-    body = {"model": "llama", "messages": [{"role": "user", "content": QUESTION}]}
+    body: dict[str, Any] = {"model": "llama", "messages": [{"role": "user", "content": QUESTION}]}
     if stream:
         body["stream"] = True
     answer = httpx.post(
