@@ -182,7 +182,8 @@ def _object_storage(bucket: str) -> dict[str, object]:
     if OBJECT_STORAGE == "filesystem":
         return {
             "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": str(OBJECT_STORAGE_DIR / bucket)},
+            # Object names are deterministic: a rewrite is a retry, as with file_overwrite below.
+            "OPTIONS": {"location": str(OBJECT_STORAGE_DIR / bucket), "allow_overwrite": True},
         }
     return {
         "BACKEND": "storages.backends.s3.S3Storage",

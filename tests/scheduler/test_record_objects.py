@@ -6,6 +6,7 @@ import base64
 import gzip
 import os
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from django.test import override_settings
@@ -15,6 +16,7 @@ from scheduler.record_objects import (
     ObjectUnreadable,
     TranscriptLine,
     decode_object,
+    delete_object,
     encode_object,
     field_bytes,
     object_key,
@@ -155,3 +157,28 @@ def test_objects_are_stored_in_s3_sealed_and_a_tampered_one_fails(
         assert "differ" in verdict.problem
         with pytest.raises(ObjectUnreadable):
             ObjectCache().lines("transcripts/x/one.jsonl.gz.sealed", encoded.sealed_sha256)
+
+
+def test_the_filesystem_backend_stores_overwrites_and_deletes_objects(tmp_path: Path) -> None:
+    """The smallest installs keep objects on disk (SWITCHYARD_OBJECT_STORAGE=filesystem): a
+    batch written again after a crash must replace its object, not sit beside it."""
+    from django.conf import settings
+
+    storages = {
+        **settings.STORAGES,
+        "records": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path), "allow_overwrite": True},
+        },
+    }
+    with override_settings(STORAGES=storages, RECORDS_KEYS=_key("k1")):
+        first = encode_object([_line("r1", b"question", b"first answer")])
+        again = encode_object([_line("r1", b"question", b"second answer")])
+        write_object("transcripts/t/a.jsonl.gz.sealed", first)
+        write_object("transcripts/t/a.jsonl.gz.sealed", again)
+        assert [p.name for p in (tmp_path / "transcripts" / "t").iterdir()] == ["a.jsonl.gz.sealed"]
+        assert read_object("transcripts/t/a.jsonl.gz.sealed") == again.sealed
+        assert b"second answer" not in (tmp_path / "transcripts/t/a.jsonl.gz.sealed").read_bytes()
+        delete_object("transcripts/t/a.jsonl.gz.sealed")
+        with pytest.raises(ObjectUnreadable):
+            read_object("transcripts/t/a.jsonl.gz.sealed")
