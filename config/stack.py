@@ -366,7 +366,7 @@ Switchyard is up (embedded demo: local Valkey, SeaweedFS, SQLite, simulated vLLM
   REST API    {stack.web_url}/api/
   Gateway     {gateway}/v1
   Guardrails  http://{stack.config.host}:{stack.config.guardrail_port}/healthz
-  Object storage  {stack.config.s3_endpoint_url} (S3, SeaweedFS; bucket {records_bucket})
+  S3          {stack.config.s3_endpoint_url} (object storage: SeaweedFS, bucket {records_bucket})
   Logs        {stack.logs}/
 
 Demo API key (shown once; `make up` mints a new one each run):

@@ -173,7 +173,7 @@ def test_an_auditor_reads_a_transcript_from_object_storage_and_the_read_is_audit
 def test_a_streamed_transcript_shows_the_assembled_message(world: World) -> None:
     page = _text(world.audrey.get(f"/records/{world.streamed.record_id}/"))
     assert "assembled from 4 streamed chunks" in page
-    assert "<pre>One, two, three.</pre>" in page
+    assert '<pre class="wrap">One, two, three.</pre>' in page
     assert "data: [DONE]" in page  # and the bytes as the client received them
 
 
