@@ -137,7 +137,10 @@ def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, p
 
         # The records bucket exists at start-up, on SeaweedFS, under the run directory.
         s3_url = f"http://127.0.0.1:{ports['s3']}"
-        assert f"S3          {s3_url} (object storage: SeaweedFS, bucket switchyard-records)" in output()
+        assert (
+            f"S3          {s3_url} (object storage: SeaweedFS, bucket switchyard-records)"
+            in output()
+        )
         s3 = boto3.client(
             "s3",
             endpoint_url=s3_url,
