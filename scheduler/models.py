@@ -213,6 +213,31 @@ class RecordObject(models.Model):
         return self.key
 
 
+# An interaction record's metadata columns: what a usage entry owns (and what an export
+# lists before the content). The content columns (content, object, line, content_sha256,
+# truncated) belong to the records persister and are never among them.
+RECORD_METADATA_FIELDS = (
+    "request_id",
+    "occurred_at",
+    "tenant",
+    "tenant_id",
+    "use_case_id",
+    "key_id",
+    "model",
+    "endpoint",
+    "replica",
+    "status",
+    "streamed",
+    "prompt_tokens",
+    "completion_tokens",
+    "queued_ms",
+    "upstream_ms",
+    "total_ms",
+    "policy_version",
+    "record_policy",
+)
+
+
 class InteractionRecord(models.Model):
     """One request through the gateway, as its use case's record policy kept it: the
     metadata always (from ``sy:usage``), the content for ``full`` (from ``sy:records``, in a

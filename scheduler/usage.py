@@ -53,7 +53,12 @@ from gateway.accounting import (
 from governance.audit import Actor, audit_record
 from governance.models import Tenant, UseCase
 from scheduler.findings import findings_store
-from scheduler.models import AdmissionDecision, InteractionRecord, UsageMinute
+from scheduler.models import (
+    RECORD_METADATA_FIELDS,
+    AdmissionDecision,
+    InteractionRecord,
+    UsageMinute,
+)
 from scheduler.streams import (
     StreamEntry,
     client_for,
@@ -262,28 +267,6 @@ _RECORD_KINDS: dict[str, tuple[str, str]] = {
     "full": ("full", InteractionRecord.Content.PENDING),
     "full_dropped": ("full", InteractionRecord.Content.DROPPED),
 }
-# The columns a usage entry owns. The content columns (content, object, line, content_sha256,
-# truncated) belong to the records persister and are never among them.
-RECORD_METADATA_FIELDS = (
-    "request_id",
-    "occurred_at",
-    "tenant",
-    "tenant_id",
-    "use_case_id",
-    "key_id",
-    "model",
-    "endpoint",
-    "replica",
-    "status",
-    "streamed",
-    "prompt_tokens",
-    "completion_tokens",
-    "queued_ms",
-    "upstream_ms",
-    "total_ms",
-    "policy_version",
-    "record_policy",
-)
 
 
 def record_metadata(

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from governance.audit import Actor, audit_record
-from scheduler.models import InteractionRecord
+from scheduler.models import RECORD_METADATA_FIELDS, InteractionRecord
 from scheduler.record_objects import ObjectCache, ObjectUnreadable
 from scheduler.record_reading.transcripts import content_read
 
@@ -32,30 +32,7 @@ class ExportRefused(Exception):
     """An export that will not start (too many records, an unknown format)."""
 
 
-EXPORT_COLUMNS = (
-    "record_id",
-    "request_id",
-    "occurred_at",
-    "tenant",
-    "tenant_id",
-    "use_case_id",
-    "key_id",
-    "model",
-    "endpoint",
-    "replica",
-    "status",
-    "streamed",
-    "prompt_tokens",
-    "completion_tokens",
-    "queued_ms",
-    "upstream_ms",
-    "total_ms",
-    "policy_version",
-    "record_policy",
-    "content",
-    "content_sha256",
-    "truncated",
-)
+EXPORT_COLUMNS = ("record_id", *RECORD_METADATA_FIELDS, "content", "content_sha256", "truncated")
 CONTENT_COLUMNS = (
     "request",
     "request_encoding",
