@@ -95,3 +95,25 @@ class RecordPolicy(models.TextChoices):
     NONE = "none", "None: no interaction record"
     METADATA = "metadata", "Metadata: who, when, model, tokens, status, latency, findings"
     FULL = "full", "Full: metadata plus the request and the response, after redaction"
+
+
+class FileKind(models.TextChoices):
+    """What a registered file is, which decides its pipeline (docs/files.md)."""
+
+    AUDIO = "audio", "Audio (transcription)"
+    PDF = "pdf", "PDF document"
+    TEXT = "text", "Text document"
+    BATCH = "batch", "JSON Lines batch (OpenAI Batch format)"
+
+
+class FileState(models.TextChoices):
+    """A file registration's life: registered → uploaded → queued → running → one end."""
+
+    REGISTERED = "registered", "Registered (awaiting upload)"
+    UPLOADED = "uploaded", "Uploaded"
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+    EXPIRED = "expired", "Expired"
+    CANCELLED = "cancelled", "Cancelled"

@@ -14,6 +14,8 @@ from governance.choices import (
     Capability,
     DataClassification,
     Environment,
+    FileKind,
+    FileState,
     GuardrailAction,
     GuardrailFailure,
     GuardrailSide,
@@ -474,3 +476,83 @@ class AuditEvent(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise ValidationError("Audit events are append-only: they cannot be deleted.")
+
+
+class SlaClass(models.Model):
+    """A use case's promise for file work, set by officers: how fast (``turnaround_seconds``,
+    or ``None``: by the end of the next processing window), when batch work may run
+    (``windows``: ``[{"days": ["mon", …], "start": "20:00", "end": "06:00"}]`` in ``time_zone``;
+    empty: any time), at which priority class, and which files it takes."""
+
+    use_case = models.ForeignKey(UseCase, on_delete=models.CASCADE, related_name="sla_classes")
+    name = models.CharField(max_length=63, validators=[slug_validator])
+    description = models.CharField(max_length=300, blank=True)
+    turnaround_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Done within this long of the upload; empty: by the end of the next window",
+    )
+    windows = models.JSONField(default=list, blank=True, help_text="When the work may run")
+    time_zone = models.CharField(max_length=64, default="UTC")
+    priority_class = models.ForeignKey(
+        "PriorityClass", on_delete=models.PROTECT, related_name="sla_classes"
+    )
+    max_file_bytes = models.PositiveBigIntegerField(default=512 * 1024 * 1024)
+    kinds = models.JSONField(
+        default=list, help_text="File kinds it takes (audio, pdf, text, batch)"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["use_case", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["use_case", "name"], name="sla_class_name_per_use_case")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.use_case}:{self.name}"
+
+
+class FileRegistration(models.Model):
+    """A file announced before it arrives, with the SLA asked for and what was promised.
+
+    Audited like every governance record. ``estimated_tokens`` and ``promised_by`` are the
+    feasibility answer (scheduler/feasibility.py) the registration was accepted with."""
+
+    use_case = models.ForeignKey(UseCase, on_delete=models.PROTECT, related_name="files")
+    registered_by = models.CharField(max_length=150, help_text="username, or key:<prefix>")
+    api_key = models.ForeignKey(
+        "ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="files"
+    )
+    kind = models.CharField(max_length=8, choices=FileKind.choices)
+    filename = models.CharField(max_length=255)
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="files")
+    declared_bytes = models.PositiveBigIntegerField()
+    declared_seconds = models.FloatField(null=True, blank=True, help_text="Audio duration")
+    declared_pages = models.PositiveIntegerField(null=True, blank=True)
+    declared_lines = models.PositiveIntegerField(null=True, blank=True)
+    sla_class = models.ForeignKey(
+        SlaClass, null=True, blank=True, on_delete=models.PROTECT, related_name="files"
+    )
+    deadline = models.DateTimeField(null=True, blank=True)
+    not_before = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(max_length=10, choices=FileState.choices, default=FileState.REGISTERED)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    progress = models.FloatField(default=0.0, help_text="0 to 1")
+    estimated_tokens = models.PositiveBigIntegerField()
+    promised_by = models.DateTimeField(help_text="The completion time promised")
+    outputs = models.JSONField(default=dict, blank=True, help_text="Output object names")
+    failure = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["use_case", "state"], name="file_use_case_state"),
+            models.Index(fields=["state", "promised_by"], name="file_state_promise"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.use_case}: {self.filename} ({self.state})"
