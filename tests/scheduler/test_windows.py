@@ -17,8 +17,8 @@ NIGHTS_AND_WEEKENDS = parse_windows(
 )
 
 
-def utc(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
+def utc(year: int, month: int, day: int, hour: int = 0) -> datetime:
+    return datetime(year, month, day, hour, tzinfo=UTC)
 
 
 def test_friday_night_runs_into_the_weekend_as_one_span() -> None:
