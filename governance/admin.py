@@ -8,7 +8,7 @@ the same services as the portal and the API; their status fields are read-only h
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -25,11 +25,13 @@ from governance.models import (
     ApiKey,
     AuditEvent,
     Deployment,
+    FileRegistration,
     GuardrailSelection,
     Model,
     PriorityClass,
     PriorityRule,
     RateLimitPolicy,
+    SlaClass,
     Tenant,
     UseCase,
 )
@@ -42,6 +44,12 @@ from governance.services import (
     tenant_set_legal_hold,
     use_case_set_legal_hold,
     use_case_transition,
+)
+from governance.sla_classes import (
+    sla_class_create,
+    sla_class_delete,
+    sla_class_update,
+    sla_class_validate,
 )
 
 
@@ -413,6 +421,99 @@ class AuditEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     )
     list_filter = ("action", "object_type")
     search_fields = ("actor", "object_repr", "request_id", "tenant_slug")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class SlaClassForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Shows the SLA-class rules' messages on the fields they concern, as the API does."""
+
+    class Meta:
+        model = SlaClass
+        fields = (
+            "use_case",
+            "name",
+            "description",
+            "turnaround_seconds",
+            "windows",
+            "time_zone",
+            "priority_class",
+            "max_file_bytes",
+            "kinds",
+        )
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        if self.errors:
+            return cleaned
+        candidate = SlaClass(pk=self.instance.pk, **cleaned)
+        try:
+            sla_class_validate(candidate)
+        except ValidationError as exc:
+            for field, problems in exc.message_dict.items():
+                for problem in problems:
+                    self.add_error(field if field in self.fields else None, problem)
+        return cleaned
+
+
+@admin.register(SlaClass)
+class SlaClassAdmin(AuditedAdmin):
+    form = SlaClassForm
+    list_display = ("name", "use_case", "turnaround_seconds", "priority_class", "time_zone")
+    list_filter = ("priority_class",)
+    search_fields = ("name", "use_case__slug", "use_case__tenant__slug")
+
+    def save_related(
+        self, request: HttpRequest, form: ModelForm[Any], formsets: Any, change: bool
+    ) -> None:
+        actor = Actor.from_request(request)
+        sla_class: SlaClass = form.instance
+        if change:
+            changes = {name: form.cleaned_data[name] for name in form.changed_data}
+            sla_class_update(actor=actor, sla_class=sla_class, changes=changes)
+        else:
+            fields = {
+                name: form.cleaned_data[name]
+                for name in SlaClassForm.Meta.fields
+                if name not in ("use_case", "name", "priority_class")
+            }
+            form.instance = sla_class_create(
+                actor=actor,
+                use_case=sla_class.use_case,
+                name=sla_class.name,
+                priority_class=sla_class.priority_class,
+                **fields,
+            )
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A class that registrations use stays (the service refuses it too); hiding the
+        # button says so before the click rather than after.
+        if isinstance(obj, SlaClass) and obj.files.exists():
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: DjangoModel) -> None:
+        sla_class_delete(actor=Actor.from_request(request), sla_class=cast(SlaClass, obj))
+
+
+@admin.register(FileRegistration)
+class FileRegistrationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Read-only: a registration moves only through its state machine (governance/file_states)."""
+
+    list_display = ("filename", "use_case", "kind", "state", "progress", "promised_by")
+    list_filter = ("state", "kind")
+    search_fields = ("filename", "use_case__slug", "registered_by")
+    date_hierarchy = "created_at"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in FileRegistration._meta.fields]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

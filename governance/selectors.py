@@ -13,6 +13,7 @@ from governance.models import (
     AuditEvent,
     GuardrailSelection,
     RateLimitPolicy,
+    SlaClass,
     Tenant,
     UseCase,
 )
@@ -26,6 +27,12 @@ def use_cases_visible(user: AnyUser) -> QuerySet[UseCase]:
 
 def guardrails_visible(user: AnyUser) -> QuerySet[GuardrailSelection]:
     return GuardrailSelection.objects.filter(use_case__in=use_cases_visible(user))
+
+
+def sla_classes_visible(user: AnyUser) -> QuerySet[SlaClass]:
+    return SlaClass.objects.filter(use_case__in=use_cases_visible(user)).select_related(
+        "use_case__tenant", "priority_class"
+    )
 
 
 def api_keys_visible(user: AnyUser) -> QuerySet[ApiKey]:

@@ -50,4 +50,11 @@ BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": _RETENTION_SECONDS,
         "options": {"expires": _RETENTION_SECONDS},
     },
+    # File registrations never uploaded by their deadline or promise; bounded batches per
+    # run, each audited, so a backlog drains over several runs.
+    "expire-file-registrations": {
+        "task": "governance.expire_file_registrations",
+        "schedule": env_float("SWITCHYARD_FILE_EXPIRY_SECONDS", 60.0, minimum=1.0),
+        "options": {"expires": 60.0},
+    },
 }

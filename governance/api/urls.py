@@ -3,7 +3,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from governance.api import decisions, findings, records, views
+from governance.api import decisions, findings, records, sla_classes, views
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -13,6 +13,7 @@ router.register("use-cases", views.UseCaseViewSet, basename="usecase")
 router.register(
     "guardrail-selections", views.GuardrailSelectionViewSet, basename="guardrailselection"
 )
+router.register("sla-classes", sla_classes.SlaClassViewSet, basename="slaclass")
 router.register("priority-classes", views.PriorityClassViewSet, basename="priorityclass")
 router.register("priority-rules", views.PriorityRuleViewSet, basename="priorityrule")
 router.register("rate-limit-policies", views.RateLimitPolicyViewSet, basename="ratelimitpolicy")

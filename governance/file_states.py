@@ -1,0 +1,211 @@
+"""A file registration's life, and the one way each step is taken.
+
+    registered → uploaded → queued → running → done
+                    └──────────┴─────────┴───→ failed
+    any state before an end ─────────────────→ expired | cancelled
+
+Each step is a conditional ``UPDATE … WHERE state = <the state read>``, so two workers (or a
+worker and the expiry sweep) racing for one registration cannot both move it: the loser gets
+``Conflict`` and the audit chain holds exactly one event per step. The S3 upload event, the
+pipeline workers and the batch API call these; none of them sets ``state`` itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from governance.audit import Actor, audit_record
+from governance.choices import FileState
+from governance.errors import Conflict
+from governance.models import FileRegistration
+from governance.services import _require_member
+
+FINAL_STATES = frozenset({FileState.DONE, FileState.FAILED, FileState.EXPIRED, FileState.CANCELLED})
+
+# state → the states it may move to
+TRANSITIONS: Mapping[str, frozenset[str]] = {
+    FileState.REGISTERED: frozenset({FileState.UPLOADED, FileState.EXPIRED, FileState.CANCELLED}),
+    # A pipeline can fail before it runs (an upload its decoder cannot read).
+    FileState.UPLOADED: frozenset(
+        {FileState.QUEUED, FileState.FAILED, FileState.EXPIRED, FileState.CANCELLED}
+    ),
+    FileState.QUEUED: frozenset(
+        {FileState.RUNNING, FileState.FAILED, FileState.EXPIRED, FileState.CANCELLED}
+    ),
+    FileState.RUNNING: frozenset(
+        {FileState.DONE, FileState.FAILED, FileState.EXPIRED, FileState.CANCELLED}
+    ),
+}
+
+EXPIRE_BATCH = 500  # per sweep: a backlog of stale registrations drains over several runs
+MAX_FAILURE_CHARS = 4000
+
+
+def can_move(current: str, to: str) -> bool:
+    return to in TRANSITIONS.get(current, frozenset())
+
+
+def _move(
+    *,
+    actor: Actor,
+    registration: FileRegistration,
+    to: str,
+    now: datetime | None = None,
+    reason: str = "",
+    **fields: Any,
+) -> FileRegistration:
+    current = registration.state
+    if not can_move(current, to):
+        raise Conflict(f"A {current} file cannot become {to}.")
+    now = now or timezone.now()
+    with transaction.atomic():
+        moved = FileRegistration.objects.filter(pk=registration.pk, state=current).update(
+            state=to, state_changed_at=now, updated_at=now, **fields
+        )
+        if not moved:
+            registration.refresh_from_db(fields=["state"])
+            raise Conflict(
+                f"The file changed state meanwhile (now {registration.state}); not {to}."
+            )
+        before = {"state": current}
+        after: dict[str, Any] = {"state": to, **fields}
+        if reason:
+            after["reason"] = reason
+        audit_record(
+            actor=actor,
+            action=f"fileregistration.{to}",
+            obj=registration,
+            before=before,
+            after=after,
+            tenant_slug=registration.use_case.tenant.slug,
+            object_repr=f"{registration.use_case}: {registration.filename}",
+        )
+    registration.refresh_from_db()
+    return registration
+
+
+def file_uploaded(
+    *, actor: Actor, registration: FileRegistration, now: datetime | None = None
+) -> FileRegistration:
+    """The object arrived (the S3 endpoint's completion event)."""
+    return _move(actor=actor, registration=registration, to=FileState.UPLOADED, now=now)
+
+
+def file_queued(
+    *, actor: Actor, registration: FileRegistration, now: datetime | None = None
+) -> FileRegistration:
+    """The upload was matched and its job handed to the scheduler."""
+    return _move(actor=actor, registration=registration, to=FileState.QUEUED, now=now)
+
+
+def file_started(
+    *, actor: Actor, registration: FileRegistration, now: datetime | None = None
+) -> FileRegistration:
+    return _move(
+        actor=actor, registration=registration, to=FileState.RUNNING, now=now, progress=0.0
+    )
+
+
+def file_progress(*, registration: FileRegistration, progress: float) -> FileRegistration:
+    """Record how far a running job is, for the portal's bar. Not audited: a long file reports
+    once per part, and the audit chain records the steps, not the ticks. Never goes back (parts
+    finish out of order) and never moves a file that is no longer running."""
+    if not 0.0 <= progress <= 1.0:
+        raise ValueError(f"progress {progress} is not between 0 and 1")
+    FileRegistration.objects.filter(
+        Q(progress__lt=progress), pk=registration.pk, state=FileState.RUNNING
+    ).update(progress=progress, updated_at=timezone.now())
+    registration.refresh_from_db(fields=["progress", "state", "updated_at"])
+    return registration
+
+
+def file_done(
+    *,
+    actor: Actor,
+    registration: FileRegistration,
+    outputs: Mapping[str, str],
+    now: datetime | None = None,
+) -> FileRegistration:
+    """The job finished; ``outputs`` names its objects (transcript, chunks, summary…)."""
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in outputs.items()):
+        raise ValueError("outputs maps names to object names (strings)")
+    return _move(
+        actor=actor,
+        registration=registration,
+        to=FileState.DONE,
+        now=now,
+        progress=1.0,
+        outputs=dict(outputs),
+    )
+
+
+def file_failed(
+    *,
+    actor: Actor,
+    registration: FileRegistration,
+    failure: str,
+    now: datetime | None = None,
+) -> FileRegistration:
+    """The job cannot finish; ``failure`` is what the team is shown (no secrets, no content)."""
+    if not failure.strip():
+        raise ValueError("say why the file failed")
+    return _move(
+        actor=actor,
+        registration=registration,
+        to=FileState.FAILED,
+        now=now,
+        failure=failure[:MAX_FAILURE_CHARS],
+    )
+
+
+def file_cancel(
+    *, actor: Actor, registration: FileRegistration, reason: str = "", now: datetime | None = None
+) -> FileRegistration:
+    """The tenant's developers (or an officer) withdraw a file not yet finished."""
+    _require_member(actor, registration.use_case.tenant)
+    return _move(
+        actor=actor,
+        registration=registration,
+        to=FileState.CANCELLED,
+        now=now,
+        reason=reason[:300],
+    )
+
+
+def file_expire(
+    *, actor: Actor, registration: FileRegistration, now: datetime | None = None
+) -> FileRegistration:
+    return _move(actor=actor, registration=registration, to=FileState.EXPIRED, now=now)
+
+
+def files_overdue(now: datetime) -> Q:
+    """Registrations never uploaded by their deadline, or, without one, by the completion time
+    promised: no job could still keep that promise, so holding the slot helps nobody."""
+    return Q(state=FileState.REGISTERED) & (
+        Q(deadline__lte=now) | Q(deadline__isnull=True, promised_by__lte=now)
+    )
+
+
+def files_expire(*, now: datetime, batch: int = EXPIRE_BATCH) -> int:
+    """Expire up to ``batch`` overdue registrations, oldest promise first; how many it did.
+    One that is uploaded while the sweep runs stays uploaded (its conditional update wins)."""
+    actor = Actor.system("file-expiry")
+    expired = 0
+    overdue = (
+        FileRegistration.objects.filter(files_overdue(now))
+        .select_related("use_case__tenant")
+        .order_by("promised_by", "pk")[:batch]
+    )
+    for registration in overdue:
+        try:
+            file_expire(actor=actor, registration=registration, now=now)
+        except Conflict:
+            continue
+        expired += 1
+    return expired
