@@ -20,7 +20,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django_filters.rest_framework import DjangoFilterBackend  # type: ignore[import-untyped]
 
-from governance.models import ApiKey, GuardrailSelection, UseCase
+from governance.models import ApiKey, GuardrailSelection, SlaClass, UseCase
 from governance.selectors import use_cases_visible
 
 
@@ -71,3 +71,11 @@ class GuardrailSelectionFilterSet(FilterSet):
     class Meta:
         model = GuardrailSelection
         fields: Any = ("use_case", "guardrail", "side", "action")
+
+
+class SlaClassFilterSet(FilterSet):
+    use_case = django_filters.ModelChoiceFilter(queryset=_visible_use_cases)
+
+    class Meta:
+        model = SlaClass
+        fields: Any = ("use_case", "name")

@@ -14,6 +14,7 @@ from django.db.models import QuerySet
 from rest_framework import serializers
 from rest_framework.serializers import BaseSerializer
 
+from governance.api.filtersets import SlaClassFilterSet
 from governance.api.serializers import UniqueListField
 from governance.api.views import GovernedViewSet, ScopedRelations, actor_of
 from governance.choices import FileKind
@@ -73,7 +74,7 @@ class SlaClassViewSet(ScopedRelations, GovernedViewSet):
 
     serializer_class = SlaClassSerializer
     scoped_relations = {"use_case": (use_cases_visible, "No such use case.")}
-    filterset_fields = ("use_case", "name")
+    filterset_class = SlaClassFilterSet
 
     def get_queryset(self) -> QuerySet[SlaClass]:
         return sla_classes_visible(self.request.user).order_by("use_case_id", "name")

@@ -16,7 +16,13 @@ import pytest
 from rest_framework.test import APIClient
 
 from governance.audit import Actor, audit_record
-from governance.models import GuardrailSelection, PriorityRule, RateLimitPolicy
+from governance.models import (
+    GuardrailSelection,
+    PriorityClass,
+    PriorityRule,
+    RateLimitPolicy,
+    SlaClass,
+)
 from governance.roles import Role
 from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
 from tests.support.records import make_record
@@ -65,6 +71,13 @@ def world(company_guardrails) -> dict[str, Any]:
         "limit": limit,
         "event": event,
         "rule": PriorityRule.objects.first(),
+        "sla": SlaClass.objects.create(
+            use_case=use_case,
+            name="interactive",
+            turnaround_seconds=300,
+            priority_class=PriorityClass.objects.get(name="standard"),
+            kinds=["audio"],
+        ),
     }
 
 
@@ -261,6 +274,43 @@ CASES = [
         None,
         everyone(403, bob=404),
     ),  # only the requester may reveal; this key was minted
+    # SLA classes: the tenant's developers and auditors read, officers and admins change
+    Case("sla-list", "get", lambda w: "/api/sla-classes/", None, READ_ALL),
+    Case(
+        "sla-read-acme",
+        "get",
+        lambda w: f"/api/sla-classes/{w['sla'].pk}/",
+        None,
+        everyone(200, bob=404),
+    ),
+    Case(
+        "sla-create-acme",
+        "post",
+        lambda w: "/api/sla-classes/",
+        lambda w: {
+            "use_case": w["use_case"].pk,
+            "name": "overnight",
+            "windows": [{"days": ["mon"], "start": "20:00", "end": "06:00"}],
+            "time_zone": "Europe/Zurich",
+            "priority_class": "batch",
+            "kinds": ["pdf"],
+        },
+        governed(201, bob=400),
+    ),  # bob is told there is no such use case, as for one no one has
+    Case(
+        "sla-update-acme",
+        "patch",
+        lambda w: f"/api/sla-classes/{w['sla'].pk}/",
+        lambda w: {"turnaround_seconds": 600},
+        governed(200, bob=404),
+    ),
+    Case(
+        "sla-delete-acme",
+        "delete",
+        lambda w: f"/api/sla-classes/{w['sla'].pk}/",
+        None,
+        governed(204, bob=404),
+    ),
     # the audit trail
     Case("audit-list", "get", lambda w: "/api/audit-events/", None, READ_ALL),
     Case(
@@ -364,6 +414,7 @@ def test_lists_show_developers_only_their_tenants_records_by_id(world) -> None:
         "/api/audit-events/": ("sequence", world["event"].sequence),
         "/api/guardrail-selections/": ("id", world["guardrail"].pk),
         "/api/rate-limit-policies/": ("id", world["limit"].pk),
+        "/api/sla-classes/": ("id", world["sla"].pk),
     }
     own_ids = {
         "/api/tenants/": "globex2",
@@ -451,7 +502,9 @@ def test_developers_may_not_set_a_use_cases_namespace(world) -> None:
     assert moved.json()["namespace"] == "prod"
 
 
-@pytest.mark.parametrize("url", ["/api/api-keys/", "/api/guardrail-selections/"])
+@pytest.mark.parametrize(
+    "url", ["/api/api-keys/", "/api/guardrail-selections/", "/api/sla-classes/"]
+)
 def test_filtering_by_a_foreign_use_case_answers_as_for_an_unknown_one(world, url: str) -> None:
     bob = APIClient()
     bob.force_authenticate(world["users"]["bob"])
