@@ -34,6 +34,8 @@ ADMIN_PAGES = [
     "ratelimitpolicy",
     "apikey",
     "auditevent",
+    "slaclass",
+    "fileregistration",
 ]
 
 

@@ -58,7 +58,8 @@ def test_an_officer_creates_a_class_and_the_audit_holds_it(people) -> None:
     sla = _create(people, windows=NIGHTS, time_zone="Europe/Zurich")
     event = AuditEvent.objects.get(action="slaclass.create")
     assert event.object_id == str(sla.pk)
-    assert event.after is not None and event.after["turnaround_seconds"] == 300
+    assert event.after is not None
+    assert event.after["turnaround_seconds"] == 300
     assert event.tenant_slug == "acme"
 
 
@@ -121,7 +122,8 @@ def test_an_update_is_validated_and_audited_with_before_and_after(people) -> Non
         actor=Actor.for_user(people["olivia"]), sla_class=sla, changes={"turnaround_seconds": 900}
     )
     event = AuditEvent.objects.get(action="slaclass.update")
-    assert event.before is not None and event.after is not None
+    assert event.before is not None
+    assert event.after is not None
     assert (event.before["turnaround_seconds"], event.after["turnaround_seconds"]) == (300, 900)
 
 
@@ -193,7 +195,8 @@ def test_the_api_creates_reads_and_refuses_deleting_a_used_class(people) -> None
     assert body["turnaround_seconds"] is None
     assert body["windows"] == NIGHTS
     read = _client(people["audrey"]).get(f"/api/sla-classes/{body['id']}/")
-    assert read.status_code == 200 and read.json()["priority_class"] == "batch"
+    assert read.status_code == 200
+    assert read.json()["priority_class"] == "batch"
     FileRegistration.objects.create(
         use_case=people["use_case"],
         registered_by="alice",
