@@ -20,7 +20,16 @@ from governance.choices import (
     UseCaseKind,
     UseCaseStatus,
 )
-from governance.models import ApiKey, Deployment, Model, Tenant, UseCase
+from governance.models import (
+    ApiKey,
+    Deployment,
+    Model,
+    PriorityClass,
+    PriorityRule,
+    SlaClass,
+    Tenant,
+    UseCase,
+)
 from governance.roles import Role, roles_set
 from governance.services import (
     api_key_issue,
@@ -34,6 +43,7 @@ from governance.services import (
     use_case_transition,
     use_case_update,
 )
+from governance.sla_classes import sla_class_create
 
 DEMO_TENANT = "demo"
 DEMO_USE_CASE = "demo-assistant"
@@ -116,6 +126,51 @@ def _demo_guardrails(use_case: UseCase, guard: Model | None) -> None:
         )  # fmt: skip
 
 
+WEEKDAY_NIGHTS_AND_WEEKENDS = [
+    {"days": ["mon", "tue", "wed", "thu", "fri"], "start": "20:00", "end": "06:00"},
+    {"days": ["sat", "sun"], "start": "00:00", "end": "00:00"},
+]
+
+
+def _demo_sla_classes(use_case: UseCase) -> None:
+    """Two promises to show the difference: a voice note transcribed within five minutes at
+    production priority, and documents processed overnight at batch priority."""
+    prod = PriorityRule.objects.filter(environment=Environment.PROD, namespace=Namespace.PROD)
+    interactive_class = next(
+        (rule.priority_class for rule in prod.select_related("priority_class")),
+        PriorityClass.objects.order_by("rank").first(),
+    )
+    batch_class = (
+        PriorityClass.objects.filter(name="batch").first()
+        or PriorityClass.objects.order_by("-rank").first()
+    )
+    if interactive_class is None or batch_class is None:
+        return  # no priority classes at all: nothing an SLA could run at
+    existing = set(SlaClass.objects.filter(use_case=use_case).values_list("name", flat=True))
+    if "interactive-5m" not in existing:
+        sla_class_create(
+            actor=ACTOR,
+            use_case=use_case,
+            name="interactive-5m",
+            priority_class=interactive_class,
+            description="Transcribed or read within five minutes of the upload, any time.",
+            turnaround_seconds=300,
+            kinds=["audio", "text"],
+        )
+    if "overnight" not in existing:
+        sla_class_create(
+            actor=ACTOR,
+            use_case=use_case,
+            name="overnight",
+            priority_class=batch_class,
+            description="Done by the end of the next window: weekday nights and weekends.",
+            turnaround_seconds=None,
+            windows=WEEKDAY_NIGHTS_AND_WEEKENDS,
+            time_zone="Europe/Zurich",
+            kinds=["pdf", "text", "batch"],
+        )
+
+
 def _approve(use_case: UseCase) -> None:
     if use_case.status == UseCaseStatus.DRAFT:
         use_case_transition(actor=ACTOR, use_case=use_case, transition="submit")
@@ -185,6 +240,7 @@ def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
         )
     # Every run, as the allowed models: the demo exists to show transcripts to an auditor.
     use_case_set_records(actor=ACTOR, use_case=use_case, policy=RecordPolicy.FULL)
+    _demo_sla_classes(use_case)
     _approve(use_case)
     _metadata_use_case(tenant, models)
 

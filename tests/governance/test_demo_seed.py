@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 
 from governance.choices import ApiKeyStatus
 from governance.demo import FleetModel, demo_seed, parse_fleet_arg
-from governance.models import ApiKey, Deployment, UseCase
+from governance.models import ApiKey, Deployment, PriorityRule, SlaClass, UseCase
 
 pytestmark = pytest.mark.django_db
 
@@ -99,3 +99,23 @@ def test_the_demo_assistant_records_in_full_and_the_embeddings_use_case_metadata
     embeddings = UseCase.objects.get(slug="demo-embeddings")
     assert embeddings.status == "approved"
     assert [m.public_id for m in embeddings.allowed_models.all()] == ["embed"]
+
+
+def test_the_demo_assistant_has_an_interactive_and_an_overnight_sla_class(
+    live_valkey_settings,
+) -> None:
+    """Seeded once, however often ``make up`` runs: the second seed adds no second copy."""
+    demo_seed(fleet=FLEET, admin_password="pw-one-123")
+    demo_seed(fleet=FLEET, admin_password="pw-one-123")
+    classes = {sla.name: sla for sla in SlaClass.objects.filter(use_case__slug="demo-assistant")}
+    assert sorted(classes) == ["interactive-5m", "overnight"]
+    interactive, overnight = classes["interactive-5m"], classes["overnight"]
+    assert (interactive.turnaround_seconds, interactive.windows) == (300, [])
+    assert interactive.kinds == ["audio", "text"]
+    prod_rule = PriorityRule.objects.get(environment="prod", namespace="prod")
+    assert interactive.priority_class == prod_rule.priority_class
+    assert overnight.turnaround_seconds is None
+    assert overnight.time_zone == "Europe/Zurich"
+    assert overnight.priority_class.name == "batch"
+    assert overnight.kinds == ["pdf", "text", "batch"]
+    assert {w["start"] for w in overnight.windows} == {"20:00", "00:00"}
