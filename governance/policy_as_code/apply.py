@@ -28,6 +28,7 @@ from governance.models import (
     PriorityClass,
     PriorityRule,
     RateLimitPolicy,
+    SlaClass,
     Tenant,
     UseCase,
 )
@@ -56,6 +57,7 @@ from governance.services import (
     use_case_transition,
     use_case_update,
 )
+from governance.sla_classes import sla_class_create, sla_class_delete, sla_class_update
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +181,10 @@ class _Applier:
                     side=key[2],
                     guardrail=key[3],
                 )
+            case Section.SLA_CLASSES:
+                return SlaClass.objects.get(
+                    use_case__tenant__slug=key[0], use_case__slug=key[1], name=key[2]
+                )
             case Section.PRIORITY_CLASSES:
                 return self.priority_class(key[0])
             case Section.PRIORITY_MATRIX:
@@ -203,6 +209,10 @@ class _Applier:
             # shows a use case approved before its controls were.
             (Section.USE_CASES, _UPSERT, self.use_case_move),
             (Section.PRIORITY_CLASSES, _UPSERT, self.upsert),
+            # SLA classes name priority classes: after those are in place, and removed
+            # before a priority class they name could be.
+            (Section.SLA_CLASSES, delete, self.sla_class_delete),
+            (Section.SLA_CLASSES, _UPSERT, self.sla_class_upsert),
             (Section.PRIORITY_MATRIX, _UPSERT, self.upsert),
             (Section.RATE_LIMITS, _UPSERT, self.upsert),
             # Deletions run from dependents to what they depend on.
@@ -373,6 +383,28 @@ class _Applier:
                 record_update(actor=self.actor, instance=holder, changes={"rank": spare})
             self._classes[holder.name] = holder
             spare += 1
+
+    def sla_class_upsert(self, change: Change) -> None:
+        """Through the SLA-class services, so the file meets the rules the API does."""
+        changed = change.changed() if change.action is Action.UPDATE else dict(change.after or {})
+        if "priority_class" in changed:
+            changed["priority_class"] = self.priority_class(changed["priority_class"])
+        if change.action is Action.CREATE:
+            sla_class_create(
+                actor=self.actor,
+                use_case=self.use_case(change.key),
+                name=change.key[2],
+                **changed,
+            )
+            return
+        sla_class = self.row(change.section, change.key)
+        assert isinstance(sla_class, SlaClass)
+        sla_class_update(actor=self.actor, sla_class=sla_class, changes=changed)
+
+    def sla_class_delete(self, change: Change) -> None:
+        sla_class = self.row(change.section, change.key)
+        assert isinstance(sla_class, SlaClass)
+        sla_class_delete(actor=self.actor, sla_class=sla_class)
 
     def delete(self, change: Change) -> None:
         record_delete(actor=self.actor, instance=self.row(change.section, change.key))

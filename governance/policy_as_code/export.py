@@ -21,6 +21,7 @@ from governance.policy_as_code.schema import (
     PriorityClassSpec,
     RateLimitSpec,
     RecordsSpec,
+    SlaClassSpec,
     TenantSpec,
     UseCaseSpec,
 )
@@ -141,7 +142,40 @@ def _records(spec: RecordsSpec) -> dict[str, Any]:
     )
 
 
+def _sla_class(spec: SlaClassSpec) -> dict[str, Any]:
+    """One SLA class; the fields at their defaults are left out, as the file may."""
+    default = SlaClassSpec(name="", priority_class="", kinds=())
+    return {
+        "name": spec.name,
+        **_some(description=spec.description),
+        **(
+            {"turnaround_seconds": spec.turnaround_seconds}
+            if spec.turnaround_seconds is not None
+            else {}
+        ),
+        **(
+            {
+                "windows": [
+                    _Flow(days=_FlowList(w["days"]), start=w["start"], end=w["end"])
+                    for w in spec.windows
+                ]
+            }
+            if spec.windows
+            else {}
+        ),
+        **({"time_zone": spec.time_zone} if spec.time_zone != default.time_zone else {}),
+        "priority_class": spec.priority_class,
+        **(
+            {"max_file_bytes": spec.max_file_bytes}
+            if spec.max_file_bytes != default.max_file_bytes
+            else {}
+        ),
+        "kinds": _FlowList(spec.kinds),
+    }
+
+
 def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
+    sla_classes = sorted(spec.sla_classes, key=lambda c: c.name)
     limits = _Flow(_some(**{name: getattr(spec.limits, name) for name in USE_CASE_LIMIT_FIELDS}))
     guardrails = [
         _Flow(
@@ -171,6 +205,7 @@ def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
             guardrail_failure=spec.guardrail_failure if spec.guardrail_failure != "closed" else ""
         ),
         **({"records": records} if (records := _records(spec.records)) else {}),
+        **_some(sla_classes=[_sla_class(c) for c in sla_classes]),
         **_hold(spec),
     }
 

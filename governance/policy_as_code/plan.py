@@ -35,6 +35,7 @@ class Section(StrEnum):
     TENANTS = "tenants"
     USE_CASES = "use_cases"
     GUARDRAILS = "guardrails"
+    SLA_CLASSES = "sla_classes"
     PRIORITY_CLASSES = "priority_classes"
     PRIORITY_MATRIX = "priority_matrix"
     RATE_LIMITS = "rate_limits"
@@ -62,6 +63,8 @@ def record_path(section: Section, key: Key) -> str:
             return f"use_cases[{key[0]}/{key[1]}]"
         case Section.GUARDRAILS:
             return f"use_cases[{key[0]}/{key[1]}].guardrails[{key[2]}:{key[3]}]"
+        case Section.SLA_CLASSES:
+            return f"use_cases[{key[0]}/{key[1]}].sla_classes[{key[2]}]"
         case Section.PRIORITY_MATRIX:
             return f"priority_matrix.{key[0]}.{key[1]}"
         case Section.KEYS:
@@ -221,6 +224,19 @@ def document_records(document: PolicyDocument) -> dict[Section, dict[Key, Record
             }
             for u in use_cases
             for g in u.guardrails
+        }
+        records[Section.SLA_CLASSES] = {
+            (u.tenant, u.slug, c.name): {
+                "description": c.description,
+                "turnaround_seconds": c.turnaround_seconds,
+                "windows": [dict(w) for w in c.windows],
+                "time_zone": c.time_zone,
+                "priority_class": c.priority_class,
+                "max_file_bytes": c.max_file_bytes,
+                "kinds": sorted(c.kinds),
+            }
+            for u in use_cases
+            for c in u.sla_classes
         }
     if document.priority_classes is not None:
         records[Section.PRIORITY_CLASSES] = {
@@ -431,6 +447,9 @@ class _Builder:
         for key in self.orphans(Section.GUARDRAILS):
             if key[:2] in wanted_use_cases:  # a retired use case keeps its guardrails
                 self.remove(Section.GUARDRAILS, key)
+        for key in self.orphans(Section.SLA_CLASSES):
+            if key[:2] in wanted_use_cases:  # ...and its SLA classes
+                self.remove(Section.SLA_CLASSES, key)
         for key in self.orphans(Section.USE_CASES):
             record = self.have[Section.USE_CASES][key]
             if record["status"] == UseCaseStatus.RETIRED:

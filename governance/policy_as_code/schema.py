@@ -19,6 +19,7 @@ from governance.choices import (
     Capability,
     DataClassification,
     Environment,
+    FileKind,
     GuardrailAction,
     GuardrailFailure,
     GuardrailSide,
@@ -42,6 +43,7 @@ from governance.policy_as_code.fields import (
 from guardrails.base import SettingsError
 from guardrails.catalogue import entries as catalogue_entries
 from guardrails.catalogue import validate_selection
+from scheduler.windows import WindowError, parse_windows, zone
 
 FORMAT_VERSION: Final = 1
 SECTIONS: Final = (
@@ -125,6 +127,21 @@ class GuardrailSpec:
 
 
 @dataclass(frozen=True)
+class SlaClassSpec:
+    """One of a use case's SLA classes (``sla_classes:`` under the use case; docs/files.md)."""
+
+    name: str
+    priority_class: str
+    kinds: tuple[str, ...]
+    description: str = ""
+    turnaround_seconds: int | None = None
+    # as the file writes them: [{"days": [...], "start": "HH:MM", "end": "HH:MM"}]
+    windows: tuple[dict[str, Any], ...] = ()
+    time_zone: str = "UTC"
+    max_file_bytes: int = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
 class UseCaseSpec:
     tenant: str
     slug: str
@@ -145,6 +162,7 @@ class UseCaseSpec:
     guardrails: tuple[GuardrailSpec, ...] = ()
     guardrail_failure: str = GuardrailFailure.CLOSED.value
     records: RecordsSpec = RecordsSpec()
+    sla_classes: tuple[SlaClassSpec, ...] = ()
     legal_hold: bool | None = None  # as on TenantSpec
     legal_hold_reason: str = ""
 
@@ -403,6 +421,71 @@ def _guardrails(raw: list[Any], path: str, problems: list[Problem]) -> tuple[Gua
     return tuple(guardrails)
 
 
+SLA_TURNAROUND_MIN: Final = 60  # governance.sla_classes.MIN_TURNAROUND_SECONDS
+SLA_FIELDS: Final = (
+    "name",
+    "description",
+    "turnaround_seconds",
+    "windows",
+    "time_zone",
+    "priority_class",
+    "max_file_bytes",
+    "kinds",
+)
+
+
+def _sla_windows(r: Reader) -> tuple[tuple[dict[str, Any], ...], bool]:
+    """The windows as written, and whether they parse (``scheduler.windows``'s words)."""
+    raw = r.raw.get("windows")
+    try:
+        parse_windows(raw)
+    except WindowError as exc:
+        r.problem("windows", str(exc))
+        return (), False
+    return tuple(dict(w) for w in raw or ()), True
+
+
+def _sla_classes(raw: list[Any], path: str, problems: list[Problem]) -> tuple[SlaClassSpec, ...]:
+    """The same rules as ``governance.sla_classes.sla_class_validate``, with file paths."""
+    classes: list[SlaClassSpec] = []
+    seen: dict[str, str] = {}
+    for item_path, item in _records(raw, f"{path}.sla_classes", problems, "name"):
+        r = Reader(item, item_path, problems, SLA_FIELDS)
+        name = r.text("name", max_length=63, check=check_slug)
+        _once(seen, name, item_path, problems)
+        windows, windows_ok = _sla_windows(r)
+        time_zone = r.text("time_zone", required=False, max_length=64) or "UTC"
+        try:
+            zone(time_zone)
+        except WindowError as exc:
+            r.problem("time_zone", str(exc))
+        turnaround = None
+        if item.get("turnaround_seconds") is not None:
+            turnaround = r.integer(
+                "turnaround_seconds", default=None, minimum=SLA_TURNAROUND_MIN, maximum=2**31 - 1
+            )
+        elif windows_ok and not windows:
+            r.problem(
+                "turnaround_seconds",
+                "is required without windows (no turnaround means: by the end of the next window)",
+            )
+        classes.append(
+            SlaClassSpec(
+                name=name,
+                description=r.text("description", required=False, max_length=300),
+                turnaround_seconds=turnaround,
+                windows=windows,
+                time_zone=time_zone,
+                priority_class=r.text("priority_class", max_length=32),
+                max_file_bytes=r.integer(
+                    "max_file_bytes", default=512 * 1024 * 1024, minimum=1, maximum=2**63 - 1
+                ),
+                kinds=r.texts("kinds", required=True, allowed=FileKind.values),
+            )
+        )
+    return tuple(classes)
+
+
 def _limits(raw: Mapping[Any, Any] | None, path: str, problems: list[Problem]) -> LimitsSpec:
     if raw is None:
         return LimitsSpec()
@@ -429,6 +512,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
         "records",
         "legal_hold",
         "legal_hold_reason",
+        "sla_classes",
     )
     use_cases: list[UseCaseSpec] = []
     seen: dict[str, str] = {}
@@ -478,6 +562,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
                     default=GuardrailFailure.CLOSED.value,
                 ),
                 records=_records_settings(r.mapping("records"), path, problems),
+                sla_classes=_sla_classes(r.listing("sla_classes"), path, problems),
                 **_legal_hold(r),
             )
         )
@@ -639,6 +724,13 @@ def reference_problems(document: PolicyDocument, known: Known) -> list[Problem]:
         check(f"{path}.id", "tenant", use_case.tenant, known.tenants)
         for index, model in enumerate(use_case.models):
             check(f"{path}.models[{index}]", "model", model, known.models)
+        for sla in use_case.sla_classes:
+            check(
+                f"{path}.sla_classes[{sla.name}].priority_class",
+                "priority class",
+                sla.priority_class,
+                known.priority_classes,
+            )
     for environment, row in (document.priority_matrix or {}).items():
         for namespace, class_name in row.items():
             check(

@@ -16,6 +16,7 @@ from governance.models import (
     PriorityClass,
     PriorityRule,
     RateLimitPolicy,
+    SlaClass,
     Tenant,
     UseCase,
 )
@@ -30,6 +31,7 @@ from governance.policy_as_code.schema import (
     PriorityClassSpec,
     RateLimitSpec,
     RecordsSpec,
+    SlaClassSpec,
     TenantSpec,
     UseCaseSpec,
 )
@@ -100,6 +102,19 @@ def _use_case(use_case: UseCase) -> UseCaseSpec:
         ),
         legal_hold=use_case.legal_hold,
         legal_hold_reason=legal_hold_reason(use_case),
+        sla_classes=tuple(
+            SlaClassSpec(
+                name=sla.name,
+                description=sla.description,
+                turnaround_seconds=sla.turnaround_seconds,
+                windows=tuple(dict(w) for w in sla.windows or ()),
+                time_zone=sla.time_zone,
+                priority_class=sla.priority_class.name,
+                max_file_bytes=sla.max_file_bytes,
+                kinds=tuple(sla.kinds),
+            )
+            for sla in sorted(use_case.sla_classes.all(), key=lambda sla: sla.name)
+        ),
     )
 
 
@@ -126,6 +141,7 @@ def policy_current(*, now: datetime | None = None) -> PolicyDocument:
         .prefetch_related(
             Prefetch("allowed_models", queryset=Model.objects.only("public_id")),
             Prefetch("guardrails", queryset=GuardrailSelection.objects.all()),
+            Prefetch("sla_classes", queryset=SlaClass.objects.select_related("priority_class")),
         )
         .order_by("tenant__slug", "slug")
     )
