@@ -25,7 +25,13 @@ from django.test import Client
 from hypothesis import strategies as st
 from schemathesis import checks
 
-from governance.models import GuardrailSelection, PriorityClass, PriorityRule, RateLimitPolicy
+from governance.models import (
+    GuardrailSelection,
+    PriorityClass,
+    PriorityRule,
+    RateLimitPolicy,
+    SlaClass,
+)
 from governance.roles import Role
 from scheduler.models import GuardrailFinding
 from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
@@ -168,6 +174,13 @@ def sessions(
         name="acme-cap", scope="tenant", tenant=acme, requests_per_minute=600
     )
     record = make_record(chatbot, key_id=key.pk)
+    sla = SlaClass.objects.create(
+        use_case=chatbot,
+        name="overnight",
+        windows=[{"days": ["mon"], "start": "20:00", "end": "06:00"}],
+        priority_class=PriorityClass.objects.get(name="batch"),
+        kinds=["pdf"],
+    )
     KNOWN.update(
         {
             "tenants": ["acme", "globex"],
@@ -181,6 +194,7 @@ def sessions(
             "priority-classes": list(PriorityClass.objects.values_list("name", flat=True)),
             "priority-rules": list(PriorityRule.objects.values_list("pk", flat=True)[:3]),
             "rate-limit-policies": [limit.pk],
+            "sla-classes": [sla.pk],
             "usernames": [username for username, _role in ROLES],
         }
     )
