@@ -7,7 +7,7 @@ officer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -101,7 +101,7 @@ def _at(use_case: Any, state: str) -> FileRegistration:
     return registration
 
 
-STEPS = {
+STEPS: dict[str, Callable[[FileRegistration], FileRegistration]] = {
     FileState.UPLOADED: lambda r: file_uploaded(actor=PLATFORM, registration=r),
     FileState.QUEUED: lambda r: file_queued(actor=PLATFORM, registration=r),
     FileState.RUNNING: lambda r: file_started(actor=PLATFORM, registration=r),
