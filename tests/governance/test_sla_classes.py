@@ -259,3 +259,62 @@ def test_the_admin_creates_one_through_the_services(people, client) -> None:
     assert response.status_code == 302, response.content.decode()[:2000]
     assert SlaClass.objects.get().time_zone == "Europe/Zurich"
     assert AuditEvent.objects.filter(action="slaclass.create", actor="root").exists()
+
+
+def test_the_admin_changes_one_through_the_services_with_before_and_after(people, client) -> None:
+    sla = _create(people)
+    root = make_user("root", Role.ADMIN)
+    root.is_staff = root.is_superuser = True
+    root.save()
+    client.force_login(root)
+    response = client.post(
+        f"/admin/governance/slaclass/{sla.pk}/change/",
+        {
+            "use_case": people["use_case"].pk,
+            "name": "interactive",
+            "description": "",
+            "turnaround_seconds": "900",
+            "windows": "[]",
+            "time_zone": "UTC",
+            "priority_class": sla.priority_class_id,
+            "max_file_bytes": str(sla.max_file_bytes),
+            "kinds": '["audio"]',
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    event = AuditEvent.objects.get(action="slaclass.update")
+    assert event.actor == "root"
+    assert event.before is not None
+    assert event.after is not None
+    assert (event.before["turnaround_seconds"], event.after["turnaround_seconds"]) == (300, 900)
+
+
+def test_file_registrations_are_read_only_in_the_admin(people, client) -> None:
+    sla = _create(people)
+    registration = FileRegistration.objects.create(
+        use_case=people["use_case"],
+        registered_by="alice",
+        kind="audio",
+        filename="call.wav",
+        model=make_model("whisper"),
+        declared_bytes=1000,
+        sla_class=sla,
+        estimated_tokens=10,
+        promised_by=timezone.now() + timedelta(minutes=5),
+    )
+    root = make_user("root", Role.ADMIN)
+    root.is_staff = root.is_superuser = True
+    root.save()
+    client.force_login(root)
+    page = client.get(f"/admin/governance/fileregistration/{registration.pk}/change/")
+    assert page.status_code == 200
+    assert 'name="_save"' not in page.content.decode()
+    assert client.get("/admin/governance/fileregistration/add/").status_code == 403
+    refused = client.post(
+        f"/admin/governance/fileregistration/{registration.pk}/change/", {"state": "done"}
+    )
+    assert refused.status_code == 403
+    registration.refresh_from_db()
+    assert registration.state == "registered"
+    # ...and the class it uses offers no delete in the admin.
+    assert client.get(f"/admin/governance/slaclass/{sla.pk}/delete/").status_code == 403
