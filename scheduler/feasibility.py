@@ -192,7 +192,7 @@ def decide(
 
     ``reintervals(deadline)`` gives the candidate's intervals for another deadline (its
     windows up to it), for the search of the earliest possible one; without it the
-    candidate's intervals are cut at the trial deadline."""
+    candidate may run at any time from the start of its first interval."""
     jobs = [*ledger, candidate]
     finish = edf_finish_times(jobs, rate, now)
     # Promises already late (capacity fell since they were made) stay late whatever we do:
@@ -205,7 +205,8 @@ def decide(
         if reintervals is not None:
             spans = reintervals(deadline)
         else:
-            spans = tuple((a, min(b, deadline)) for a, b in candidate.intervals if a < deadline)
+            begin = candidate.intervals[0][0] if candidate.intervals else now
+            spans = ((begin, deadline),) if begin < deadline else ()
         return Job(candidate.id, candidate.tokens, deadline, spans)
 
     def fits(deadline: float) -> bool:
