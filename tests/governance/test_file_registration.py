@@ -58,7 +58,7 @@ def world(live_valkey_settings: Any) -> dict[str, Any]:
                 "start": "20:00",
                 "end": "06:00",
             }
-        ],  # fmt: skip
+        ],
         priority_class=batch,
         kinds=["audio"],
     )
