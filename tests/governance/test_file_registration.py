@@ -138,6 +138,7 @@ def test_a_developer_registers_a_file_and_gets_a_promise_at_once(
     event = AuditEvent.objects.get(action="file.register")
     assert event.actor == "alice"
     assert event.object_id == str(row.pk)
+    assert event.after is not None
     assert event.after["estimated_tokens"] == 1500
 
 
@@ -298,6 +299,7 @@ def test_cancel_releases_the_promise_and_is_audited(
     assert ledger(valkey_client) == set()
     event = AuditEvent.objects.get(action="file.cancel")
     assert event.actor == "alice"
+    assert event.after is not None
     assert event.after["reason"] == "wrong file"
     assert alice.post(f"/api/files/{file_id}/cancel/").status_code == 409
     # A key of the use case may cancel its registrations too

@@ -141,7 +141,7 @@ def test_promises_are_released_and_expired(valkey_client: valkey.Valkey) -> None
     later = NOW + HOUR + feasibility.PROMISE_GRACE_SECONDS + 1
     third = anytime("third", 10, later + HOUR, start=later)
     assert feasibility.promise(valkey_client, "m", third, settings, now=later).feasible
-    assert set(valkey_client.hkeys(feasibility.ledger_key("m"))) == {b"third"}
+    assert valkey_client.hkeys(feasibility.ledger_key("m")) == [b"third"]
 
 
 def test_concurrent_promises_that_fit_one_at_a_time_are_given_once(valkey_url: str) -> None:
