@@ -13,6 +13,7 @@ through the state machine (governance/file_states.py) and release the promise on
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -168,10 +169,16 @@ def _check(
 
 def _schedule(
     sla_class: SlaClass | None, deadline: datetime | None, start: datetime
-) -> tuple[datetime, feasibility.Reintervals]:
-    """The deadline to promise, and the job's intervals up to any deadline."""
+) -> tuple[list[datetime], feasibility.Reintervals]:
+    """The deadlines to try promising, in order, and the job's intervals up to any deadline.
+
+    An SLA class without a turnaround promises "by the end of the next window": the window
+    open now (or the next to open), and if the work does not fit in what is left of it, the
+    one after — a file registered five minutes before a night window closes is promised for
+    the next night, not refused."""
     windows: tuple[Window, ...] = ()
     tz_name = "UTC"
+    deadlines = [deadline] if deadline is not None else []
     if sla_class is not None:
         try:
             windows = parse_windows(sla_class.windows)
@@ -180,22 +187,21 @@ def _schedule(
             raise Conflict(f"The SLA class '{sla_class.name}' is misconfigured: {exc}") from exc
         tz_name = sla_class.time_zone
         if sla_class.turnaround_seconds is not None:
-            deadline = start + timedelta(seconds=sla_class.turnaround_seconds)
+            deadlines = [start + timedelta(seconds=sla_class.turnaround_seconds)]
         elif windows:
-            first = next(open_intervals(windows, zone(tz_name), start))
-            deadline = first[1]
+            spans = open_intervals(windows, zone(tz_name), start)
+            deadlines = [end for _, end in itertools.islice(spans, 2)]
         else:
             raise Conflict(
                 f"The SLA class '{sla_class.name}' has neither a turnaround nor windows."
             )
-    assert deadline is not None
 
     def reintervals(until: float) -> tuple[Interval, ...]:
         return feasibility.job_intervals(
             windows, tz_name, start=start, end=datetime.fromtimestamp(until, UTC)
         )
 
-    return deadline, reintervals
+    return deadlines, reintervals
 
 
 def file_register(
@@ -235,7 +241,7 @@ def file_register(
         now=now,
     )
     start = max(now, not_before) if not_before is not None else now
-    promised_by, reintervals = _schedule(sla_class, deadline, start)
+    deadlines, reintervals = _schedule(sla_class, deadline, start)
     tokens = feasibility.estimate_tokens(
         token_rates(),
         declared_bytes=declared_bytes,
@@ -264,22 +270,25 @@ def file_register(
                 state=FileState.REGISTERED,
                 state_changed_at=now,
                 estimated_tokens=tokens,
-                promised_by=promised_by,
+                promised_by=deadlines[0],
             )
-            job = Job(
-                id=str(file.pk),
-                tokens=float(tokens),
-                deadline=promised_by.timestamp(),
-                intervals=reintervals(promised_by.timestamp()),
-            )
-            answer = feasibility.promise(
-                client,
-                model.public_id,
-                job,
-                capacity_settings(),
-                now=now.timestamp(),
-                reintervals=reintervals,
-            )
+            for promised_by in deadlines:
+                job = Job(
+                    id=str(file.pk),
+                    tokens=float(tokens),
+                    deadline=promised_by.timestamp(),
+                    intervals=reintervals(promised_by.timestamp()),
+                )
+                answer = feasibility.promise(
+                    client,
+                    model.public_id,
+                    job,
+                    capacity_settings(),
+                    now=now.timestamp(),
+                    reintervals=reintervals,
+                )
+                if answer.feasible:
+                    break
             if not answer.feasible:
                 raise Infeasible(
                     f"{model.public_id} cannot finish {tokens} more tokens by "
@@ -287,6 +296,9 @@ def file_register(
                     answer,
                 )
             promised = True
+            if promised_by != file.promised_by:
+                file.promised_by = promised_by
+                file.save(update_fields=["promised_by", "updated_at"])
             audit_record(
                 actor=actor,
                 action="file.register",

@@ -17,9 +17,11 @@ released job with the earliest deadline; every promise, old and new, must finish
 deadline. Accepted, the answer is the new job's ETA in that schedule; refused, it is the
 earliest deadline that would have been accepted (a bisection over the new job's deadline).
 
-The check and the promise are one WATCH/MULTI transaction on the ledger: two registrations
-that fit only one at a time cannot both be promised. Promises are released on cancel or
-completion (``release``) and dropped once their deadline is ``PROMISE_GRACE_SECONDS`` past.
+The check and the promise are atomic: the ledger is read with its version in one MULTI/EXEC,
+and a script writes the promise only if the version is unchanged (else the check runs
+again), so two registrations that fit only one at a time cannot both be promised. Promises
+are released on cancel or completion (``release``) and dropped once their deadline is
+``PROMISE_GRACE_SECONDS`` past.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ Reintervals = Callable[[float], tuple[Interval, ...]]
 
 throughput_key = scheduling_keys.throughput
 ledger_key = scheduling_keys.promises
+
+
+def ledger_version_key(model: str) -> str:
+    """Bumped by every write of a promise: a check commits only on the version it read."""
+    return ledger_key(model) + ":v"
 
 
 # --- estimated tokens ------------------------------------------------------------------------
@@ -282,6 +289,18 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# Commit a promise if the ledger's version is still the one the check read (optimistic
+# concurrency in one round trip): KEYS ledger, version; ARGV version read, promise id
+# ("" for none), promise, expired ids…
+_COMMIT = """
+if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then return 0 end
+redis.call('INCR', KEYS[2])
+for i = 4, #ARGV do redis.call('HDEL', KEYS[1], ARGV[i]) end
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) end
+return 1
+"""
+
+
 def promise(
     client: valkey.Valkey,
     model: str,
@@ -291,35 +310,41 @@ def promise(
     now: float,
     reintervals: Reintervals | None = None,
 ) -> Answer:
-    """Check ``candidate`` against the model's ledger and, if it fits, record it — atomically
-    (WATCH on the ledger, MULTI/EXEC, retried when another registration wrote in between).
-    Expired promises are dropped in the same transaction."""
-    key = ledger_key(model)
+    """Check ``candidate`` against the model's ledger and, if it fits, record it — atomically.
+
+    Two round trips: one MULTI/EXEC reads the ledger, its version and the throughput as one
+    snapshot; a script writes the promise only if the version is unchanged (another
+    registration promised in between: check again). Expired promises are dropped by the
+    same script. A refusal with nothing expired writes nothing: one round trip."""
+    key, version_key = ledger_key(model), ledger_version_key(model)
+    commit = client.register_script(_COMMIT)
     for _ in range(_MAX_RETRIES):
         with client.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(key)  # type: ignore[no-untyped-call]
-                raw_ledger = cast(dict[bytes, bytes], pipe.hgetall(key))
-                raw_rate = cast(dict[bytes, bytes], pipe.hgetall(throughput_key(model)))
-                rate, measured = _rate_from(raw_rate, model, settings, now=now)
-                ledger, expired = [], []
-                for job_id, raw in raw_ledger.items():
-                    job = Job.decode(_text(job_id), raw)
-                    if job.deadline + PROMISE_GRACE_SECONDS < now:
-                        expired.append(job.id)
-                    else:
-                        ledger.append(job)
-                ok, eta, earliest = decide(
-                    ledger, candidate, rate=rate, now=now, reintervals=reintervals
-                )
-                pipe.multi()
-                if expired:
-                    pipe.hdel(key, *expired)
-                if ok:
-                    pipe.hset(key, candidate.id, candidate.encode().decode())
-                pipe.execute()  # type: ignore[no-untyped-call]
-            except valkey.WatchError:
-                continue
+            pipe.get(version_key)
+            pipe.hgetall(key)
+            pipe.hgetall(throughput_key(model))
+            raw_version, raw_ledger, raw_rate = pipe.execute()  # type: ignore[no-untyped-call]
+        rate, measured = _rate_from(raw_rate, model, settings, now=now)
+        ledger, expired = [], []
+        for job_id, raw in raw_ledger.items():
+            job = Job.decode(_text(job_id), raw)
+            if job.deadline + PROMISE_GRACE_SECONDS < now:
+                expired.append(job.id)
+            else:
+                ledger.append(job)
+        ok, eta, earliest = decide(ledger, candidate, rate=rate, now=now, reintervals=reintervals)
+        if ok or expired:
+            written = commit(
+                keys=[key, version_key],
+                args=[
+                    int(raw_version or 0),
+                    candidate.id if ok else "",
+                    candidate.encode().decode() if ok else "",
+                    *expired,
+                ],
+            )
+            if not written:
+                continue  # the ledger changed since it was read
         return Answer(
             feasible=ok,
             eta=_at(eta) if ok else None,

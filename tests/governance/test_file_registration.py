@@ -6,6 +6,7 @@ Real Valkey (the ledger and the measured throughput), real sessions and real API
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,7 +22,7 @@ from governance.models import AuditEvent, FileRegistration, PriorityClass, SlaCl
 from governance.roles import Role
 from governance.services import api_key_revoke
 from scheduler import feasibility
-from scheduler.windows import open_intervals, parse_windows, zone
+from scheduler.windows import DAYS, open_intervals, parse_windows, zone
 from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
@@ -196,9 +197,42 @@ def test_a_window_only_sla_promises_the_end_of_the_next_window(world: dict[str, 
     )
     assert response.status_code == 201, response.content
     nights = parse_windows(world["nightly"].windows)
-    _, end = next(open_intervals(nights, zone("UTC"), datetime.now(UTC)))
-    assert when(response.json()["promised_by"]) == end
-    assert when(response.json()["eta"]) <= end
+    spans = list(itertools.islice(open_intervals(nights, zone("UTC"), datetime.now(UTC)), 2))
+    promised = when(response.json()["promised_by"])
+    # The window open now, unless too little of it is left for 30 s of work: the next one.
+    expected = spans[0][1] if spans[0][1] - spans[0][0] >= timedelta(seconds=31) else spans[1][1]
+    assert promised == expected
+    assert when(response.json()["eta"]) <= promised
+
+
+def test_work_that_does_not_fit_what_is_left_of_a_window_gets_the_next_one(
+    world: dict[str, Any],
+) -> None:
+    """GIVEN a daily window that opens in a minute or two and lasts two (6000 tokens at 50/s)
+    WHEN 2500 tokens are promised in it THEN 4000 more do not fit what is left of it, and
+    are promised for the end of tomorrow's."""
+    opens = (timezone.now() + timedelta(minutes=2)).replace(second=0, microsecond=0)
+    closes = opens + timedelta(minutes=2)
+    short = SlaClass.objects.create(
+        use_case=world["use_case"],
+        name="short",
+        windows=[{"days": list(DAYS), "start": f"{opens:%H:%M}", "end": f"{closes:%H:%M}"}],
+        priority_class=PriorityClass.objects.get(name="batch"),
+        kinds=["audio"],
+    )
+    fits = as_user(world, "alice").post(
+        "/api/files/", audio(world, sla_class=short.name, declared_seconds=100), format="json"
+    )
+    assert fits.status_code == 201, fits.content
+    assert when(fits.json()["promised_by"]) == closes
+    too_big = as_user(world, "alice").post(
+        "/api/files/", audio(world, sla_class=short.name, declared_seconds=160), format="json"
+    )
+    assert too_big.status_code == 201, too_big.content
+    assert when(too_big.json()["promised_by"]) == closes + timedelta(days=1)
+    assert FileRegistration.objects.get(pk=too_big.json()["id"]).promised_by == closes + timedelta(
+        days=1
+    )
 
 
 def test_not_before_delays_the_work(world: dict[str, Any]) -> None:
