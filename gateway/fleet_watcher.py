@@ -25,6 +25,11 @@ answers non-200 or serves no vLLM gauges is written as saturated (``UNREACHABLE_
 requests waiting, stamped with the time of the attempt); a watcher that stops writing leaves
 timestamps that age, and the scheduler counts a stale entry as saturated too.
 
+The same scrape reads vLLM's token counters (prompt and generation); every
+``SWITCHYARD_FLEET_THROUGHPUT_INTERVAL_SECONDS`` the watcher writes each model's measured
+tokens per second and its capacity into ``sy:{sy}:throughput:<model>`` (``ThroughputMeter``;
+in the same MULTI/EXEC), which the feasibility model of file work reads (docs/files.md).
+
 After each write, for every model with a replica below the waiting threshold, the watcher
 calls ``on_drained(model)`` (by default ``Scheduler.pump``), so that requests queued while the
 fleet was saturated or its entries stale are placed as soon as there is room.

@@ -277,11 +277,13 @@ def _rate_from(
         at = float(fields["at_ms"]) / 1000
     except (KeyError, ValueError):
         capacity, at = 0.0, 0.0
-    if capacity > 0 and now - at <= settings.stale_seconds:
-        return capacity * settings.share, True
     default = (settings.model_tokens_per_second or {}).get(
         model, settings.default_tokens_per_second
     )
+    if capacity > 0 and now - at <= settings.stale_seconds:
+        # The default is a floor: a model that has only ever seen light traffic has a
+        # measured "capacity" far below what it can do, and must not look smaller for it.
+        return max(capacity, default) * settings.share, True
     return default * settings.share, False
 
 

@@ -167,3 +167,11 @@ def test_concurrent_promises_that_fit_one_at_a_time_are_given_once(valkey_url: s
     assert sorted(results) == [False] * 7 + [True]
     assert setup.hlen(feasibility.ledger_key("race")) == 1
     setup.close()
+
+
+def test_the_default_is_a_floor_under_a_light_measurement(valkey_client: valkey.Valkey) -> None:
+    """A model only ever lightly used measured 3 tokens/s: not what it can do."""
+    settings = CapacitySettings(share=0.5, default_tokens_per_second=10.0)
+    at_ms = str(int(NOW * 1000))
+    valkey_client.hset(feasibility.throughput_key("m"), mapping={"capacity": "3", "at_ms": at_ms})
+    assert feasibility.batch_rate(valkey_client, "m", settings, now=NOW) == (5.0, True)
