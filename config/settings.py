@@ -18,6 +18,7 @@ from config.env import (
     ConfigurationError,
     env_bool,
     env_choice,
+    env_float,
     env_int,
     env_list,
     env_required,
@@ -216,6 +217,27 @@ else:
 # gateway's) are kept this long; a use case's own record_retention_days applies otherwise.
 RECORD_RETENTION_DAYS = env_int("SWITCHYARD_RECORD_RETENTION_DAYS", 90, minimum=1)
 
+# --- File work: the feasibility model (docs/files.md) ----------------------------------------
+# The share of a model's measured capacity batch (file) work may be promised.
+BATCH_CAPACITY_SHARE = env_float("SWITCHYARD_BATCH_CAPACITY_SHARE", 0.5, minimum=0.01)
+# Tokens per second assumed for a model before the fleet watcher has measured it: low on
+# purpose (one small replica), so that early promises are kept. Per model: "model=tps,...".
+BATCH_DEFAULT_TOKENS_PER_SECOND = env_float(
+    "SWITCHYARD_BATCH_DEFAULT_TOKENS_PER_SECOND", 200.0, minimum=0.001
+)
+BATCH_MODEL_TOKENS_PER_SECOND = {
+    name.strip(): float(rate)
+    for name, _, rate in (
+        item.partition("=") for item in env_list("SWITCHYARD_BATCH_MODEL_TOKENS_PER_SECOND", [])
+    )
+    if name.strip() and rate
+}
+# How a declared file size becomes estimated tokens.
+FILE_TOKENS_PER_AUDIO_SECOND = env_float("SWITCHYARD_FILE_TOKENS_PER_AUDIO_SECOND", 25.0)
+FILE_TOKENS_PER_PAGE = env_float("SWITCHYARD_FILE_TOKENS_PER_PAGE", 800.0)
+FILE_TOKENS_PER_LINE = env_float("SWITCHYARD_FILE_TOKENS_PER_LINE", 600.0)
+FILE_BYTES_PER_TOKEN = env_float("SWITCHYARD_FILE_BYTES_PER_TOKEN", 4.0, minimum=0.1)
+
 # --- Valkey: policy snapshot, limits, queues, streams, Celery broker, Channels layer ---------
 try:
     VALKEY_URL = for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0"))
@@ -274,6 +296,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "GuardrailModeEnum": "governance.choices.GuardrailAction",
         "GuardrailFindingActionEnum": "scheduler.models.GuardrailFinding.Action",
+        "FileKindEnum": "governance.choices.FileKind",
     },
 }
 

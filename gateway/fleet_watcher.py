@@ -25,6 +25,11 @@ answers non-200 or serves no vLLM gauges is written as saturated (``UNREACHABLE_
 requests waiting, stamped with the time of the attempt); a watcher that stops writing leaves
 timestamps that age, and the scheduler counts a stale entry as saturated too.
 
+The same scrape reads vLLM's token counters (prompt and generation); every
+``SWITCHYARD_FLEET_THROUGHPUT_INTERVAL_SECONDS`` the watcher writes each model's measured
+tokens per second and its capacity into ``sy:{sy}:throughput:<model>`` (``ThroughputMeter``;
+in the same MULTI/EXEC), which the feasibility model of file work reads (docs/files.md).
+
 After each write, for every model with a replica below the waiting threshold, the watcher
 calls ``on_drained(model)`` (by default ``Scheduler.pump``), so that requests queued while the
 fleet was saturated or its entries stale are placed as soon as there is room.
@@ -69,7 +74,10 @@ UNREACHABLE_WAITING = 1_000_000_000
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
-_GAUGES = frozenset((WAITING, RUNNING, KV_USAGE))
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+_TOKEN_COUNTERS = frozenset((PROMPT_TOKENS, GENERATION_TOKENS))
+_GAUGES = frozenset((WAITING, RUNNING, KV_USAGE)) | _TOKEN_COUNTERS
 _GAUGE_PREFIXES = tuple(_GAUGES)
 
 DrainedCallback = Callable[[str], Awaitable[None]]
@@ -100,6 +108,9 @@ class ReplicaLoad:
     in_flight_at_scrape: int | None = None
     # The replica's batch size as learned by the watcher (0: not yet).
     max_running: int = 0
+    # Prompt plus generation tokens processed since it started (vLLM's counters; None: not
+    # served). Not part of the fleet entry: it feeds the throughput measurement.
+    tokens: float | None = None
 
     @classmethod
     def unreachable(cls, at_ms: int) -> ReplicaLoad:
@@ -205,10 +216,13 @@ def parse_vllm_metrics(text: str, *, at_ms: int) -> ReplicaLoad:
     """
     waiting = running = 0.0
     kv_usage = 0.0
+    tokens = 0.0
     seen: set[str] = set()
     for family in text_string_to_metric_families(_gauge_lines(text)):
         for sample in family.samples:
-            if sample.name == WAITING:
+            if sample.name in _TOKEN_COUNTERS:
+                tokens += sample.value
+            elif sample.name == WAITING:
                 waiting += sample.value
             elif sample.name == RUNNING:
                 running += sample.value
@@ -219,7 +233,10 @@ def parse_vllm_metrics(text: str, *, at_ms: int) -> ReplicaLoad:
             seen.add(sample.name)
     if WAITING not in seen or RUNNING not in seen:
         raise ScrapeError("no vLLM request gauges in /metrics")
-    return ReplicaLoad(round(waiting), round(running), kv_usage, at_ms)
+    counted = bool(seen & _TOKEN_COUNTERS)
+    return ReplicaLoad(
+        round(waiting), round(running), kv_usage, at_ms, tokens=tokens if counted else None
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +248,11 @@ class WatcherSettings:
     policy_refresh_s: float = 1.0
     policy_max_staleness_s: float = 60.0
     stale_ms: int = 900  # the gateways' bound, for the pumps this watcher triggers
+    # Throughput (docs/files.md): a rate is taken over at least this long, smoothed with
+    # this EWMA weight; the capacity (highest rate seen) halves over this long unless seen.
+    throughput_interval_s: float = 5.0
+    throughput_alpha: float = 0.3
+    capacity_half_life_s: float = 86400.0
 
     @classmethod
     def from_env(cls) -> WatcherSettings:
@@ -243,6 +265,13 @@ class WatcherSettings:
                 "SWITCHYARD_FLEET_SCRAPE_TIMEOUT_SECONDS", 0.5, minimum=0.01
             ),
             waiting_threshold=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
+            throughput_interval_s=env_float(
+                "SWITCHYARD_FLEET_THROUGHPUT_INTERVAL_SECONDS", 5.0, minimum=0.05
+            ),
+            throughput_alpha=env_float("SWITCHYARD_FLEET_THROUGHPUT_ALPHA", 0.3, minimum=0.01),
+            capacity_half_life_s=env_float(
+                "SWITCHYARD_FLEET_CAPACITY_HALF_LIFE_SECONDS", 86400.0, minimum=1.0
+            ),
             policy_refresh_s=env_float(
                 "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS", 1.0, minimum=0.05
             ),
@@ -258,6 +287,74 @@ class WatcherSettings:
     def heartbeat_ttl_ms(self) -> int:
         # Long enough to survive a few slow cycles, short enough that a dead watcher shows.
         return max(5_000, int(20 * (self.scrape_interval_s + self.scrape_timeout_s) * 1000))
+
+
+@dataclass(slots=True)
+class _Meter:
+    """One model's throughput: the counters at the last sample, and what was measured."""
+
+    at_ms: int = 0
+    counters: dict[str, float] = field(default_factory=dict)
+    rate: float = 0.0  # tokens/s, EWMA-smoothed
+    capacity: float = 0.0  # the highest sustained rate, decayed
+    measured: bool = False
+
+
+class ThroughputMeter:
+    """Tokens per second per model from vLLM's token counters: the sum over the model's
+    replicas of the counters' increase over at least ``interval_s``, divided by the time.
+
+    A replica whose counter went down (restarted) or that was not read at both samples adds
+    nothing to that interval. The rate is EWMA-smoothed; the capacity is the highest
+    interval rate seen, halved every ``half_life_s`` it is not reached again, so a fleet that
+    shrank is believed within a day or so, and a quiet night does not erase it."""
+
+    def __init__(self, interval_s: float, alpha: float, half_life_s: float) -> None:
+        self.interval_ms = interval_s * 1000
+        self.alpha = alpha
+        self.half_life_s = half_life_s
+        self._meters: dict[str, _Meter] = {}
+
+    def restore(self, model: str, rate: float, capacity: float) -> None:
+        meter = self._meters.setdefault(model, _Meter())
+        meter.rate, meter.capacity, meter.measured = rate, capacity, capacity > 0
+
+    def observe(
+        self, model: str, replicas: dict[str, ReplicaLoad], at_ms: int
+    ) -> dict[str, str] | None:
+        """The hash to write for ``model`` when an interval completed, else None."""
+        counters = {
+            url: load.tokens
+            for url, load in replicas.items()
+            if load.reachable and load.tokens is not None
+        }
+        meter = self._meters.setdefault(model, _Meter())
+        if not meter.counters:
+            meter.at_ms, meter.counters = at_ms, counters
+            return None
+        elapsed_ms = at_ms - meter.at_ms
+        if elapsed_ms < self.interval_ms:
+            return None
+        delta = sum(
+            now - meter.counters[url]
+            for url, now in counters.items()
+            if url in meter.counters and now >= meter.counters[url]
+        )
+        sample = delta / (elapsed_ms / 1000)
+        meter.rate = (
+            self.alpha * sample + (1 - self.alpha) * meter.rate if meter.measured else sample
+        )
+        decay = 0.5 ** ((elapsed_ms / 1000) / self.half_life_s)
+        meter.capacity = max(sample, meter.capacity * decay)
+        meter.measured = True
+        meter.at_ms, meter.counters = at_ms, counters
+        return {
+            "rate": f"{meter.rate:.3f}",
+            "capacity": f"{meter.capacity:.3f}",
+            "last": f"{sample:.3f}",
+            "replicas": str(len(counters)),
+            "at_ms": str(at_ms),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +406,11 @@ class FleetWatcher:
         self._queued_before: set[str] = set()  # replicas at the threshold at the last scrape
         self._restored = False
         self._written_models: set[str] | None = None  # None: not yet reconciled with Valkey
+        self.throughput = ThroughputMeter(
+            settings.throughput_interval_s,
+            settings.throughput_alpha,
+            settings.capacity_half_life_s,
+        )
         self._identity = f"{socket.gethostname()}:{os.getpid()}"
         self.last_cycle_at_ms: int | None = None
         self.last_write_ok: bool | None = None  # None: nothing tried yet
@@ -365,7 +467,12 @@ class FleetWatcher:
             for name, urls in models.items()
         }
         at = self.clock()
-        written = await self._write(loads, at, policy.version, started)
+        measured = {
+            name: sample
+            for name, replicas in loads.items()
+            if (sample := self.throughput.observe(name, replicas, at)) is not None
+        }
+        written = await self._write(loads, at, policy.version, started, measured)
         drained = self._drained(loads) if written else frozenset()
         self._log_transitions(loads)
         if written:
@@ -386,6 +493,8 @@ class FleetWatcher:
                 if restore:
                     for model in models:
                         pipe.hgetall(fleet_key(model))
+                    for model in models:
+                        pipe.hgetall(scheduling_keys.throughput(model))
                 replies = await pipe.execute()
         except (valkey.ValkeyError, OSError) as exc:
             logger.debug("in_flight_read_failed error=%r", exc)
@@ -395,7 +504,12 @@ class FleetWatcher:
             for model, reply in zip(models, replies, strict=False)
         }
         if restore:
-            for reply in replies[len(models) :]:
+            n = len(models)
+            for model, reply in zip(models, replies[2 * n :], strict=False):
+                with contextlib.suppress(KeyError, ValueError):
+                    fields = {_text(k): _text(v) for k, v in reply.items()}
+                    self.throughput.restore(model, float(fields["rate"]), float(fields["capacity"]))
+            for reply in replies[n : 2 * n]:
                 for url, raw in reply.items():
                     with contextlib.suppress(ValueError):
                         self._raise_max_running(_text(url), ReplicaLoad.decode(raw).max_running)
@@ -449,7 +563,12 @@ class FleetWatcher:
             return None  # not loaded yet, or too stale to trust: scrape nothing
 
     async def _write(
-        self, loads: dict[str, dict[str, ReplicaLoad]], at: int, version: int, started: float
+        self,
+        loads: dict[str, dict[str, ReplicaLoad]],
+        at: int,
+        version: int,
+        started: float,
+        measured: dict[str, dict[str, str]] | None = None,
     ) -> bool:
         try:
             if self._written_models is None:
@@ -476,6 +595,8 @@ class FleetWatcher:
                             fleet_key(model),
                             mapping={url: load.encode() for url, load in replicas.items()},
                         )
+                for model, sample in (measured or {}).items():
+                    pipe.hset(scheduling_keys.throughput(model), mapping=sample)
                 pipe.set(HEARTBEAT_KEY, orjson.dumps(heartbeat), px=self.settings.heartbeat_ttl_ms)
                 await pipe.execute()
         except (valkey.ValkeyError, OSError) as exc:

@@ -24,7 +24,6 @@ from governance.audit import Actor, audit_record
 from governance.choices import FileState
 from governance.errors import Conflict
 from governance.models import FileRegistration
-from governance.services import _require_member
 
 FINAL_STATES = frozenset({FileState.DONE, FileState.FAILED, FileState.EXPIRED, FileState.CANCELLED})
 
@@ -164,11 +163,12 @@ def file_failed(
     )
 
 
-def file_cancel(
+def file_cancelled(
     *, actor: Actor, registration: FileRegistration, reason: str = "", now: datetime | None = None
 ) -> FileRegistration:
-    """The tenant's developers (or an officer) withdraw a file not yet finished."""
-    _require_member(actor, registration.use_case.tenant)
+    """The move to ``cancelled``. Who may cancel (a key of the use case, its tenant's
+    developers, officers) is checked by ``governance.files.file_cancel``, which also releases
+    the registration's promise: call that, not this, on a person's or a client's behalf."""
     return _move(
         actor=actor,
         registration=registration,

@@ -93,3 +93,13 @@ def rate_window(limit_id: str, window_index: int, *, prefix: str = KEY_PREFIX) -
 
 def gateway_channel(gateway_id: str) -> str:
     return f"{GATEWAY_CHANNEL_PREFIX}{gateway_id}"
+
+
+def throughput(model: str, *, prefix: str = KEY_PREFIX) -> str:
+    """The model's measured tokens per second (fleet watcher), read by the feasibility model."""
+    return f"{prefix}throughput:{model}"
+
+
+def promises(model: str, *, prefix: str = KEY_PREFIX) -> str:
+    """The model's ledger of file-work promises (scheduler/feasibility.py)."""
+    return f"{prefix}promises:{model}"

@@ -15,13 +15,16 @@ Failures answer 401 with ``WWW-Authenticate: Bearer`` whatever the order of the 
 
 from __future__ import annotations
 
+import hmac
 import ssl
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import jwt
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser
+from django.utils import timezone
 from rest_framework import exceptions, status
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
@@ -34,7 +37,10 @@ from gateway.service_accounts import (
     signing_kid,
 )
 from governance.audit import Actor
+from governance.choices import ApiKeyStatus
 from governance.identity import SSORefused, identity_from_claims, sso_user_sync
+from governance.keys import KEY_PREFIX, key_hash
+from governance.models import ApiKey
 
 _CHALLENGE = 'Bearer realm="switchyard"'
 
@@ -146,6 +152,63 @@ class ServiceAccountJWTAuthentication(BaseAuthentication):
         except SSORefused as refusal:
             raise exceptions.PermissionDenied(str(refusal)) from refusal
         return user, claims
+
+    def authenticate_header(self, request: Request) -> str:
+        return _CHALLENGE
+
+
+class ApiKeyUser(AnonymousUser):
+    """The principal of a request made with an API key: authenticated, no person, no role.
+
+    Only the file-registration endpoints accept keys (docs/files.md): a key stands for its
+    use case there, and the views check ``request.auth`` (the ApiKey), never roles."""
+
+    def __init__(self, key: ApiKey) -> None:
+        super().__init__()
+        self.key = key
+        self.name = f"key:{key.prefix}"
+
+    @property
+    def is_anonymous(self) -> Literal[False]:  # type: ignore[override]
+        return False
+
+    @property
+    def is_authenticated(self) -> Literal[True]:  # type: ignore[override]
+        return True
+
+    def get_username(self) -> str:
+        return self.name
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    """``Authorization: Bearer sk-sy-…``: an active, unexpired API key, found by the SHA-256
+    of the key (as the gateway does: the database compares hashes, never the secret, so no
+    timing tells anything about a key), mapped to its use case."""
+
+    def authenticate(self, request: Request) -> tuple[ApiKeyUser, ApiKey] | None:
+        parts = get_authorization_header(request).split()
+        if len(parts) != 2 or parts[0].lower() != b"bearer":
+            return None
+        try:
+            token = parts[1].decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        if not token.startswith(KEY_PREFIX):
+            return None
+        digest = key_hash(token)
+        key = (
+            ApiKey.objects.filter(key_hash=digest, status=ApiKeyStatus.ACTIVE)
+            .select_related("use_case__tenant")
+            .first()
+        )
+        if key is None or key.key_hash is None or not hmac.compare_digest(key.key_hash, digest):
+            raise InvalidBearerToken("The API key is not valid (unknown, revoked or expired).")
+        if key.expires_at is not None and key.expires_at <= timezone.now():
+            raise InvalidBearerToken("The API key is not valid (unknown, revoked or expired).")
+        return ApiKeyUser(key), key
 
     def authenticate_header(self, request: Request) -> str:
         return _CHALLENGE

@@ -38,6 +38,18 @@ class ServiceAccountJWTScheme(OpenApiAuthenticationExtension):  # type: ignore[n
         }
 
 
+class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    target_class = "governance.api.authentication.ApiKeyAuthentication"
+    name = "apiKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An active API key of the use case (sk-sy-…); /api/files/ only.",
+        }
+
+
 class UniqueListFieldExtension(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
     """A list without repeats: the items' own schema, plus ``uniqueItems``."""
 

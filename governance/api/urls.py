@@ -3,7 +3,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from governance.api import decisions, findings, records, sla_classes, views
+from governance.api import decisions, files, findings, records, sla_classes, views
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -24,6 +24,7 @@ router.register(
 )
 router.register("guardrail-findings", findings.GuardrailFindingViewSet, basename="guardrailfinding")
 router.register("records", records.RecordViewSet, basename="record")
+router.register("files", files.FileRegistrationViewSet, basename="file")
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),

@@ -21,7 +21,7 @@ from governance.choices import FileState
 from governance.errors import Conflict
 from governance.file_states import (
     TRANSITIONS,
-    file_cancel,
+    file_cancelled,
     file_done,
     file_expire,
     file_failed,
@@ -31,6 +31,7 @@ from governance.file_states import (
     file_uploaded,
     files_expire,
 )
+from governance.files import file_cancel
 from governance.models import AuditEvent, FileRegistration
 from governance.roles import Role
 from tests.factories import make_model, make_tenant, make_use_case, make_user
@@ -108,7 +109,7 @@ STEPS: dict[str, Callable[[FileRegistration], FileRegistration]] = {
     FileState.DONE: lambda r: file_done(actor=PLATFORM, registration=r, outputs={}),
     FileState.FAILED: lambda r: file_failed(actor=PLATFORM, registration=r, failure="bad"),
     FileState.EXPIRED: lambda r: file_expire(actor=PLATFORM, registration=r),
-    FileState.CANCELLED: lambda r: file_cancel(actor=PLATFORM, registration=r),
+    FileState.CANCELLED: lambda r: file_cancelled(actor=PLATFORM, registration=r),
 }
 
 
@@ -171,15 +172,17 @@ def test_a_failure_says_why(use_case) -> None:
 
 
 @pytest.mark.django_db
-def test_the_tenants_developer_cancels_and_another_tenants_may_not(use_case) -> None:
+def test_the_tenants_developer_cancels_and_another_tenants_may_not(
+    use_case, live_valkey_settings
+) -> None:
+    """Through governance.files.file_cancel, the one door that checks who may cancel (and
+    releases the promise, here none: the registration was made directly)."""
     alice = make_user("alice", Role.DEVELOPER, tenants=(use_case.tenant,))
     bob = make_user("bob", Role.DEVELOPER, tenants=(make_tenant("globex"),))
     registration = _register(use_case)
     with pytest.raises(PermissionDenied):
-        file_cancel(actor=Actor.for_user(bob), registration=registration)
-    cancelled = file_cancel(
-        actor=Actor.for_user(alice), registration=registration, reason="wrong file"
-    )
+        file_cancel(actor=Actor.for_user(bob), file=registration)
+    cancelled = file_cancel(actor=Actor.for_user(alice), file=registration, reason="wrong file")
     assert cancelled.state == FileState.CANCELLED
     event = AuditEvent.objects.get(action="fileregistration.cancelled")
     assert event.actor == "alice"

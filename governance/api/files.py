@@ -1,0 +1,289 @@
+"""File registrations on /api/files/ (docs/files.md): register, list, show, cancel.
+
+Who: a developer of the use case's tenant (session or service-account JWT, as everywhere on
+/api/), officers and admins, or an API key of the use case itself (``Bearer sk-sy-…``: the
+only /api/ endpoints that take keys, so that the program that will upload a file can
+announce it first). Auditors read. The answer is the feasibility model's (scheduler/
+feasibility.py): 201 with the promise, or 409 with ``earliest_possible`` and nothing stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import valkey
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import exceptions, mixins, permissions, serializers, status, viewsets
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from governance.api.authentication import (
+    ApiKeyAuthentication,
+    ApiKeyUser,
+    ServiceAccountJWTAuthentication,
+)
+from governance.api.serializers import ErrorSerializer
+from governance.audit import Actor
+from governance.choices import FileKind
+from governance.files import Infeasible, Registered, file_cancel, file_register, key_actor
+from governance.models import ApiKey, FileRegistration, Model, SlaClass, UseCase
+from governance.roles import roles_of
+from governance.selectors import use_cases_visible
+
+
+class FileRegistrationSerializer(serializers.ModelSerializer[FileRegistration]):
+    """A registration as stored: what was declared, the SLA asked for, what was promised."""
+
+    model: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="public_id", read_only=True
+    )
+    sla_class: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
+
+    class Meta:
+        model = FileRegistration
+        fields: tuple[str, ...] = (
+            "id",
+            "use_case",
+            "kind",
+            "filename",
+            "model",
+            "declared_bytes",
+            "declared_seconds",
+            "declared_pages",
+            "declared_lines",
+            "sla_class",
+            "deadline",
+            "not_before",
+            "state",
+            "state_changed_at",
+            "progress",
+            "estimated_tokens",
+            "promised_by",
+            "registered_by",
+            "created_at",
+        )
+        read_only_fields: tuple[str, ...] = fields
+
+
+class CapacitySerializer(serializers.Serializer[Any]):
+    tokens_per_second = serializers.FloatField(help_text="Batch tokens/s the answer assumed")
+    measured = serializers.BooleanField(
+        help_text="False: the model has no measurement yet; a conservative default was used"
+    )
+
+
+class RegisteredSerializer(FileRegistrationSerializer):
+    """The answer to a registration: the record, its ETA and the capacity it was judged on."""
+
+    eta = serializers.DateTimeField(help_text="When the work would finish as scheduled now")
+    capacity = CapacitySerializer()
+
+    class Meta(FileRegistrationSerializer.Meta):
+        fields = (*FileRegistrationSerializer.Meta.fields, "eta", "capacity")
+        read_only_fields = fields
+
+
+class InfeasibleSerializer(serializers.Serializer[Any]):
+    """409: the promise cannot be kept (``code`` infeasible), or the use case's state forbids
+    registering (no ``earliest_possible``)."""
+
+    detail = serializers.CharField()
+    code = serializers.CharField(required=False)
+    error = serializers.CharField(required=False)
+    earliest_possible = serializers.DateTimeField(
+        required=False,
+        allow_null=True,
+        help_text="The earliest completion that could be promised; null: none within a year",
+    )
+
+
+class FileRegisterSerializer(serializers.Serializer[Any]):
+    """The body of a registration; exactly one of ``sla_class`` and ``deadline``."""
+
+    use_case = serializers.IntegerField(
+        required=False, help_text="The use case's id; with an API key, the key's by default"
+    )
+    kind = serializers.ChoiceField(choices=FileKind.choices)
+    filename = serializers.CharField(max_length=255)
+    model = serializers.CharField(max_length=128, help_text="The model's public id")
+    declared_bytes = serializers.IntegerField(min_value=1)
+    declared_seconds = serializers.FloatField(required=False, min_value=0.001, allow_null=True)
+    declared_pages = serializers.IntegerField(required=False, min_value=1, allow_null=True)
+    declared_lines = serializers.IntegerField(required=False, min_value=1, allow_null=True)
+    sla_class = serializers.CharField(
+        required=False, allow_null=True, max_length=63, help_text="The SLA class's name"
+    )
+    deadline = serializers.DateTimeField(required=False, allow_null=True)
+    not_before = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class FileCancelSerializer(serializers.Serializer[Any]):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class MayRegisterFiles(permissions.BasePermission):
+    """An API key (checked against the use case by the service), or a person with a role."""
+
+    message = "Your account has no Switchyard role; ask an administrator for one."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        if isinstance(request.auth, ApiKey):
+            return True
+        return bool(request.user and request.user.is_authenticated and roles_of(request.user))
+
+
+class StoreUnavailable(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The scheduler's store (Valkey) cannot be reached; try again shortly."
+    default_code = "store_unavailable"
+
+
+def _key_of(request: Request) -> ApiKey | None:
+    return request.auth if isinstance(request.auth, ApiKey) else None
+
+
+def _actor(request: Request) -> Actor:
+    key = _key_of(request)
+    django_request = cast(HttpRequest, request)
+    if key is None:
+        return Actor.from_request(django_request)
+    origin = Actor.from_request(django_request)
+    return key_actor(key, request_id=origin.request_id, source_ip=origin.source_ip)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Registrations this account (or key) may see"),
+    retrieve=extend_schema(summary="One registration"),
+)
+class FileRegistrationViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    """Files announced before upload, each with the feasibility answer it was accepted on."""
+
+    serializer_class = FileRegistrationSerializer
+    authentication_classes = (
+        ServiceAccountJWTAuthentication,  # first: its challenge decides a 401
+        ApiKeyAuthentication,
+        SessionAuthentication,
+    )
+    permission_classes = (MayRegisterFiles,)
+    search_fields = ("filename",)
+    ordering_fields = ("created_at", "promised_by", "state")
+
+    def get_queryset(self) -> QuerySet[FileRegistration]:
+        files = FileRegistration.objects.select_related("use_case__tenant", "model", "sla_class")
+        key = _key_of(self.request)
+        if key is not None:
+            return files.filter(use_case_id=key.use_case_id)
+        return files.filter(use_case__in=use_cases_visible(self.request.user))
+
+    def _use_case(self, request: Request, use_case_id: int | None) -> UseCase:
+        key = _key_of(request)
+        if key is not None:
+            if use_case_id is not None and use_case_id != key.use_case_id:
+                raise exceptions.PermissionDenied("This API key belongs to another use case.")
+            return key.use_case
+        if use_case_id is None:
+            raise exceptions.ValidationError({"use_case": ["This field is required."]})
+        found = use_cases_visible(request.user).filter(pk=use_case_id).first()
+        if found is None:
+            raise exceptions.NotFound("No such use case.")
+        return found
+
+    @extend_schema(
+        request=FileRegisterSerializer,
+        responses={
+            201: RegisteredSerializer,
+            409: OpenApiResponse(InfeasibleSerializer, description="Infeasible, or not now"),
+            503: OpenApiResponse(ErrorSerializer, description="The scheduler's store is down"),
+        },
+        summary="Register a file: an instant answer, promised or refused",
+    )
+    def create(self, request: Request) -> Response:
+        body = FileRegisterSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        use_case = self._use_case(request, data.get("use_case"))
+        model = Model.objects.filter(public_id=data["model"]).first()
+        if model is None:
+            raise exceptions.ValidationError({"model": [f"No model '{data['model']}'."]})
+        sla_class = None
+        if data.get("sla_class"):
+            sla_class = SlaClass.objects.filter(use_case=use_case, name=data["sla_class"]).first()
+            if sla_class is None:
+                raise exceptions.ValidationError(
+                    {"sla_class": [f"The use case has no SLA class '{data['sla_class']}'."]}
+                )
+        try:
+            registered = file_register(
+                actor=_actor(request),
+                use_case=use_case,
+                kind=data["kind"],
+                filename=data["filename"],
+                model=model,
+                declared_bytes=data["declared_bytes"],
+                declared_seconds=data.get("declared_seconds"),
+                declared_pages=data.get("declared_pages"),
+                declared_lines=data.get("declared_lines"),
+                sla_class=sla_class,
+                deadline=data.get("deadline"),
+                not_before=data.get("not_before"),
+                api_key=_key_of(request),
+            )
+        except Infeasible as refused:
+            earliest = refused.earliest_possible
+            return Response(
+                {
+                    "detail": str(refused),
+                    "code": "infeasible",
+                    "error": str(refused),
+                    "earliest_possible": earliest.isoformat() if earliest else None,
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
+        except (valkey.ValkeyError, OSError) as exc:
+            raise StoreUnavailable() from exc
+        return Response(_answer(registered), status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=FileCancelSerializer,
+        responses={
+            200: FileRegistrationSerializer,
+            503: OpenApiResponse(ErrorSerializer, description="The scheduler's store is down"),
+        },
+        summary="Cancel a registration and release its promise",
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        body = FileCancelSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            file = file_cancel(
+                actor=_actor(request),
+                file=self.get_object(),
+                api_key=_key_of(request),
+                reason=body.validated_data["reason"],
+            )
+        except (valkey.ValkeyError, OSError) as exc:
+            raise StoreUnavailable() from exc
+        return Response(FileRegistrationSerializer(file).data)
+
+
+def _answer(registered: Registered) -> dict[str, Any]:
+    data = dict(FileRegistrationSerializer(registered.file).data)
+    answer = registered.answer
+    data["eta"] = answer.eta.isoformat() if answer.eta else None
+    data["capacity"] = {"tokens_per_second": answer.rate, "measured": answer.measured}
+    return data
+
+
+__all__ = ["ApiKeyUser", "FileRegistrationViewSet"]
