@@ -19,6 +19,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from governance.audit import Actor
+from governance.choices import SLA_CLASS_FIELDS
 from governance.errors import Conflict
 from governance.guardrail_selections import catalogue_items, selection_validate
 from governance.models import (
@@ -437,17 +438,7 @@ class SlaClassForm(forms.ModelForm):  # type: ignore[type-arg]
 
     class Meta:
         model = SlaClass
-        fields = (
-            "use_case",
-            "name",
-            "description",
-            "turnaround_seconds",
-            "windows",
-            "time_zone",
-            "priority_class",
-            "max_file_bytes",
-            "kinds",
-        )
+        fields = ("use_case", *SLA_CLASS_FIELDS)
 
     def clean(self) -> dict[str, Any]:
         cleaned: dict[str, Any] = super().clean() or {}

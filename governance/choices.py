@@ -117,3 +117,18 @@ class FileState(models.TextChoices):
     FAILED = "failed", "Failed"
     EXPIRED = "expired", "Expired"
     CANCELLED = "cancelled", "Cancelled"
+
+
+# An SLA class's settings, in the order every door shows them (service, API, admin, policy
+# files), and the shortest turnaround it may promise.
+SLA_CLASS_FIELDS = (
+    "name",
+    "description",
+    "turnaround_seconds",
+    "windows",
+    "time_zone",
+    "priority_class",
+    "max_file_bytes",
+    "kinds",
+)
+SLA_MIN_TURNAROUND_SECONDS = 60

@@ -14,25 +14,14 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from governance.audit import Actor
-from governance.choices import FileKind
+from governance.choices import SLA_CLASS_FIELDS, SLA_MIN_TURNAROUND_SECONDS, FileKind
 from governance.errors import Conflict
 from governance.models import PriorityClass, SlaClass, UseCase
 from governance.services import _require_governor, record_create, record_delete, record_update
 from scheduler.windows import WindowError, parse_windows, zone
 
-MIN_TURNAROUND_SECONDS = 60
-EDITABLE_FIELDS = frozenset(
-    {
-        "name",
-        "description",
-        "turnaround_seconds",
-        "windows",
-        "time_zone",
-        "priority_class",
-        "max_file_bytes",
-        "kinds",
-    }
-)
+MIN_TURNAROUND_SECONDS = SLA_MIN_TURNAROUND_SECONDS
+EDITABLE_FIELDS = frozenset(SLA_CLASS_FIELDS)
 
 
 def sla_class_validate(sla_class: SlaClass) -> None:

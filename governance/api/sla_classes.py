@@ -17,7 +17,7 @@ from rest_framework.serializers import BaseSerializer
 from governance.api.filtersets import SlaClassFilterSet
 from governance.api.serializers import UniqueListField
 from governance.api.views import GovernedViewSet, ScopedRelations, actor_of
-from governance.choices import FileKind
+from governance.choices import SLA_CLASS_FIELDS, FileKind
 from governance.models import PriorityClass, SlaClass
 from governance.selectors import sla_classes_visible, use_cases_visible
 from governance.sla_classes import sla_class_create, sla_class_delete, sla_class_update
@@ -52,14 +52,7 @@ class SlaClassSerializer(serializers.ModelSerializer[SlaClass]):
         fields = (
             "id",
             "use_case",
-            "name",
-            "description",
-            "turnaround_seconds",
-            "windows",
-            "time_zone",
-            "priority_class",
-            "max_file_bytes",
-            "kinds",
+            *SLA_CLASS_FIELDS,
             "created_at",
             "updated_at",
         )

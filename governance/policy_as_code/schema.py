@@ -16,6 +16,8 @@ from typing import Any, Final, TypeVar
 import yaml
 
 from governance.choices import (
+    SLA_CLASS_FIELDS,
+    SLA_MIN_TURNAROUND_SECONDS,
     Capability,
     DataClassification,
     Environment,
@@ -421,17 +423,8 @@ def _guardrails(raw: list[Any], path: str, problems: list[Problem]) -> tuple[Gua
     return tuple(guardrails)
 
 
-SLA_TURNAROUND_MIN: Final = 60  # governance.sla_classes.MIN_TURNAROUND_SECONDS
-SLA_FIELDS: Final = (
-    "name",
-    "description",
-    "turnaround_seconds",
-    "windows",
-    "time_zone",
-    "priority_class",
-    "max_file_bytes",
-    "kinds",
-)
+SLA_TURNAROUND_MIN: Final = SLA_MIN_TURNAROUND_SECONDS
+SLA_FIELDS: Final = SLA_CLASS_FIELDS
 
 
 def _sla_windows(r: Reader) -> tuple[tuple[dict[str, Any], ...], bool]:
