@@ -13,8 +13,8 @@ and its telemetry is off (nothing leaves the machine).
 from __future__ import annotations
 
 import json
+import random
 import shutil
-import socket
 import sysconfig
 import urllib.error
 import urllib.request
@@ -39,15 +39,25 @@ def weed_binary() -> str:
     return found
 
 
+# Picked below Linux's ephemeral range (32768–60999), twins included: such a port is never
+# the local port of an outgoing connection, which a port chosen by binding port 0 can become
+# in the moment before `weed` binds it (ten ports make that moment ten times as likely).
+_QUIET_BASES = (10_000, 22_000)
+
+
 def free_port_pair(host: str = "127.0.0.1", taken: set[int] | None = None) -> int:
-    """A free port whose gRPC twin (port + 10,000) is free too."""
+    """A free port whose gRPC twin (port + 10,000) is free too, both below the ephemeral range."""
     taken = taken if taken is not None else set()
-    for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
+    chooser = random.Random()  # noqa: S311 - picking a port, not a secret
+    for _ in range(500):
+        port = chooser.randrange(*_QUIET_BASES)
         twin = port + _GRPC_OFFSET
-        if twin < 65_536 and port not in taken and twin not in taken and port_bindable(host, twin):
+        if (
+            port not in taken
+            and twin not in taken
+            and port_bindable(host, port)
+            and port_bindable(host, twin)
+        ):
             return port
     raise RuntimeError("no free port pair (port and port + 10000) found on loopback")
 

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import random
 import re
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 
 import boto3
 import httpx
 import openai
 import pytest
 
-from config.processes import PYTHON, REPO_ROOT, free_port, port_bindable, wait_until
+from config.processes import PYTHON, REPO_ROOT, port_bindable, wait_until
 from config.seaweed import SeaweedPorts
 
 
@@ -40,42 +42,34 @@ def stack_env(tmp_path, ports: dict[str, int]) -> dict[str, str]:
     }
 
 
-def contiguous_free_ports(count: int, taken: set[int]) -> int:
-    """A base port with `count` free ports from it (the fleet takes consecutive ports)."""
-    for _ in range(50):
-        base = free_port()
-        run = range(base, base + count)
-        if base + count < 65535 and not taken & set(run) and not any(map(port_is_listening, run)):
-            return base
-    raise RuntimeError("no run of free ports found")
+# Below Linux's ephemeral range (32768–60999): a port picked there is never also the local
+# port of some test's outgoing connection, which a port picked by binding port 0 can be by the
+# time the stack binds it (the stack then refuses to start: "port … is already in use").
+_QUIET_PORTS = (10_000, 22_000)  # SeaweedFS's gRPC twins (+10000) stay below 32768 too
 
 
-def seaweed_base_port(taken: set[int]) -> int:
-    """A base port whose SeaweedFS block (it and the next four, each + 10000) is free."""
-    for _ in range(100):
-        base = free_port()
-        if base > 55_000:
-            continue
-        block = SeaweedPorts.from_base(base).all()
+def free_block(ports_of: Callable[[int], list[int]], taken: set[int]) -> int:
+    """A base port whose ports (``ports_of(base)``) are all bindable now and not ``taken``."""
+    chooser = random.Random()
+    for _ in range(500):
+        base = chooser.randrange(*_QUIET_PORTS)
+        block = ports_of(base)
         if not taken & set(block) and all(port_bindable("127.0.0.1", port) for port in block):
+            taken.update(block)
             return base
-    raise RuntimeError("no free SeaweedFS port block found")
+    raise RuntimeError("no free block of ports found below the ephemeral range")
 
 
 @pytest.fixture
 def ports() -> dict[str, int]:
     """Every port the stack takes, none shared: the fleet's four in a row, SeaweedFS's ten."""
-    chosen: dict[str, int] = {}
     taken: set[int] = set()
-    for name in ("web", "gateway", "valkey", "guardrails"):
-        port = free_port()
-        while port in taken:
-            port = free_port()
-        chosen[name] = port
-        taken.add(port)
-    chosen["fleet"] = contiguous_free_ports(4, taken)
-    taken |= set(range(chosen["fleet"], chosen["fleet"] + 4))
-    chosen["s3"] = seaweed_base_port(taken)
+    chosen = {
+        name: free_block(lambda base: [base], taken)
+        for name in ("web", "gateway", "valkey", "guardrails")
+    }
+    chosen["fleet"] = free_block(lambda base: list(range(base, base + 4)), taken)
+    chosen["s3"] = free_block(lambda base: SeaweedPorts.from_base(base).all(), taken)
     return chosen
 
 
