@@ -60,6 +60,8 @@ bench: $(STAMP)
 	$(PY) -m bench.scheduling.overload
 	$(PY) -m bench.guardrails.quality
 	$(PY) -m bench.guardrails.latency
+	$(PY) -m bench.gateway.records
+	$(PY) -m bench.records.persist
 
 clean:
 	rm -rf $(VENV) .run
