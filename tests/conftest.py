@@ -126,6 +126,59 @@ def records_store(seaweed: SeaweedServer, request: pytest.FixtureRequest) -> Ite
         yield store
 
 
+def database_url() -> str:
+    """The test database as a URL, for a process that must write where the test reads."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
+    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+CeleryWorkerFactory = Callable[..., ManagedProcess]
+
+
+@pytest.fixture
+def start_celery_worker(valkey_url: str, tmp_path: Path) -> Iterator[CeleryWorkerFactory]:
+    """Real Celery workers, started as the embedded stack starts them, on the test's Valkey
+    and database (solo pool: a task runs in the process a test may kill, and a stop is quick
+    and certain); ``start(name, **env)`` adds settings of the test's own."""
+    started: list[ManagedProcess] = []
+
+    def start(name: str = "worker", **env: str) -> ManagedProcess:
+        process = ManagedProcess(
+            f"celery-{name}-{len(started)}",
+            [
+                PYTHON, "-m", "celery", "-A", "config.celery", "worker", "--pool", "solo",
+                "--loglevel", "INFO", "--hostname", f"{name}-{len(started)}@%h",
+                "--without-mingle", "--without-gossip", "--without-heartbeat",
+            ],
+            env={
+                "SWITCHYARD_VALKEY_URL": valkey_url,
+                "SWITCHYARD_DATABASE_URL": database_url(),
+                "SWITCHYARD_RUN_DIR": str(tmp_path),
+                **env,
+            },
+        )  # fmt: skip
+        started.append(process)
+        process.start(ready=lambda: "ready." in process.log_text(), timeout=60)
+        return process
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.stop()
+
+
+@pytest.fixture
+def celery_worker(start_celery_worker: CeleryWorkerFactory) -> ManagedProcess:
+    """One real worker with the test's Valkey and database."""
+    return start_celery_worker()
+
+
 @pytest.fixture
 def start_simulator() -> Iterator[SimulatorFactory]:
     """Start vLLM simulator processes: ``start_simulator("model-name", "--max-num-seqs", "4")``."""

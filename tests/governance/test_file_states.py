@@ -7,14 +7,14 @@ officer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from django.core.exceptions import PermissionDenied
 
-from config.processes import PYTHON, ManagedProcess, wait_until
+from config.processes import ManagedProcess, wait_until
 from config.valkey_urls import for_kombu
 from governance.audit import Actor, audit_verify
 from governance.choices import FileState
@@ -35,7 +35,6 @@ from governance.files import file_cancel
 from governance.models import AuditEvent, FileRegistration
 from governance.roles import Role
 from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.scheduler.test_usage import _database_url
 
 NOW = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
 PLATFORM = Actor.system("tests")
@@ -231,28 +230,6 @@ def test_the_sweep_is_bounded_per_run_oldest_promise_first(use_case) -> None:
     )
     assert expired == {rows[4].pk, rows[3].pk}
     assert files_expire(now=NOW, batch=10) == 3
-
-
-@pytest.fixture
-def celery_worker(valkey_url: str, tmp_path) -> Iterator[ManagedProcess]:
-    process = ManagedProcess(
-        "celery-worker",
-        [
-            PYTHON, "-m", "celery", "-A", "config.celery", "worker", "--pool", "solo",
-            "--loglevel", "INFO", "--hostname", "file-expiry-test@%h",
-            "--without-mingle", "--without-gossip", "--without-heartbeat",
-        ],
-        env={
-            "SWITCHYARD_VALKEY_URL": valkey_url,
-            "SWITCHYARD_DATABASE_URL": _database_url(),
-            "SWITCHYARD_RUN_DIR": str(tmp_path),
-        },
-    )  # fmt: skip
-    process.start(ready=lambda: "ready." in process.log_text(), timeout=60)
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.mark.django_db(transaction=True)  # the worker's connection sees committed rows only

@@ -17,7 +17,6 @@ from gateway.accounting import GUARDRAIL_FIELDS, GUARDRAILS_STREAM
 from scheduler.models import GuardrailFinding, GuardrailHour
 from scheduler.usage import GROUP, usage_persist
 from tests.factories import make_tenant, make_use_case
-from tests.scheduler.test_usage import celery_worker  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -161,7 +160,7 @@ def test_a_malformed_finding_is_skipped_and_the_rest_persist(
 def test_the_celery_task_persists_findings_through_a_real_worker(
     valkey_client: valkey.Valkey,
     valkey_url: str,
-    celery_worker: ManagedProcess,  # noqa: F811
+    celery_worker: ManagedProcess,
 ) -> None:
     from config.celery import app
     from scheduler.tasks import persist_usage

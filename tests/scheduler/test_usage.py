@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 import valkey
 import valkey.asyncio as avalkey
 
-from config.processes import PYTHON, ManagedProcess, wait_until
+from config.processes import ManagedProcess, wait_until
 from config.valkey_urls import for_kombu
 from gateway.accounting import (
     DECISION_FIELDS,
@@ -284,41 +283,6 @@ def test_a_backlog_larger_than_a_batch_is_drained_in_batches(
     newest: Any = valkey_client.xrevrange(USAGE_STREAM, count=1)
     last = newest[0][0].decode()
     assert StreamCursor.objects.get(stream=USAGE_STREAM).last_id == last
-
-
-def _database_url() -> str:
-    """The test database as a URL, for a process that must write where the test reads."""
-    from django.db import connection
-
-    db = connection.settings_dict
-    if db["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{db['NAME']}"
-    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-@pytest.fixture
-def celery_worker(valkey_url: str, tmp_path) -> Iterator[ManagedProcess]:
-    """A real worker, started as the embedded stack starts it, on the test's Valkey and
-    database (solo pool: one process, and a stop that is quick and certain)."""
-    process = ManagedProcess(
-        "celery-worker",
-        [
-            PYTHON, "-m", "celery", "-A", "config.celery", "worker", "--pool", "solo",
-            "--loglevel", "INFO", "--hostname", "usage-test@%h",
-            "--without-mingle", "--without-gossip", "--without-heartbeat",
-        ],
-        env={
-            "SWITCHYARD_VALKEY_URL": valkey_url,
-            "SWITCHYARD_DATABASE_URL": _database_url(),
-            "SWITCHYARD_RUN_DIR": str(tmp_path),
-        },
-    )  # fmt: skip
-    process.start(ready=lambda: "ready." in process.log_text(), timeout=60)
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.mark.django_db(transaction=True)  # the worker's connection sees committed rows only
