@@ -204,6 +204,9 @@ def _object_storage(bucket: str) -> dict[str, object]:
 
 
 STORAGES["records"] = _object_storage(RECORDS_BUCKET)
+# Uploaded originals and every file job's outputs (docs/files.md).
+FILES_BUCKET = env_str("SWITCHYARD_FILES_BUCKET", "switchyard-files")
+STORAGES["files"] = _object_storage(FILES_BUCKET)
 
 # --- Records: envelope encryption of content (scheduler/sealing.py) ------------------------
 # "kid:base64(32 bytes)" pairs, comma-separated; the first seals new objects, every one opens
@@ -237,6 +240,18 @@ FILE_TOKENS_PER_AUDIO_SECOND = env_float("SWITCHYARD_FILE_TOKENS_PER_AUDIO_SECON
 FILE_TOKENS_PER_PAGE = env_float("SWITCHYARD_FILE_TOKENS_PER_PAGE", 800.0)
 FILE_TOKENS_PER_LINE = env_float("SWITCHYARD_FILE_TOKENS_PER_LINE", 600.0)
 FILE_BYTES_PER_TOKEN = env_float("SWITCHYARD_FILE_BYTES_PER_TOKEN", 4.0, minimum=0.1)
+# The gateway file jobs call through (their admission, priority and limits are the gateway's):
+# its base URL, and the secret their per-SLA-class keys are derived from (governance/job_keys.py).
+FILE_JOBS_GATEWAY_URL = env_str("SWITCHYARD_FILE_JOBS_GATEWAY_URL", "http://127.0.0.1:8080")
+if PRODUCTION:
+    JOB_KEY_SECRET = env_required("SWITCHYARD_JOB_KEY_SECRET")
+else:
+    JOB_KEY_SECRET = env_str(
+        "SWITCHYARD_JOB_KEY_SECRET",
+        hashlib.sha256(b"switchyard-job-keys-demo:" + SECRET_KEY.encode()).hexdigest(),
+    )
+# The S3 endpoint (s3endpoint/): where clients upload registered files over the S3 protocol.
+S3_ENDPOINT_PUBLIC_URL = env_str("SWITCHYARD_S3_ENDPOINT_PUBLIC_URL", "http://127.0.0.1:9000")
 
 # --- Valkey: policy snapshot, limits, queues, streams, Celery broker, Channels layer ---------
 try:

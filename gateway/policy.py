@@ -89,7 +89,7 @@ class RateLimitEntry(LimitsEntry):
 
 
 class KeyEntry(TypedDict):
-    key_id: int
+    key_id: int | None  # None: a file job's derived key (governance/job_keys.py)
     prefix: str
     tenant: str
     tenant_id: int

@@ -238,6 +238,13 @@ class UseCase(models.Model):
         default=False,
         help_text="Suspends the deletion of this use case's interaction records while set",
     )
+    webhook_url = models.URLField(
+        blank=True,
+        max_length=500,
+        help_text="Notified (signed, Standard Webhooks) when one of its files or batches ends",
+    )
+    # The webhook's signing secret, sealed (scheduler/sealing.py); shown once when set.
+    webhook_secret_sealed = models.TextField(blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -544,6 +551,22 @@ class FileRegistration(models.Model):
     promised_by = models.DateTimeField(help_text="The completion time promised")
     outputs = models.JSONField(default=dict, blank=True, help_text="Output object names")
     failure = models.TextField(blank=True)
+    # What arrived (set by file_uploaded): the object in the files bucket, its size and digest.
+    uploaded_at = models.DateTimeField(null=True, blank=True)
+    source_object = models.CharField(max_length=1024, blank=True)
+    source_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    source_sha256 = models.CharField(max_length=64, blank=True)
+    # The OpenAI Batch API's own fields (kind "batch" created through /v1/batches).
+    input_file = models.ForeignKey(
+        "ApiFile", null=True, blank=True, on_delete=models.PROTECT, related_name="batches"
+    )
+    request_endpoint = models.CharField(
+        max_length=64, blank=True, help_text="Batch lines' endpoint, e.g. /v1/chat/completions"
+    )
+    metadata = models.JSONField(default=dict, blank=True, help_text="The client's own labels")
+    counts = models.JSONField(
+        default=dict, blank=True, help_text="Tallies: batch total/completed/failed, audio seconds…"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -556,3 +579,67 @@ class FileRegistration(models.Model):
 
     def __str__(self) -> str:
         return f"{self.use_case}: {self.filename} ({self.state})"
+
+
+class S3Credential(models.Model):
+    """An S3 access key pair a use case uploads its registered files with (s3endpoint/).
+
+    Issued by Switchyard, revealed once. The secret is stored sealed (scheduler/sealing.py),
+    not hashed: verifying AWS Signature V4 needs the secret itself. Rotatable like API keys:
+    a rotation issues a new pair and revokes the old one after ``grace`` (docs/files.md)."""
+
+    use_case = models.ForeignKey(UseCase, on_delete=models.CASCADE, related_name="s3_credentials")
+    name = models.CharField(max_length=200, blank=True)
+    access_key_id = models.CharField(max_length=32, unique=True, editable=False)
+    secret_sealed = models.TextField(editable=False)
+    status = models.CharField(
+        max_length=10, choices=ApiKeyStatus.choices, default=ApiKeyStatus.ACTIVE, editable=False
+    )
+    created_by = models.CharField(max_length=150, help_text="username, or key:<prefix>")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revealed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    rotated_from = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="rotated_to",
+        editable=False,
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.use_case}: {self.access_key_id}"
+
+
+class ApiFile(models.Model):
+    """A file of the OpenAI Files API (``/v1/files``): a batch's input, output or error file.
+
+    The content lives in the files bucket under ``object_name``; ``public_id`` ("file-…") is
+    what clients see. Scoped to one use case: another use case's keys never see it."""
+
+    public_id = models.CharField(max_length=40, unique=True, editable=False)
+    use_case = models.ForeignKey(UseCase, on_delete=models.PROTECT, related_name="api_files")
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="api_files"
+    )
+    purpose = models.CharField(max_length=16, help_text="batch, batch_output, batch_error")
+    filename = models.CharField(max_length=255)
+    bytes = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    object_name = models.CharField(max_length=1024)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["use_case", "purpose"], name="apifile_use_case_purpose")]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.purpose})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import cast
 
 import valkey
@@ -25,6 +26,7 @@ from gateway.policy import (
     snapshot_write,
 )
 from governance.choices import ApiKeyStatus, UseCaseStatus
+from governance.job_keys import job_key_hash, job_key_prefix
 from governance.models import (
     ApiKey,
     Deployment,
@@ -33,6 +35,7 @@ from governance.models import (
     PriorityClass,
     PriorityRule,
     RateLimitPolicy,
+    SlaClass,
     UseCase,
 )
 
@@ -172,6 +175,35 @@ def _service_accounts(matrix: dict[tuple[str, str], str]) -> dict[str, ServiceAc
     }
 
 
+def _job_keys(priority_classes: Mapping[str, object]) -> dict[str, KeyEntry]:
+    """One key per SLA class of an approved use case (governance/job_keys.py): its file jobs
+    call the gateway with it, as the use case, at the class's own priority class."""
+    classes = (
+        SlaClass.objects.filter(use_case__status=UseCaseStatus.APPROVED)
+        .select_related("use_case__tenant", "priority_class")
+        .prefetch_related("use_case__allowed_models")
+    )
+    entries: dict[str, KeyEntry] = {}
+    for sla_class in classes:
+        use_case = sla_class.use_case
+        if sla_class.priority_class.name not in priority_classes:
+            continue
+        entries[job_key_hash(use_case.pk, sla_class.pk)] = {
+            "key_id": None,
+            "prefix": job_key_prefix(sla_class.name),
+            "tenant": use_case.tenant.slug,
+            "tenant_id": use_case.tenant_id,
+            "environment": use_case.tenant.environment,
+            "use_case": use_case.slug,
+            "use_case_id": use_case.pk,
+            "namespace": use_case.namespace,
+            "models": sorted(m.public_id for m in use_case.allowed_models.all()),
+            "expires_at": None,
+            "priority_class": sla_class.priority_class.name,
+        }
+    return entries
+
+
 def snapshot_build(*, version: int) -> SnapshotDocument:
     priority_classes, matrix = _priority()
     keys: dict[str, KeyEntry] = {}
@@ -202,6 +234,7 @@ def snapshot_build(*, version: int) -> SnapshotDocument:
             "expires_at": key.expires_at.timestamp() if key.expires_at else None,
             "priority_class": matrix.get((use_case.tenant.environment, use_case.namespace)),
         }
+    keys.update(_job_keys(priority_classes))
     return {
         "schema": SCHEMA,
         "version": version,

@@ -1,0 +1,35 @@
+"""The keys file jobs call the gateway with: one per SLA class, derived, never stored.
+
+File jobs run through the gateway's own admission and priority queue — never around it — as
+their use case, at their SLA class's priority class, counted against the use case's limits.
+A job key is ``sk-sy-job-`` + HMAC-SHA256(``JOB_KEY_SECRET``, "<use case id>:<SLA class id>"),
+so the workers (which hold the secret) compute it and the policy snapshot carries only its
+SHA-256, like every other key's. Rotating ``SWITCHYARD_JOB_KEY_SECRET`` rotates all of them at
+the next snapshot publish. Records and usage show them as ``job:<SLA class name>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+
+from django.conf import settings
+
+PREFIX = "sk-sy-job-"
+
+
+def job_key(use_case_id: int, sla_class_id: int, *, secret: str | None = None) -> str:
+    """The bearer token a job of this use case and SLA class calls the gateway with."""
+    material = (secret if secret is not None else settings.JOB_KEY_SECRET).encode()
+    digest = hmac.new(material, f"{use_case_id}:{sla_class_id}".encode(), hashlib.sha256).digest()
+    return PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def job_key_hash(use_case_id: int, sla_class_id: int) -> str:
+    """What the snapshot stores: the SHA-256 the gateway looks a bearer token up by."""
+    return hashlib.sha256(job_key(use_case_id, sla_class_id).encode()).hexdigest()
+
+
+def job_key_prefix(sla_class_name: str) -> str:
+    return f"job:{sla_class_name}"[:16]
