@@ -120,6 +120,7 @@ def _priority() -> tuple[dict[str, PriorityClassEntry], dict[tuple[str, str], st
             "vllm_priority": pc.vllm_priority,
             "queue_timeout_s": pc.queue_timeout_seconds,
             "max_queue_length": pc.max_queue_length,
+            "max_pool_share": pc.max_pool_share,
         }
         for pc in PriorityClass.objects.all()
     }
