@@ -90,6 +90,7 @@ def _progress_context(file: FileRegistration) -> dict[str, Any]:
         "part_rows": file_parts(file),
         "outputs": output_names(file),
         "final": is_final(file),
+        "history": file_history(file),
     }
 
 
@@ -132,7 +133,6 @@ def file_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "portal/files/detail.html",
         {
             **_progress_context(file),
-            "history": file_history(file),
             "may_cancel": may_cancel(request.user, file),
             "cancel_form": CancelForm(),
             "poll_ms": POLL_MILLISECONDS,

@@ -176,6 +176,8 @@ def test_the_detail_page_shows_registration_parts_history_and_the_audit_notice(
     assert "4 of 4 parts done" in page
     parts = page.split('<table id="file-parts"', 1)[1].split("</table>", 1)[0]
     assert parts.count("<tr>") == 5  # the header and four parts
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), "an id appears twice on the page"
     history = page.split('<table id="file-history"', 1)[1].split("</table>", 1)[0]
     steps = re.findall(r"<code>(fileregistration\.\w+)</code>", history)
     assert steps == [
