@@ -84,9 +84,7 @@ def test_an_auditor_watches_a_file_progress_listens_and_downloads_the_transcript
         expect(page.locator("#file-progress")).to_have_attribute("data-final", "true")
         expect(bar).to_have_attribute("aria-valuenow", "100")
         expect(page.locator("#file-progress-announce")).to_have_text("State: Done.")
-        expect(page.locator("#file-history tbody tr").last).to_contain_text(
-            "fileregistration.done"
-        )
+        expect(page.locator("#file-history tbody tr").last).to_contain_text("fileregistration.done")
         assert page.locator("#file-live").get_attribute("data-poll") is None
 
         # The original plays in the page (muted: headless Chromium's autoplay rule), and seeks.
