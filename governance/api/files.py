@@ -15,7 +15,12 @@ from typing import Any, cast
 import valkey
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseBase
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import exceptions, mixins, permissions, serializers, status, viewsets
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
@@ -335,6 +340,14 @@ class FileRegistrationViewSet(
             404: OpenApiResponse(ErrorSerializer, description="Not uploaded, or not yours"),
             416: OpenApiResponse(description="The range starts past the end"),
         },
+        parameters=[
+            OpenApiParameter(
+                "Range",
+                location=OpenApiParameter.HEADER,
+                required=False,
+                description="One byte range, e.g. bytes=0-1023, bytes=1024-, bytes=-500",
+            )
+        ],
         summary="Download (or stream a byte range of) the uploaded original; audited",
     )
     @action(detail=True, methods=["get"])
