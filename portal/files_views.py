@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import valkey
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -169,6 +170,10 @@ def file_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
             messages.error(request, str(refused))
         except Conflict as conflict:
             messages.error(request, str(conflict))
+        except (valkey.ValkeyError, OSError):
+            messages.error(
+                request, "The scheduler's store cannot be reached; the file is not cancelled."
+            )
         else:
             messages.success(request, f"{file.filename} is cancelled and its promise released.")
     return HttpResponseRedirect(reverse("portal:file_detail", args=[file.pk]))
