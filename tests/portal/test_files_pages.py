@@ -452,3 +452,30 @@ def test_the_api_answers_a_missing_output_with_json_404(world: World) -> None:
     response = as_user("olivia").get(f"/api/files/{world.call.pk}/outputs/summary/")
     assert response.status_code == 404
     assert "no output named 'summary'" in response.json()["detail"]
+
+
+def test_an_object_gone_from_the_bucket_is_404_and_not_audited(world: World) -> None:
+    from django.core.files.storage import storages
+
+    storages["files"].delete(world.call.outputs["transcript"])
+    assert signed_in("olivia").get(f"/files/{world.call.pk}/outputs/transcript/").status_code == 404
+    assert downloads() == []
+
+
+def test_a_failed_file_says_why_and_stops_polling(world: World) -> None:
+    from governance.file_states import file_failed
+    from governance.models import Model
+
+    running = start(
+        upload(make_file(world.transcribe, Model.objects.get(public_id="whisper")), AUDIO), 2
+    )
+    file_failed(
+        actor=Actor.system("file-jobs"), registration=running, failure="The audio is unreadable."
+    )
+    partial = text(signed_in("alice").get(f"/files/{running.pk}/progress/"))
+    assert 'data-final="true"' in partial
+    assert "Failed: The audio is unreadable." in partial
+    assert "This file ended without outputs." in partial
+    api = as_user("alice").get(f"/api/files/{running.pk}/").json()
+    assert api["failure"] == "The audio is unreadable."
+    assert api["parts"]["pending"] == 2
