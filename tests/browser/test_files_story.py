@@ -102,8 +102,16 @@ def test_an_auditor_watches_a_file_progress_listens_and_downloads_the_transcript
         )
         page.screenshot(path=str(screenshot_dir / "file-done.png"), full_page=True)
 
+        # By keyboard alone: Tab reaches the transcript's link, Enter downloads it.
+        page.locator("h1").click()
+        for _ in range(40):
+            page.keyboard.press("Tab")
+            if page.evaluate("() => document.activeElement.textContent") == "Download transcript":
+                break
+        else:
+            pytest.fail("Tab never reached the transcript's download link")
         with page.expect_download() as download_info:
-            page.get_by_role("link", name="Download transcript").click()
+            page.keyboard.press("Enter")
         download = download_info.value
         assert download.suggested_filename == "call-0001-transcript.txt"
         saved = screenshot_dir / download.suggested_filename
