@@ -42,7 +42,7 @@ from governance.file_selectors import (
 )
 from governance.files import file_cancel
 from governance.models import FileRegistration
-from governance.roles import roles_of
+from governance.roles import can_read_everything, roles_of
 from governance.selectors import use_cases_visible
 
 FILES_PER_PAGE = 50
@@ -119,6 +119,7 @@ def files(request: HttpRequest) -> HttpResponse:
             "form": form,
             "page": page,
             "searched": any(form.data.get(name) for name in form.fields),
+            "sees_everything": can_read_everything(request.user),
         },
         status=200 if form.is_valid() else 400,
     )

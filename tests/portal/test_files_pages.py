@@ -479,3 +479,11 @@ def test_a_failed_file_says_why_and_stops_polling(world: World) -> None:
     api = as_user("alice").get(f"/api/files/{running.pk}/").json()
     assert api["failure"] == "The audio is unreadable."
     assert api["parts"]["pending"] == 2
+
+
+def test_a_developer_without_files_is_told_so(world: World) -> None:
+    from tests.factories import make_tenant as tenant
+
+    make_user("carol", Role.DEVELOPER, tenants=(tenant("initech"),))
+    page = text(signed_in("carol").get("/files/"))
+    assert "No files are registered that you may see." in page
