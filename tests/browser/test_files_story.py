@@ -128,3 +128,33 @@ def test_an_auditor_watches_a_file_progress_listens_and_downloads_the_transcript
     listens = [event for event in events if (event.after or {}).get("which") == "original"]
     assert listens, "the audio element's requests were not audited"
     assert all((event.after or {}).get("object") == call.source_object for event in listens)
+
+
+def test_a_developer_sees_a_file_cancelled_elsewhere_and_the_cancel_form_goes(
+    browser: Browser, portal_server: str, files_store: str
+) -> None:
+    from governance.audit import Actor
+    from governance.file_states import file_cancelled
+
+    acme = make_tenant("acme")
+    whisper = make_model("whisper", capabilities=["transcription"])
+    transcribe = make_use_case(acme, "transcribe", models=(whisper,))
+    queued = upload(make_file(transcribe, whisper, "queued.wav"), AUDIO)
+    make_user("alice", Role.DEVELOPER, tenants=(acme,))
+
+    context = browser.new_context(base_url=portal_server)
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    try:
+        _sign_in(page, "alice")
+        page.goto(f"/files/{queued.pk}/")
+        form = page.locator("#file-cancel-form")
+        expect(form).to_be_visible()
+        expect(form.get_by_label("Reason (kept in the audit trail)")).to_be_editable()
+        file_cancelled(actor=Actor.system("tests"), registration=queued, reason="duplicate")
+        expect(page.locator("#file-progress")).to_have_attribute("data-final", "true")
+        expect(page.locator("#file-state")).to_have_text("Cancelled")
+        expect(form).to_be_hidden()
+        expect(page.locator("#file-history tbody tr").last).to_contain_text("duplicate")
+    finally:
+        context.close()

@@ -487,3 +487,8 @@ def test_a_developer_without_files_is_told_so(world: World) -> None:
     make_user("carol", Role.DEVELOPER, tenants=(tenant("initech"),))
     page = text(signed_in("carol").get("/files/"))
     assert "No files are registered that you may see." in page
+
+
+def test_the_use_case_page_links_to_its_files(world: World) -> None:
+    page = text(signed_in("alice").get(f"/use-cases/{world.transcribe.pk}/"))
+    assert f'href="/files/?use_case={world.transcribe.pk}" id="use-case-files"' in page

@@ -54,7 +54,11 @@ document.addEventListener("submit", (event) => {
     } catch (error) {
       // A blip in the network: try again at the next tick.
     }
-    if (stop) live.removeAttribute("data-poll");
+    if (stop) {
+      live.removeAttribute("data-poll");
+      // What only makes sense while the file runs (the cancel form) goes with it.
+      document.querySelectorAll("[data-hide-when-final]").forEach((element) => { element.hidden = true; });
+    }
     else setTimeout(tick, every);
   };
   setTimeout(tick, every);
