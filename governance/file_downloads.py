@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from botocore.exceptions import ClientError
 from django.core.files.storage import Storage, storages
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
@@ -153,9 +154,9 @@ def file_download(
     storage = storages["files"]
     try:
         size = storage.size(object_name)
-    except (FileNotFoundError, OSError) as exc:
+    except FileNotFoundError as exc:  # the filesystem backend
         raise ObjectMissing("The object is no longer in the files bucket.") from exc
-    except Exception as exc:  # botocore's ClientError (404) from the S3 backend
+    except ClientError as exc:  # the S3 backend: a 404 is a missing object, the rest errors
         if _is_not_found(exc):
             raise ObjectMissing("The object is no longer in the files bucket.") from exc
         raise
@@ -183,11 +184,8 @@ def file_download(
     )
 
 
-def _is_not_found(exc: Exception) -> bool:
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return False
-    code = str(response.get("Error", {}).get("Code", ""))
+def _is_not_found(exc: ClientError) -> bool:
+    code = str(exc.response.get("Error", {}).get("Code", ""))
     return code in {"404", "NoSuchKey", "NotFound"}
 
 

@@ -492,3 +492,26 @@ def test_a_developer_without_files_is_told_so(world: World) -> None:
 def test_the_use_case_page_links_to_its_files(world: World) -> None:
     page = text(signed_in("alice").get(f"/use-cases/{world.transcribe.pk}/"))
     assert f'href="/files/?use_case={world.transcribe.pk}" id="use-case-files"' in page
+
+
+def test_the_filesystem_backend_serves_ranges_too(world: World, tmp_path: Any) -> None:
+    """The smallest installs keep objects on disk (SWITCHYARD_OBJECT_STORAGE=filesystem)."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    on_disk = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(tmp_path), "allow_overwrite": True},
+    }
+    with override_settings(STORAGES={**settings.STORAGES, "files": on_disk}):
+        (tmp_path / "uploads").mkdir()
+        (tmp_path / "uploads" / "call.wav").write_bytes(AUDIO)
+        FileRegistration.objects.filter(pk=world.call.pk).update(source_object="uploads/call.wav")
+        olivia = signed_in("olivia")
+        part = olivia.get(f"/files/{world.call.pk}/original/", HTTP_RANGE="bytes=1000-70000")
+        assert part.status_code == 206
+        assert body(part) == AUDIO[1000:]
+        assert part["Content-Range"] == f"bytes 1000-{len(AUDIO) - 1}/{len(AUDIO)}"
+        (tmp_path / "uploads" / "call.wav").unlink()
+        assert olivia.get(f"/files/{world.call.pk}/original/").status_code == 404
+    assert len(downloads()) == 1
