@@ -19,7 +19,7 @@ from governance.roles import Role, can_govern, has_role
 from scheduler.sealing import seal
 from scheduler.webhooks import WebhookRefused, check_url, new_secret
 
-MAX_URL_CHARS = 200  # UseCase.webhook_url's length
+MAX_URL_CHARS = 500  # UseCase.webhook_url max_length
 
 
 def _require_webhook_editor(actor: Actor, use_case: UseCase) -> None:

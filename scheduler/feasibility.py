@@ -363,7 +363,7 @@ def record(client: valkey.Valkey, model: str, job: Job) -> None:
     """Write ``job`` into the ledger without a check (a job already accepted whose re-promise
     no longer fits: its work is still coming, and later checks must count it)."""
     with client.pipeline(transaction=True) as pipe:
-        pipe.hset(ledger_key(model), job.id, job.encode())
+        pipe.hset(ledger_key(model), job.id, job.encode().decode())
         pipe.incr(ledger_version_key(model))
         pipe.execute()  # type: ignore[no-untyped-call]
 

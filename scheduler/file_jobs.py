@@ -27,6 +27,7 @@ the parts not done (a part left ``running`` by the dead worker included) run aga
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import pkgutil
@@ -56,14 +57,14 @@ from governance.files import valkey_client
 from governance.job_keys import job_key_for
 from governance.models import FileRegistration
 from scheduler import feasibility
+from scheduler import pipelines as pipelines_package
 from scheduler.file_dispatch import may_run
 from scheduler.file_leases import Heartbeat, lease_drop, lease_renew
 from scheduler.file_objects import FilesStore, output_prefix
 from scheduler.gateway_client import GatewayClient
-from scheduler import pipelines as pipelines_package
 from scheduler.models import FilePart, PartState
-from scheduler.pipelines.base import PIPELINES
 from scheduler.pipelines.base import (
+    PIPELINES,
     GatewayCaller,
     JobContext,
     ObjectStore,
@@ -199,13 +200,14 @@ def _parts(
     if parts:
         return parts
     specs = pipeline.plan(job, store)
-    try:
+    with contextlib.suppress(IntegrityError):  # a twin planned the same parts first: theirs stand
         FilePart.objects.bulk_create(
-            [FilePart(registration=registration, index=i, spec=spec) for i, spec in enumerate(specs)],
-            ignore_conflicts=True,  # a twin planned the same parts first: theirs stand
+            [
+                FilePart(registration=registration, index=i, spec=spec)
+                for i, spec in enumerate(specs)
+            ],
+            ignore_conflicts=True,
         )
-    except IntegrityError:
-        pass
     return list(FilePart.objects.filter(registration=registration).order_by("index"))
 
 
@@ -261,7 +263,7 @@ def _run_parts(
                     _part_failed(part, str(exc))
                     failure = failure or f"Part {part.index + 1} of {total}: {exc}"
                     continue
-                except Exception as exc:  # noqa: BLE001 — a pipeline bug fails the file, says where
+                except Exception as exc:
                     logger.exception("file_part_crashed registration=%s", registration.pk)
                     _part_failed(part, f"{type(exc).__name__}: {exc}")
                     failure = failure or (

@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 import threading
 from types import TracebackType
+from typing import cast
 
 import valkey
 
@@ -57,7 +58,7 @@ def leases_held(client: valkey.Valkey, registration_ids: list[int]) -> set[int]:
     """Which of these jobs are held by a live lease."""
     if not registration_ids:
         return set()
-    values = client.mget([lease_key(pk) for pk in registration_ids])
+    values = cast(list[bytes | None], client.mget([lease_key(pk) for pk in registration_ids]))
     return {pk for pk, value in zip(registration_ids, values, strict=True) if value is not None}
 
 

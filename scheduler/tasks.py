@@ -3,7 +3,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-
 from typing import Any
 
 import valkey
@@ -108,4 +107,4 @@ def deliver_webhook(self: Any, registration_id: int, event_type: str, message_id
         if self.request.retries + 1 >= settings.WEBHOOK_ATTEMPTS:
             logger.warning("webhook_gave_up registration=%s why=%s", registration_id, exc)
             return "gave_up"
-        raise self.retry(countdown=min(3600, 2 ** self.request.retries), exc=exc) from exc
+        raise self.retry(countdown=min(3600, 2**self.request.retries), exc=exc) from exc

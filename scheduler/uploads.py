@@ -112,7 +112,7 @@ def uploads_consume(
             except (KeyError, ValueError, UnicodeDecodeError) as exc:
                 logger.warning("upload_event_malformed id=%s error=%s", entry_id, exc)
                 outcome = "acked"
-            except Exception as exc:  # noqa: BLE001 — left pending: the next run claims it
+            except Exception as exc:
                 logger.exception("upload_event_failed id=%s", entry_id)
                 report.errors.append(f"{entry_id!r}: {type(exc).__name__}")
                 continue

@@ -35,7 +35,7 @@ from scheduler.sealing import unseal
 
 logger = logging.getLogger(__name__)
 
-SECRET_PREFIX = "whsec_"
+SECRET_PREFIX = "whsec_"  # noqa: S105 — the format's prefix, not a secret
 EVENT_TYPES = ("file.done", "file.failed", "file.expired", "file.cancelled")
 
 
@@ -96,7 +96,7 @@ def webhook_enqueue_on_commit(registration_id: int, state: str, webhook_url: str
 
         try:
             deliver_webhook.apply_async(args=(registration_id, event_type, message_id))
-        except Exception:  # noqa: BLE001 — a broker outage must not undo the state change
+        except Exception:
             logger.exception("webhook_enqueue_failed registration=%s", registration_id)
 
     transaction.on_commit(send)
