@@ -40,7 +40,7 @@ from typing import Any
 
 import valkey
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections
+from django.db import IntegrityError
 from django.utils import timezone
 
 from governance.audit import Actor
@@ -274,7 +274,6 @@ def _run_parts(
                 if _part_done(part, attempted):
                     done += 1
                     file_progress(registration=registration, progress=done / total)
-    close_old_connections()
     return stop, failure
 
 

@@ -15,7 +15,8 @@ groups ``PAGES_PER_PART`` pages into a part, written to ``out/parts/<n>.pages.js
   model without chat) on the registration's model, with ``metadata["prompt"]`` of the
   registration as the instruction, or a default one.
 
-``finish`` writes ``text.txt`` (all pages), ``chunks.jsonl`` (text, page, embedding) and
+``finish`` writes ``text.txt`` (the PDF's pages, a blank line between them; the text file as
+it was), ``chunks.jsonl`` (text, page, embedding) and
 ``summary.json``: the per-part summaries and their concatenation in page order. The runner's
 ``finish`` has no gateway, on purpose (it must be cheap and repeatable), so the summaries are
 concatenated rather than summarised once more; a team that wants one paragraph asks for a
@@ -226,9 +227,11 @@ class DocumentPipeline:
             "summary.json": f"{prefix}summary.json",
         }
         pages = [page for result in results for page in result["texts"]]
+        # A text file's pages are cuts at line ends: joined as they were, they are the file.
+        joiner = "" if self.kind == "text" else "\n\n"
         store.write(
             outputs["text.txt"],
-            "\n\n".join(page["text"] for page in pages).encode(),
+            joiner.join(page["text"] for page in pages).encode(),
             "text/plain; charset=utf-8",
         )
         lines = b"".join(
