@@ -428,8 +428,10 @@ def test_a_part_the_gateway_refuses_as_bad_input_fails_the_file() -> None:
     import http.server
 
     class Refuse(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 — the stdlib's name
-            body = b'{"error": {"message": "The model llama does not exist.", "code": "model_not_found"}}'
+        def do_POST(self) -> None:
+            body = orjson.dumps(
+                {"error": {"message": "The model llama does not exist.", "code": "not_found"}}
+            )
             self.send_response(404)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))
