@@ -3,8 +3,12 @@ a text layer), the governance records a job needs, and the steps of the flow."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
+import http.server
 import io
+import threading
 import time
 import wave
 from dataclasses import dataclass, field
@@ -165,3 +169,53 @@ def run_in_process(client: valkey.Valkey) -> Ran:
     for pk, token in handed:
         ran.outcomes[pk] = file_job_run(pk, token, client=client)
     return ran
+
+
+class WebhookReceiver:
+    """A real local HTTP server that takes webhook POSTs: answers ``statuses`` in turn (then
+    200) and keeps each request's headers and body."""
+
+    def __init__(self, statuses: list[int] | None = None) -> None:
+        self.statuses = list(statuses or [])
+        self.received: list[tuple[dict[str, str], bytes]] = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", "0"))
+                body = self.rfile.read(length)
+                receiver.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/files"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> WebhookReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def verify_standard_webhook(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """The receiver's side of the Standard Webhooks spec, written from the spec (not from
+    scheduler/webhooks.py): HMAC-SHA256 over ``id.timestamp.body`` with the base64-decoded
+    secret after ``whsec_``, compared in constant time with each ``v1,`` signature."""
+    key = base64.b64decode(secret.split("_", 1)[1])
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return any(
+        version == "v1" and hmac.compare_digest(signature, expected)
+        for version, _, signature in (
+            part.partition(",") for part in headers["webhook-signature"].split(" ")
+        )
+    )
