@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -284,7 +284,7 @@ def test_a_duplicate_or_stray_upload_event_is_only_acknowledged(
     assert _audit(registration).count("fileregistration.uploaded") == 1
     cancelled.refresh_from_db()
     assert cancelled.state == FileState.CANCELLED
-    pending = valkey_client.xpending(UPLOADS_STREAM, UPLOADS_GROUP)
+    pending = cast(dict[str, Any], valkey_client.xpending(UPLOADS_STREAM, UPLOADS_GROUP))
     assert pending["pending"] == 0
 
 
@@ -412,12 +412,12 @@ def test_job_keys_are_in_the_snapshot_and_admitted_at_their_class(
     assert answer["choices"][0]["message"]["content"]
 
     def queued_at_low() -> bool:
-        entries = valkey_client.xrange("sy:decisions")
+        entries = cast(list[Any], valkey_client.xrange("sy:decisions"))
         return any(
             fields[b"decision"] == b"queued"
             and fields[b"reason"] == b"low"
             and fields[b"use_case_id"] == str(use_case.pk).encode()
-            for _, fields in entries  # type: ignore[union-attr]
+            for _, fields in entries
         )
 
     assert wait_until(queued_at_low, timeout=10, interval=0.1)
