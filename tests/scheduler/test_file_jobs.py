@@ -450,3 +450,60 @@ def test_a_part_the_gateway_refuses_as_bad_input_fails_the_file() -> None:
             client.post_json("/v1/chat/completions", {"model": "llama"})
     finally:
         server.shutdown()
+
+
+@pytest.mark.django_db(transaction=True)  # the cancel comes from the part's thread: committed
+def test_a_cancelled_job_stops_at_the_next_part_boundary(
+    world: dict[str, Any], valkey_client: valkey.Valkey, settings: Any
+) -> None:
+    """GIVEN a running three-part job, one part at a time WHEN the team cancels it while its
+    first part is in the gateway THEN that part finishes, no other part starts, the file is
+    cancelled and its promise released."""
+    from governance.files import file_cancel
+    from scheduler.file_dispatch import file_jobs_dispatch
+    from scheduler.file_jobs import file_job_run
+    from tests.scheduler.file_jobs_world import SYSTEM
+
+    settings.FILE_JOB_PART_CONCURRENCY = 1
+    audio = make_wav(TONES)
+    registration = register(
+        world["use_case"],
+        world["whisper"],
+        "audio",
+        "c.wav",
+        audio,
+        declared_seconds=5,
+        sla_class=world["hourly"],
+    )
+    upload(valkey_client, registration, audio)
+    uploads_consume(client=valkey_client)
+    handed: list[str] = []
+    file_jobs_dispatch(client=valkey_client, send=lambda pk, token: handed.append(token))
+    real = GatewayClient(world["gateway"], job_key(world["use_case"].pk, world["hourly"].pk))
+
+    class CancelDuringFirstCall:
+        """The real gateway client; the team's cancel lands while the first part is out."""
+
+        def post_json(self, path: str, body: Any) -> dict[str, Any]:
+            return real.post_json(path, body)
+
+        def post_multipart(self, *args: Any) -> dict[str, Any]:
+            answer = real.post_multipart(*args)
+            file_cancel(actor=SYSTEM, file=FileRegistration.objects.get(pk=registration.pk))
+            return answer
+
+    outcome = file_job_run(
+        registration.pk, handed[0], client=valkey_client, gateway=CancelDuringFirstCall()
+    )
+    real.close()
+
+    assert outcome == FileState.CANCELLED
+    registration.refresh_from_db()
+    assert registration.state == FileState.CANCELLED
+    states = list(
+        FilePart.objects.filter(registration=registration)
+        .order_by("index")
+        .values_list("state", flat=True)
+    )
+    assert states == [PartState.DONE, PartState.PENDING, PartState.PENDING]
+    assert not valkey_client.hexists(feasibility.ledger_key("whisper"), str(registration.pk))
