@@ -123,3 +123,31 @@ def test_developers_of_the_tenant_may_set_it_others_may_not(use_case: UseCase) -
     for outsider in (bob, audrey):
         with pytest.raises(PermissionDenied):
             webhook_set(actor=Actor.for_user(outsider), use_case=use_case, url="https://x.example")
+
+
+def test_the_api_sets_the_webhook_and_shows_the_secret_once(use_case: UseCase) -> None:
+    from rest_framework.test import APIClient
+
+    alice = make_user("alice", Role.DEVELOPER, tenants=(use_case.tenant,))
+    bob = make_user("bob", Role.DEVELOPER, tenants=(make_tenant("globex"),))
+    audrey = make_user("audrey", Role.AUDITOR, tenants=(use_case.tenant,))
+    path = f"/api/use-cases/{use_case.pk}/webhook/"
+    client = APIClient()
+
+    client.force_authenticate(alice)
+    answer = client.post(path, {"url": "https://hooks.acme.example/files"}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["webhook_url"] == "https://hooks.acme.example/files"
+    assert answer.json()["secret"].startswith("whsec_")
+    refused = client.post(path, {"url": "file:///etc/passwd"}, format="json")
+    assert refused.status_code == 400
+    assert "http:// or https://" in str(refused.json()["webhook_url"])
+    shown = client.get(f"/api/use-cases/{use_case.pk}/")
+    assert answer.json()["secret"] not in shown.content.decode()
+
+    client.force_authenticate(bob)
+    assert client.post(path, {"url": "https://x.example"}, format="json").status_code == 404
+    client.force_authenticate(audrey)
+    assert client.post(path, {"url": "https://x.example"}, format="json").status_code == 403
+    use_case.refresh_from_db()
+    assert use_case.webhook_url == "https://hooks.acme.example/files"
