@@ -383,6 +383,12 @@ def test_a_part_refused_with_503_is_retried_and_then_succeeds(
     part = FilePart.objects.get(registration=registration)
     assert part.attempts > 1
 
+    def shed() -> bool:  # the gateway's own record of the 503: dropped from its queue
+        entries = cast(list[Any], valkey_client.xrange("sy:decisions"))
+        return any(fields[b"decision"] == b"shed" for _, fields in entries)
+
+    assert wait_until(shed, timeout=10, interval=0.1)
+
 
 def test_job_keys_are_in_the_snapshot_and_admitted_at_their_class(
     world: dict[str, Any], valkey_client: valkey.Valkey
