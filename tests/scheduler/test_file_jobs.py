@@ -76,11 +76,14 @@ def world(
     hourly = sla_class(use_case, "hourly", classes["low"], turnaround_seconds=300)
     quick = sla_class(use_case, "quick", classes["batch"], turnaround_seconds=300)
     _, interactive = make_key(use_case)
+    # a use case with no embedding model and no SLA class: explicit deadlines only
+    notes = make_use_case(acme, "notes", models=(llama,))
     snapshot_publish()
     gateway = start_gateway()
     settings.FILE_JOBS_GATEWAY_URL = gateway.base_url
     return {
         "use_case": use_case,
+        "notes": notes,
         "whisper": whisper,
         "llama": llama,
         "hourly": hourly,
@@ -513,3 +516,34 @@ def test_a_cancelled_job_stops_at_the_next_part_boundary(
     )
     assert states == [PartState.DONE, PartState.PENDING, PartState.PENDING]
     assert not valkey_client.hexists(feasibility.ledger_key("whisper"), str(registration.pk))
+
+
+def test_an_explicit_deadline_runs_on_the_default_job_key_and_skips_missing_embeddings(
+    world: dict[str, Any], valkey_client: valkey.Valkey
+) -> None:
+    """GIVEN a use case with no SLA class and no embedding model WHEN it registers a text file
+    with an explicit deadline THEN its job calls the gateway with the use case's default job
+    key (admitted: the file is done) and its chunks carry no embedding."""
+    text = b"Meeting notes: the renewal of policy 4471 is due in March.\n" * 5
+    registration = register(
+        world["notes"],
+        world["llama"],
+        "text",
+        "notes.txt",
+        text,
+        deadline=datetime.now(UTC) + timedelta(hours=1),
+    )
+    upload(valkey_client, registration, text)
+
+    ran = run_in_process(valkey_client)
+
+    assert ran.outcomes == {registration.pk: FileState.DONE}
+    registration.refresh_from_db()
+    store = FilesStore()
+    rows = [
+        orjson.loads(line) for line in store.read(registration.outputs["chunks.jsonl"]).splitlines()
+    ]
+    assert rows
+    assert all(row["embedding"] is None for row in rows)
+    summary = orjson.loads(store.read(registration.outputs["summary.json"]))
+    assert summary["summary"]
