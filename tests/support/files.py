@@ -99,15 +99,14 @@ def upload(file: FileRegistration, content: bytes) -> FileRegistration:
         file.use_case.tenant.slug, file.use_case.slug, file.pk, f"{uuid.uuid4().hex[:6]}.bin"
     )
     write_object(name, content)
-    file = file_uploaded(actor=Actor.system("s3-endpoint"), registration=file)
-    FileRegistration.objects.filter(pk=file.pk).update(
+    return file_uploaded(
+        actor=Actor.system("s3-endpoint"),
+        registration=file,
         uploaded_at=timezone.now(),
         source_object=name,
         source_bytes=len(content),
         source_sha256=hashlib.sha256(content).hexdigest(),
     )
-    file.refresh_from_db()
-    return file
 
 
 def start(file: FileRegistration, parts: int) -> FileRegistration:
