@@ -297,6 +297,29 @@ def batch_input_summary(file: ApiFile) -> BatchInput:
     )
 
 
+def batch_result_file(
+    *, registration_id: int, purpose: str, object_name: str, content: bytes
+) -> str:
+    """Record a batch's output or error file (already in the bucket) as an ApiFile of the
+    batch's use case; its id is derived from the batch, so a finish run again finds it."""
+    registration = FileRegistration.objects.select_related("use_case").get(pk=registration_id)
+    digest = hashlib.sha256(f"{registration_id}:{purpose}".encode()).hexdigest()
+    public_id = f"file-{digest[:24]}"
+    ApiFile.objects.update_or_create(
+        public_id=public_id,
+        defaults={
+            "use_case": registration.use_case,
+            "api_key": registration.api_key,
+            "purpose": purpose,
+            "filename": f"batch_{registration_id}_{purpose.removeprefix('batch_')}.jsonl",
+            "bytes": len(content),
+            "sha256": hashlib.sha256(content).hexdigest(),
+            "object_name": object_name,
+        },
+    )
+    return public_id
+
+
 def apifile_object(file: ApiFile) -> dict[str, Any]:
     """The OpenAI file object."""
     return {
