@@ -20,7 +20,7 @@ from django.urls import path
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, permissions
 from rest_framework.parsers import BaseParser, FormParser, JSONParser, MultiPartParser
-from rest_framework.renderers import JSONRenderer
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -138,6 +138,13 @@ class OpenAIView(APIView):
     parser_classes: tuple[type[BaseParser], ...] = (JSONParser,)
     throttle_classes = ()
     missing = "object"
+
+    def perform_content_negotiation(
+        self, request: Request, force: bool = False
+    ) -> tuple[BaseRenderer, str]:
+        # The SDK asks file content with "Accept: application/binary": answer whatever the
+        # header says (JSON, or the file's bytes) rather than 406.
+        return super().perform_content_negotiation(request, force=True)
 
     def get_exception_handler(self) -> Callable[[Exception, dict[str, Any]], Response]:
         return openai_exception_handler
