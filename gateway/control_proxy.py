@@ -127,8 +127,9 @@ class ControlProxy:
                 response_headers = [
                     (name.lower(), value)
                     for name, value in answer.raw_headers
-                    if name.lower() not in HOP_BY_HOP
+                    if name.lower() not in HOP_BY_HOP and name.lower() != b"x-request-id"
                 ]
+                response_headers.append((b"x-request-id", request_id))
                 await send(
                     {
                         "type": "http.response.start",
