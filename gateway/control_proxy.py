@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 PREFIXES = ("/v1/files", "/v1/batches")
 CHUNK_BYTES = 64 * 1024
-# RFC 9110 §7.6.1, plus Host (the web process's own) and the length, which aiohttp sets.
+# RFC 9110 §7.6.1, plus Host (the web process's own) and Expect (this hop's uvicorn already
+# answered a 100-continue; the web process gets the body without asking).
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -38,6 +39,7 @@ HOP_BY_HOP = frozenset(
         b"transfer-encoding",
         b"upgrade",
         b"host",
+        b"expect",
     }
 )
 

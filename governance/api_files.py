@@ -29,6 +29,7 @@ from governance.choices import Capability
 from governance.errors import Conflict
 from governance.file_states import FINAL_STATES
 from governance.models import ApiFile, ApiKey, FileRegistration, UseCase
+from scheduler.record_objects import ensure_bucket
 
 PURPOSE_BATCH = "batch"
 PURPOSE_OUTPUT = "batch_output"
@@ -177,10 +178,16 @@ def _public_id() -> str:
 
 
 def apifile_create(
-    *, actor: Actor, api_key: ApiKey, upload: File[Any], filename: str, purpose: str
+    *,
+    actor: Actor,
+    use_case: UseCase,
+    api_key: ApiKey | None,
+    upload: File[Any],
+    filename: str,
+    purpose: str,
 ) -> tuple[ApiFile, BatchInput]:
-    """Check and store an uploaded batch input for the key's use case; audited."""
-    use_case = api_key.use_case
+    """Check and store an uploaded batch input for the use case (its key's, or the one a
+    service account is bound to); audited."""
     if purpose != PURPOSE_BATCH:
         raise InvalidRequest(
             f'purpose must be "{PURPOSE_BATCH}" (the only one Switchyard serves)', param="purpose"
@@ -203,7 +210,9 @@ def apifile_create(
     upload.seek(0)
     public_id = _public_id()
     name = f"apifiles/{use_case.tenant.slug}/{use_case.slug}/{public_id}/{_safe_name(filename)}"
-    stored = files_storage().save(name, upload)
+    storage = files_storage()
+    ensure_bucket(storage)  # once per process: the files bucket may not exist yet
+    stored = storage.save(name, upload)
     with transaction.atomic():
         file = ApiFile.objects.create(
             public_id=public_id,

@@ -10,6 +10,7 @@ event at once: the file-jobs consumer takes it from there as it takes an S3 uplo
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from governance.api_files import (
 from governance.audit import Actor
 from governance.choices import FileKind, FileState
 from governance.files import Registered, file_cancel, file_register, valkey_client
-from governance.models import ApiFile, ApiKey, FileRegistration, SlaClass
+from governance.models import ApiFile, ApiKey, FileRegistration, SlaClass, UseCase
 from scheduler.upload_events import UploadEvent, publish_upload
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
@@ -94,11 +95,11 @@ def batch_request(data: Any) -> BatchRequest:
     return BatchRequest(input_file_id, endpoint, window, dict(metadata))
 
 
-def batch_sla_class(api_key: ApiKey, window_seconds: int) -> SlaClass:
+def batch_sla_class(use_case: UseCase, window_seconds: int) -> SlaClass:
     """The use case's SLA class for batch files with the longest turnaround within the window."""
     fitting = [
         sla
-        for sla in SlaClass.objects.filter(use_case_id=api_key.use_case_id)
+        for sla in SlaClass.objects.filter(use_case=use_case)
         if FileKind.BATCH in sla.kinds
         and sla.turnaround_seconds is not None
         and sla.turnaround_seconds <= window_seconds
@@ -113,11 +114,13 @@ def batch_sla_class(api_key: ApiKey, window_seconds: int) -> SlaClass:
     return max(fitting, key=lambda sla: (sla.turnaround_seconds or 0, -sla.pk))
 
 
-def batch_create(*, actor: Actor, api_key: ApiKey, request: BatchRequest) -> FileRegistration:
+def batch_create(
+    *, actor: Actor, use_case: UseCase, api_key: ApiKey | None, request: BatchRequest
+) -> FileRegistration:
     """Register the batch (or raise governance.files.Infeasible, nothing stored) and hand its
     input to the file jobs."""
     try:
-        input_file = apifile_get(use_case_id=api_key.use_case_id, public_id=request.input_file_id)
+        input_file = apifile_get(use_case_id=use_case.pk, public_id=request.input_file_id)
     except ApiFile.DoesNotExist:
         raise InvalidRequest(
             f"No file with id {request.input_file_id!r}.", param="input_file_id"
@@ -133,13 +136,12 @@ def batch_create(*, actor: Actor, api_key: ApiKey, request: BatchRequest) -> Fil
             f"The file's requests are for {summary.url}, not {request.endpoint}.",
             param="endpoint",
         )
-    use_case = api_key.use_case
     model = use_case.allowed_models.filter(public_id=summary.model).first()
     if model is None:  # the use case lost the model since the upload
         raise InvalidRequest(
             f"The use case may no longer use the model {summary.model!r}.", param="input_file_id"
         )
-    sla = batch_sla_class(api_key, COMPLETION_WINDOWS[request.completion_window])
+    sla = batch_sla_class(use_case, COMPLETION_WINDOWS[request.completion_window])
     try:
         registered: Registered = file_register(
             actor=actor,
@@ -171,7 +173,7 @@ def batch_create(*, actor: Actor, api_key: ApiKey, request: BatchRequest) -> Fil
         size=input_file.bytes,
         sha256=input_file.sha256,
         etag="",
-        uploader=f"key:{api_key.prefix}",
+        uploader=f"key:{api_key.prefix}" if api_key is not None else actor.username,
         uploaded_at=time.time(),
     )
     try:
@@ -179,15 +181,17 @@ def batch_create(*, actor: Actor, api_key: ApiKey, request: BatchRequest) -> Fil
     except valkey.ValkeyError as exc:
         # Nobody would ever run it: withdraw the batch (and its promise) rather than leave it
         # validating until it expires.
-        file_cancel(
-            actor=Actor.system("batch-api"), file=batch, reason="upload event not published"
-        )
+        # Valkey is down: the promise's release fails too, and it lapses with its deadline.
+        with contextlib.suppress(valkey.ValkeyError):
+            file_cancel(
+                actor=Actor.system("batch-api"), file=batch, reason="upload event not published"
+            )
         raise StoreUnavailable(str(exc)) from exc
     return batch
 
 
 def batch_cancel(
-    *, actor: Actor, api_key: ApiKey, batch: FileRegistration
+    *, actor: Actor, api_key: ApiKey | None, batch: FileRegistration
 ) -> tuple[FileRegistration, str]:
     """Cancel a batch that has not ended; the status to answer: "cancelling" while parts may
     still be in flight (it was running), else "cancelled"."""

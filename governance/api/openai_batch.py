@@ -2,19 +2,21 @@
 
 The gateway forwards these paths here (gateway/control_proxy.py): they are governance records
 (audited, listed, cancelled) in the database, which the gateway's hot path never touches. A
-use case's API key authenticates them (``Authorization: Bearer sk-sy-…``), so the OpenAI SDK
-works unchanged with ``base_url=<gateway>/v1``. Every answer, errors included, is in OpenAI's
-shapes; errors are mapped to them in one place (``openai_exception_handler``).
+use case's API key authenticates them (``Authorization: Bearer sk-sy-…``), or a Keycloak
+service-account token of the client bound to the use case, as on the gateway's /v1; so the
+OpenAI SDK works unchanged with ``base_url=<gateway>/v1``. Every answer, errors included, is
+in OpenAI's shapes; errors are mapped to them in one place (``openai_exception_handler``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, cast
 
 import valkey
 from django.conf import settings
-from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import path
 from drf_spectacular.utils import extend_schema
@@ -23,9 +25,9 @@ from rest_framework.parsers import BaseParser, FormParser, JSONParser, MultiPart
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
+from rest_framework.views import APIView, set_rollback
 
-from governance.api.authentication import ApiKeyAuthentication
+from governance.api.authentication import ApiKeyAuthentication, ServiceAccountJWTAuthentication
 from governance.api_files import (
     PURPOSES,
     BatchInputInvalid,
@@ -50,7 +52,9 @@ from governance.batches import (
 from governance.downloads import download_response
 from governance.errors import Conflict
 from governance.files import Infeasible, key_actor
-from governance.models import ApiFile, ApiKey, FileRegistration
+from governance.models import ApiFile, ApiKey, FileRegistration, UseCase
+
+logger = logging.getLogger(__name__)
 
 # Multipart framing around the file, beyond the file's own bytes.
 MULTIPART_OVERHEAD = 64 * 1024
@@ -71,6 +75,7 @@ def _error(
 
 def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """Every failure of these views in OpenAI's error shape (the SDKs read type and code)."""
+    set_rollback()  # as DRF does for its own errors: nothing half-written stays
     if isinstance(exc, BatchInputInvalid):
         return _error(
             400,
@@ -80,6 +85,8 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
         )
     if isinstance(exc, InvalidRequest):
         return _error(400, str(exc), param=exc.param)
+    if isinstance(exc, ValidationError):
+        return _error(400, " ".join(exc.messages))
     if isinstance(exc, Infeasible):
         earliest = exc.earliest_possible
         when = earliest.isoformat() if earliest else "none within ten years"
@@ -118,26 +125,55 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
     if isinstance(exc, exceptions.APIException):
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         return _error(exc.status_code, detail, code=str(exc.default_code))
-    raise exc
+    logger.exception("openai_batch_api_failed view=%s", type(context.get("view")).__name__)
+    return _error(500, "The server had an error processing your request.", type="server_error")
 
 
-class HasApiKey(permissions.BasePermission):
+class HasCaller(permissions.BasePermission):
+    """An API key, or a service-account JWT (its claims): anything else is a 401."""
+
     def has_permission(self, request: Request, view: APIView) -> bool:
-        if not isinstance(request.auth, ApiKey):
+        if not isinstance(request.auth, ApiKey | dict):
             raise exceptions.NotAuthenticated()
         return True
 
 
 @extend_schema(exclude=True)
 class OpenAIView(APIView):
-    """A view of the OpenAI-compatible API: keys only, JSON answers, OpenAI's errors."""
+    """A view of the OpenAI-compatible API: a use case's key or its bound service account,
+    JSON answers, OpenAI's errors."""
 
-    authentication_classes = (ApiKeyAuthentication,)
-    permission_classes = (HasApiKey,)
+    authentication_classes = (ServiceAccountJWTAuthentication, ApiKeyAuthentication)
+    permission_classes = (HasCaller,)
     renderer_classes = (JSONRenderer,)
     parser_classes: tuple[type[BaseParser], ...] = (JSONParser,)
     throttle_classes = ()
     missing = "object"
+    use_case: UseCase
+    api_key: ApiKey | None
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        """Whose files and batches: the key's use case, or the one a service account is bound
+        to (``service_account_client_id``, as on the gateway's /v1)."""
+        super().initial(request, *args, **kwargs)
+        if isinstance(request.auth, ApiKey):
+            self.use_case, self.api_key = request.auth.use_case, request.auth
+            return
+        claims = cast(dict[str, Any], request.auth)
+        client = claims.get("azp") or claims.get("client_id")
+        bound = (
+            UseCase.objects.select_related("tenant")
+            .filter(service_account_client_id=client)
+            .first()
+            if isinstance(client, str) and client
+            else None
+        )
+        if bound is None:
+            raise PermissionDenied(
+                f"The service account {client!r} is bound to no use case; an officer binds it "
+                "on the use case (service-account client)."
+            )
+        self.use_case, self.api_key = bound, None
 
     def perform_content_negotiation(
         self, request: Request, force: bool = False
@@ -149,13 +185,11 @@ class OpenAIView(APIView):
     def get_exception_handler(self) -> Callable[[Exception, dict[str, Any]], Response]:
         return openai_exception_handler
 
-    @property
-    def key(self) -> ApiKey:
-        return cast(ApiKey, self.request.auth)
-
     def actor(self) -> Actor:
         origin = Actor.from_request(cast(HttpRequest, self.request))
-        return key_actor(self.key, request_id=origin.request_id, source_ip=origin.source_ip)
+        if self.api_key is None:
+            return origin
+        return key_actor(self.api_key, request_id=origin.request_id, source_ip=origin.source_ip)
 
 
 def _limit(request: Request, default: int, most: int) -> int:
@@ -194,7 +228,8 @@ class FilesView(OpenAIView):
         purpose = request.data.get("purpose", "")
         file, _ = apifile_create(
             actor=self.actor(),
-            api_key=self.key,
+            use_case=self.use_case,
+            api_key=self.api_key,
             upload=upload,
             filename=upload.name or "input.jsonl",
             purpose=str(purpose),
@@ -202,7 +237,7 @@ class FilesView(OpenAIView):
         return Response(apifile_object(file), status=200)
 
     def get(self, request: Request) -> Response:
-        files = apifiles_of(self.key.use_case_id)
+        files = apifiles_of(self.use_case.pk)
         purpose = request.query_params.get("purpose")
         if purpose is not None:
             if purpose not in PURPOSES:
@@ -228,11 +263,11 @@ class FileView(OpenAIView):
     missing = "file"
 
     def get(self, request: Request, file_id: str) -> Response:
-        file = apifile_get(use_case_id=self.key.use_case_id, public_id=file_id)
+        file = apifile_get(use_case_id=self.use_case.pk, public_id=file_id)
         return Response(apifile_object(file))
 
     def delete(self, request: Request, file_id: str) -> Response:
-        file = apifile_get(use_case_id=self.key.use_case_id, public_id=file_id)
+        file = apifile_get(use_case_id=self.use_case.pk, public_id=file_id)
         apifile_delete(actor=self.actor(), file=file)
         return Response({"id": file.public_id, "object": "file", "deleted": True})
 
@@ -241,7 +276,7 @@ class FileContentView(OpenAIView):
     missing = "file"
 
     def get(self, request: Request, file_id: str) -> HttpResponseBase:
-        file: ApiFile = apifile_get(use_case_id=self.key.use_case_id, public_id=file_id)
+        file: ApiFile = apifile_get(use_case_id=self.use_case.pk, public_id=file_id)
         return download_response(
             request._request,
             apifile_chunks(file),
@@ -255,17 +290,20 @@ class BatchesView(OpenAIView):
 
     def post(self, request: Request) -> Response:
         batch = batch_create(
-            actor=self.actor(), api_key=self.key, request=batch_request(request.data)
+            actor=self.actor(),
+            use_case=self.use_case,
+            api_key=self.api_key,
+            request=batch_request(request.data),
         )
         return Response(batch_object(batch))
 
     def get(self, request: Request) -> Response:
-        batches = batches_of(self.key.use_case_id)
+        batches = batches_of(self.use_case.pk)
         limit = _limit(request, 20, 100)
         after = request.query_params.get("after")
         if after:
             try:
-                cursor = batch_get(use_case_id=self.key.use_case_id, batch_id=after)
+                cursor = batch_get(use_case_id=self.use_case.pk, batch_id=after)
             except FileRegistration.DoesNotExist:
                 raise InvalidRequest(f"No batch {after!r} to list after.", param="after") from None
             batches = batches.filter(pk__lt=cursor.pk)
@@ -277,17 +315,15 @@ class BatchView(OpenAIView):
     missing = "batch"
 
     def get(self, request: Request, batch_id: str) -> Response:
-        return Response(
-            batch_object(batch_get(use_case_id=self.key.use_case_id, batch_id=batch_id))
-        )
+        return Response(batch_object(batch_get(use_case_id=self.use_case.pk, batch_id=batch_id)))
 
 
 class BatchCancelView(OpenAIView):
     missing = "batch"
 
     def post(self, request: Request, batch_id: str) -> Response:
-        batch = batch_get(use_case_id=self.key.use_case_id, batch_id=batch_id)
-        batch, status = batch_cancel(actor=self.actor(), api_key=self.key, batch=batch)
+        batch = batch_get(use_case_id=self.use_case.pk, batch_id=batch_id)
+        batch, status = batch_cancel(actor=self.actor(), api_key=self.api_key, batch=batch)
         return Response(batch_object(batch, status=status))
 
 

@@ -82,10 +82,13 @@ class BatchPipeline:
         def one(item: dict[str, Any]) -> dict[str, Any]:
             return self._request(job, item, gateway)
 
-        with ThreadPoolExecutor(max_workers=CONCURRENT_REQUESTS) as pool:
-            # map re-raises the first Retryable, in order; the other requests finish or are
-            # never started (the pool is shut down with the block).
-            results = list(pool.map(one, items))
+        pool = ThreadPoolExecutor(max_workers=CONCURRENT_REQUESTS)
+        try:
+            futures = [pool.submit(one, item) for item in items]
+            results = [future.result() for future in futures]  # the first Retryable, raised
+        finally:
+            # After a Retryable the requests not started yet never are: the part runs again.
+            pool.shutdown(wait=True, cancel_futures=True)
         failed = sum(1 for line in results if _is_error(line))
         tokens = sum(
             int(line["response"]["body"].get("usage", {}).get("total_tokens", 0))

@@ -47,7 +47,6 @@ def world(
     start_gateway: GatewayFactory,
 ) -> Iterator[dict[str, Any]]:
     settings.VALKEY_URL = valkey_url
-    records_store.client().create_bucket(Bucket=records_store.bucket)
     replica = start_simulator("llama", "--time-scale", "0")
     llama = make_model("llama", replicas=[replica.base_url], capabilities=["chat"])
     slow = make_model("slow", replicas=[replica.base_url], capabilities=["chat"])

@@ -91,6 +91,10 @@ def world(
     llama = make_model("llama", replicas=[replica.base_url], capabilities=["chat"])
     use_case = make_use_case(make_tenant("acme"), "assistant", models=(llama,))
     key, secret = make_key(use_case)
+    limited = make_use_case(
+        make_tenant("globex"), "limited", models=(llama,), requests_per_minute=1
+    )
+    limited_secret = make_key(limited)[1]
     snapshot_publish()
     sla = SlaClass.objects.create(
         use_case=use_case,
@@ -113,8 +117,10 @@ def world(
         promised_by="2099-01-01T00:00:00Z",
         request_endpoint="/v1/chat/completions",
     )
+    gateway = start_gateway()
     return {
-        "gateway": Caller(start_gateway().base_url, secret),
+        "gateway": Caller(gateway.base_url, secret),
+        "limited": Caller(gateway.base_url, limited_secret),
         "registration": registration,
         "use_case": use_case,
     }
@@ -210,3 +216,19 @@ def test_a_batch_with_no_failures_has_no_error_file(world: dict[str, Any]) -> No
     outputs, counts = pipeline.finish(job, parts, store)
     assert set(outputs) == {"output_file_id"}
     assert counts == {"total": 1, "completed": 1, "failed": 0}
+
+
+def test_a_rate_limited_request_makes_the_part_retryable_not_a_line_error(
+    world: dict[str, Any],
+) -> None:
+    store = Store()
+    source = f"uploads/acme/assistant/{world['registration'].pk}/requests.jsonl"
+    store.write(source, jsonl([chat_line(str(n), max_tokens=2) for n in range(3)]))
+    job = job_for(world["registration"], source)
+    pipeline = PIPELINES["batch"]
+    (spec,) = pipeline.plan(job, store)
+
+    # One request a minute: the second or third is refused with 429.
+    with pytest.raises(Retryable):
+        pipeline.run_part(job, spec, 0, world["limited"], store)
+    assert not storages["files"].exists(f"{job.output_prefix}parts/out-00000.jsonl")
