@@ -12,11 +12,13 @@ a batch the fleet cannot finish within a day is refused with the earliest possib
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
+import orjson
 import pytest
 
 from config.processes import PYTHON, ManagedProcess, free_port, http_ready
@@ -83,6 +85,8 @@ def world(
     try:
         gateway: RunningGateway = start_gateway(SWITCHYARD_CONTROL_URL=web_url)
         yield {
+            "gateway": gateway.base_url,
+            "alice_key": alice,
             "alice": sdk_client(gateway.base_url, alice),
             "bob": sdk_client(gateway.base_url, bob),
             "valkey": valkey_client,
@@ -160,3 +164,28 @@ def test_an_invalid_line_and_an_infeasible_batch_are_refused(world: dict[str, An
     assert infeasible.value.code == "infeasible"
     assert "The earliest completion that could be promised" in infeasible.value.message
     assert alice.batches.list().data == []
+
+
+def test_a_large_input_streams_through_the_gateway_from_curl(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    """curl sends a body over 1 MB with ``Expect: 100-continue``, in chunks: the proxy must
+    stream it through whole (2 MB here) and the web process store it byte for byte."""
+    content = jsonl([chat_line(f"req-{n}", text="x" * 600) for n in range(3000)])
+    assert len(content) > 2_000_000
+    path = tmp_path / "large.jsonl"
+    path.write_bytes(content)
+    done = subprocess.run(
+        [
+            "curl", "-sS", "--fail-with-body", f"{world['gateway']}/v1/files",
+            "-H", f"Authorization: Bearer {world['alice_key']}",
+            "-F", f"file=@{path}", "-F", "purpose=batch",
+        ],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    uploaded = orjson.loads(done.stdout)
+    assert uploaded["bytes"] == len(content)
+    assert world["alice"].files.content(uploaded["id"]).read() == content
