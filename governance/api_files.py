@@ -152,10 +152,13 @@ def batch_input_check(
     return BatchInput(lines=count, url=url, model=model)
 
 
-def _lines(stream: IO[bytes]) -> Iterator[bytes]:
-    """The stream's lines, read in chunks (an uploaded file may be hundreds of megabytes)."""
+def _lines(stream: IO[bytes], digest: Any = None) -> Iterator[bytes]:
+    """The stream's lines, read in chunks (an uploaded file may be hundreds of megabytes),
+    each chunk also fed to ``digest`` if given (one pass for the check and the hash)."""
     rest = b""
     while chunk := stream.read(CHUNK_BYTES):
+        if digest is not None:
+            digest.update(chunk)
         parts = (rest + chunk).split(b"\n")
         rest = parts.pop()
         yield from parts
@@ -199,11 +202,8 @@ def apifile_create(
         )
     digest = hashlib.sha256()
     upload.seek(0)
-    while chunk := upload.read(CHUNK_BYTES):
-        digest.update(chunk)
-    upload.seek(0)
     summary = batch_input_check(
-        _lines(upload),
+        _lines(upload, digest),
         models=use_case_models(use_case),
         max_lines=settings.BATCH_MAX_LINES,
     )

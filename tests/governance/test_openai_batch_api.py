@@ -10,6 +10,7 @@ Personas: acme's ``assistant`` use case (key ``alice``) may call llama (chat) an
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ def test_an_upload_is_stored_scoped_and_audited(world: dict[str, Any]) -> None:
     assert body["status"] == "processed"
     row = ApiFile.objects.get(public_id=body["id"])
     assert row.object_name == f"apifiles/acme/assistant/{body['id']}/requests.jsonl"
-    assert len(row.sha256) == 64
+    assert row.sha256 == hashlib.sha256(good_input()).hexdigest()
     assert AuditEvent.objects.filter(action="apifile.create", object_id=str(row.pk)).count() == 1
     content = world["alice"].get(f"/v1/files/{body['id']}/content")
     assert b"".join(content.streaming_content) == good_input()
