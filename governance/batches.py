@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import valkey
@@ -28,8 +30,16 @@ from governance.api_files import (
 )
 from governance.audit import Actor
 from governance.choices import FileKind, FileState
+from governance.file_states import FINAL_STATES
 from governance.files import Registered, file_cancel, file_register, valkey_client
-from governance.models import ApiFile, ApiKey, FileRegistration, SlaClass, UseCase
+from governance.models import (
+    ApiFile,
+    ApiKey,
+    AuditEvent,
+    FileRegistration,
+    SlaClass,
+    UseCase,
+)
 from scheduler.upload_events import UploadEvent, publish_upload
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
@@ -216,13 +226,29 @@ def batch_get(*, use_case_id: int, batch_id: str) -> FileRegistration:
     return batches_of(use_case_id).get(pk=int(number))
 
 
+def batches_started_at(batches: Sequence[FileRegistration]) -> dict[int, datetime]:
+    """When each ended batch started running, from the audit trail: the row keeps only its
+    current state's time. One query for a page of batches."""
+    ended = [str(b.pk) for b in batches if b.state in FINAL_STATES]
+    if not ended:
+        return {}
+    rows = AuditEvent.objects.filter(
+        action=f"fileregistration.{FileState.RUNNING}",
+        object_type=FileRegistration._meta.label_lower,
+        object_id__in=ended,
+    ).values_list("object_id", "occurred_at")
+    return {int(pk): at for pk, at in rows}
+
+
 def _epoch(value: Any) -> int | None:
     return int(value.timestamp()) if value is not None else None
 
 
-def batch_object(batch: FileRegistration, *, status: str | None = None) -> dict[str, Any]:
-    """The OpenAI batch object. Of the step times only the current state's is known
-    (``state_changed_at``); the others are null."""
+def batch_object(
+    batch: FileRegistration, *, status: str | None = None, started_at: datetime | None = None
+) -> dict[str, Any]:
+    """The OpenAI batch object: the current state's time is ``state_changed_at``; an ended
+    batch's ``in_progress_at`` is ``started_at`` (batches_started_at)."""
     state = batch.state
     changed = batch.state_changed_at
 
@@ -251,7 +277,7 @@ def batch_object(batch: FileRegistration, *, status: str | None = None) -> dict[
         "output_file_id": outputs.get("output_file_id"),
         "error_file_id": outputs.get("error_file_id"),
         "created_at": _epoch(batch.created_at),
-        "in_progress_at": at(FileState.RUNNING),
+        "in_progress_at": at(FileState.RUNNING) or _epoch(started_at),
         "expires_at": _epoch(batch.promised_by),
         "finalizing_at": None,
         "completed_at": at(FileState.DONE),
@@ -277,4 +303,5 @@ __all__ = [
     "batch_object",
     "batch_request",
     "batches_of",
+    "batches_started_at",
 ]

@@ -48,6 +48,7 @@ from governance.batches import (
     batch_object,
     batch_request,
     batches_of,
+    batches_started_at,
 )
 from governance.downloads import download_response
 from governance.errors import Conflict
@@ -308,14 +309,17 @@ class BatchesView(OpenAIView):
                 raise InvalidRequest(f"No batch {after!r} to list after.", param="after") from None
             batches = batches.filter(pk__lt=cursor.pk)
         rows = list(batches.order_by("-pk")[: limit + 1])
-        return Response(_page([batch_object(b) for b in rows[:limit]], len(rows) > limit))
+        started = batches_started_at(rows[:limit])
+        data = [batch_object(b, started_at=started.get(b.pk)) for b in rows[:limit]]
+        return Response(_page(data, len(rows) > limit))
 
 
 class BatchView(OpenAIView):
     missing = "batch"
 
     def get(self, request: Request, batch_id: str) -> Response:
-        return Response(batch_object(batch_get(use_case_id=self.use_case.pk, batch_id=batch_id)))
+        batch = batch_get(use_case_id=self.use_case.pk, batch_id=batch_id)
+        return Response(batch_object(batch, started_at=batches_started_at([batch]).get(batch.pk)))
 
 
 class BatchCancelView(OpenAIView):

@@ -18,7 +18,15 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
+from governance.audit import Actor
 from governance.choices import FileState
+from governance.file_states import (
+    file_done,
+    file_failed,
+    file_queued,
+    file_started,
+    file_uploaded,
+)
 from governance.models import ApiFile, AuditEvent, FileRegistration, PriorityClass, SlaClass
 from scheduler.upload_events import UPLOADS_STREAM, UploadEvent
 from tests.factories import make_key, make_model, make_tenant, make_use_case
@@ -290,3 +298,76 @@ def test_batches_are_listed_newest_first_and_hidden_from_other_use_cases(
     assert world["bob"].post(f"/v1/batches/{ids[0]}/cancel").status_code == 404
     assert world["bob"].get("/v1/batches").json()["data"] == []
     assert world["alice"].get("/v1/batches/batch_x").status_code == 404
+
+
+def create_batch(world: dict[str, Any]) -> dict[str, Any]:
+    file_id = upload(world["alice"], good_input(3)).json()["id"]
+    body = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    answer = world["alice"].post("/v1/batches", body, format="json")
+    assert answer.status_code == 200, answer.content
+    return dict(answer.json())
+
+
+def test_the_batch_status_follows_the_registration_through_to_completed(
+    world: dict[str, Any],
+) -> None:
+    batch = create_batch(world)
+    registration = FileRegistration.objects.get()
+    worker = Actor.system("file-jobs")
+    registration = file_uploaded(actor=worker, registration=registration)
+    registration = file_queued(actor=worker, registration=registration)
+    assert world["alice"].get(f"/v1/batches/{batch['id']}").json()["status"] == "validating"
+    registration = file_started(actor=worker, registration=registration)
+    running = world["alice"].get(f"/v1/batches/{batch['id']}").json()
+    assert running["status"] == "in_progress"
+    assert running["in_progress_at"] == int(registration.state_changed_at.timestamp())
+    started = running["in_progress_at"]
+
+    FileRegistration.objects.filter(pk=registration.pk).update(
+        counts={"total": 3, "completed": 2, "failed": 1}
+    )
+    registration.refresh_from_db()
+    registration = file_done(
+        actor=worker,
+        registration=registration,
+        outputs={"output_file_id": "file-out", "error_file_id": "file-err"},
+    )
+
+    for done in (
+        world["alice"].get(f"/v1/batches/{batch['id']}").json(),
+        world["alice"].get("/v1/batches").json()["data"][0],
+    ):
+        assert done["status"] == "completed"
+        assert done["in_progress_at"] == started
+        assert done["completed_at"] == int(registration.state_changed_at.timestamp())
+        assert (done["output_file_id"], done["error_file_id"]) == ("file-out", "file-err")
+        assert done["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+        assert done["errors"] is None
+    refused = world["alice"].post(f"/v1/batches/{batch['id']}/cancel")
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "conflict"
+
+
+def test_a_failed_batch_says_why_and_a_running_one_answers_cancelling(
+    world: dict[str, Any],
+) -> None:
+    worker = Actor.system("file-jobs")
+    failing, cancelled = create_batch(world), create_batch(world)
+    first, second = FileRegistration.objects.order_by("pk")
+    for registration in (first, second):
+        registration = file_uploaded(actor=worker, registration=registration)
+        registration = file_queued(actor=worker, registration=registration)
+        file_started(actor=worker, registration=registration)
+    file_failed(actor=worker, registration=first, failure="line 2 of the input is not JSON")
+
+    failed = world["alice"].get(f"/v1/batches/{failing['id']}").json()
+    assert failed["status"] == "failed"
+    assert failed["failed_at"] is not None
+    assert failed["errors"]["data"][0]["message"] == "line 2 of the input is not JSON"
+    answer = world["alice"].post(f"/v1/batches/{cancelled['id']}/cancel").json()
+    assert answer["status"] == "cancelling"
+    assert world["alice"].get(f"/v1/batches/{cancelled['id']}").json()["status"] == "cancelled"
