@@ -189,3 +189,17 @@ def test_a_large_input_streams_through_the_gateway_from_curl(
     uploaded = orjson.loads(done.stdout)
     assert uploaded["bytes"] == len(content)
     assert world["alice"].files.content(uploaded["id"]).read() == content
+    # Refused before its body is read, the large upload still gets the web process's answer.
+    wrong = subprocess.run(
+        [
+            "curl", "-sS", f"{world['gateway']}/v1/files",
+            "-H", "Authorization: Bearer sk-sy-wrong", "-F", f"file=@{path}", "-F", "purpose=batch",
+            "-o", "-", "-w", "\n%{http_code}",
+        ],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    body, _, status = wrong.stdout.rpartition(b"\n")
+    assert status == b"401", wrong.stdout + wrong.stderr
+    assert orjson.loads(body)["error"]["code"] == "invalid_api_key"
