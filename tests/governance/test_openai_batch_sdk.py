@@ -21,7 +21,6 @@ import openai
 import orjson
 import pytest
 
-from config.processes import PYTHON, ManagedProcess, free_port, http_ready
 from governance.models import PriorityClass, SlaClass
 from governance.snapshot import snapshot_publish
 from scheduler.upload_events import UPLOADS_STREAM
@@ -33,7 +32,7 @@ from tests.conftest import (
     database_url,
 )
 from tests.factories import make_key, make_model, make_tenant, make_use_case
-from tests.support.openai_batch import chat_line, jsonl, sdk_client
+from tests.support.openai_batch import chat_line, jsonl, running_web, sdk_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,23 +65,16 @@ def world(
     )
     alice, bob = make_key(assistant)[1], make_key(elsewhere)[1]
     snapshot_publish()
-    port = free_port()
-    web = ManagedProcess(
-        f"web-{port}",
-        [PYTHON, "-m", "uvicorn", "config.asgi:application", "--port", str(port)],
-        env={
-            **records_store.env,
-            "SWITCHYARD_FILES_BUCKET": records_store.bucket,
-            "SWITCHYARD_VALKEY_URL": valkey_url,
-            "SWITCHYARD_DATABASE_URL": database_url(),
-            "SWITCHYARD_RUN_DIR": str(tmp_path),
-            # "slow" can never finish a line within a day: its batches are refused.
-            "SWITCHYARD_BATCH_MODEL_TOKENS_PER_SECOND": "slow=0.001",
-        },
-    )
-    web_url = f"http://127.0.0.1:{port}"
-    web.start(ready=http_ready(f"{web_url}/accounts/login/", expect=200), timeout=60)
-    try:
+    env = {
+        **records_store.env,
+        "SWITCHYARD_FILES_BUCKET": records_store.bucket,
+        "SWITCHYARD_VALKEY_URL": valkey_url,
+        "SWITCHYARD_DATABASE_URL": database_url(),
+        "SWITCHYARD_RUN_DIR": str(tmp_path),
+        # "slow" can never finish a line within a day: its batches are refused.
+        "SWITCHYARD_BATCH_MODEL_TOKENS_PER_SECOND": "slow=0.001",
+    }
+    with running_web(env) as web_url:
         gateway: RunningGateway = start_gateway(SWITCHYARD_CONTROL_URL=web_url)
         yield {
             "gateway": gateway.base_url,
@@ -91,8 +83,6 @@ def world(
             "bob": sdk_client(gateway.base_url, bob),
             "valkey": valkey_client,
         }
-    finally:
-        web.stop()
 
 
 def test_files_and_batches_round_trip_through_the_gateway(world: dict[str, Any]) -> None:
