@@ -30,6 +30,9 @@ from scheduler.pipelines.base import (
     register,
 )
 
+# The endpoints a line may call (governance/api_files.py checks uploads on /v1/files against
+# the same list; a batch uploaded over S3 was never checked, so each line is held to it here).
+ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 LINES_PER_PART = 100
 CONCURRENT_REQUESTS = 4
 JSONL = "application/jsonl"
@@ -116,6 +119,10 @@ class BatchPipeline:
         }
         url = str(item.get("url") or job.request_endpoint)
         body = item.get("body")
+        if url not in ENDPOINTS:
+            message = f"url must be one of {', '.join(sorted(ENDPOINTS))}"
+            line["error"] = {"code": "invalid_url", "message": message}
+            return line
         if not isinstance(body, dict):
             line["error"] = {"code": "invalid_request", "message": "body must be a JSON object"}
             return line

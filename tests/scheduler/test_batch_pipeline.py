@@ -232,3 +232,27 @@ def test_a_rate_limited_request_makes_the_part_retryable_not_a_line_error(
     with pytest.raises(Retryable):
         pipeline.run_part(job, spec, 0, world["limited"], store)
     assert not storages["files"].exists(f"{job.output_prefix}parts/out-00000.jsonl")
+
+
+def test_a_line_for_another_endpoint_is_an_error_line_and_never_sent(
+    world: dict[str, Any],
+) -> None:
+    """A batch uploaded over S3 was never checked line by line: a line naming a path that is
+    not a batch endpoint (here the files API) is answered as an error, not called."""
+    store = Store()
+    source = f"uploads/acme/assistant/{world['registration'].pk}/requests.jsonl"
+    lines = [{**chat_line("files"), "url": "/v1/files"}, chat_line("ok", max_tokens=2)]
+    store.write(source, jsonl(lines))
+    job = job_for(world["registration"], source)
+    pipeline = PIPELINES["batch"]
+    parts = [
+        pipeline.run_part(job, spec, index, world["gateway"], store)
+        for index, spec in enumerate(pipeline.plan(job, store))
+    ]
+    outputs, counts = pipeline.finish(job, parts, store)
+    assert counts == {"total": 2, "completed": 1, "failed": 1}
+    errors = ApiFile.objects.get(public_id=outputs["error_file_id"])
+    (line,) = [orjson.loads(x) for x in store.read(errors.object_name).splitlines()]
+    assert line["custom_id"] == "files"
+    assert line["response"] is None
+    assert line["error"]["code"] == "invalid_url"
