@@ -371,3 +371,22 @@ def test_a_failed_batch_says_why_and_a_running_one_answers_cancelling(
     answer = world["alice"].post(f"/v1/batches/{cancelled['id']}/cancel").json()
     assert answer["status"] == "cancelling"
     assert world["alice"].get(f"/v1/batches/{cancelled['id']}").json()["status"] == "cancelled"
+
+
+def test_a_file_over_the_size_bound_is_refused_before_it_is_read(
+    world: dict[str, Any], live_valkey_settings: Any
+) -> None:
+    live_valkey_settings.BATCH_MAX_FILE_BYTES = 100
+    big = jsonl([chat_line(str(n), text="x" * 1000) for n in range(80)])  # > 64 KiB framing
+    too_big = upload(world["alice"], big)
+    assert too_big.status_code == 413
+    assert too_big.json()["error"]["code"] == "file_too_large"
+    over = upload(world["alice"], good_input())  # over 100 bytes, within the framing allowance
+    assert over.status_code == 400
+    assert over.json()["error"] == {
+        "message": "The file is larger than 100 bytes.",
+        "type": "invalid_request_error",
+        "param": "file",
+        "code": None,
+    }
+    assert not ApiFile.objects.exists()
