@@ -89,12 +89,18 @@ class ControlProxy:
         headers = [
             (name.decode("latin-1"), value.decode("latin-1"))
             for name, value in scope["headers"]
-            if name not in HOP_BY_HOP and name != b"x-request-id"
+            if name not in HOP_BY_HOP and name not in (b"x-request-id", b"x-forwarded-for")
         ]
         headers.append(("x-request-id", request_id.decode()))
+        # This gateway is one more proxy hop: it appends its peer, as every proxy does, so the
+        # web process's audit sees the client (with the hop counted in TRUSTED_PROXY_HOPS).
         client = scope.get("client")
+        forwarded = header(scope, b"x-forwarded-for")
+        chain = [forwarded.decode("latin-1")] if forwarded else []
         if client:
-            headers.append(("x-forwarded-for", str(client[0])))
+            chain.append(str(client[0]))
+        if chain:
+            headers.append(("x-forwarded-for", ", ".join(chain)))
         url = self.base_url + scope["path"]
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")

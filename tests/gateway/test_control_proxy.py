@@ -71,7 +71,10 @@ def test_files_and_batches_reach_the_web_process_unchanged(
     auth = {"authorization": f"Bearer {key}"}
 
     answer = httpx.post(
-        f"{gateway.base_url}/v1/batches?x=1", content=b'{"a": 1}', headers=auth, timeout=10
+        f"{gateway.base_url}/v1/batches?x=1",
+        content=b'{"a": 1}',
+        headers={**auth, "x-forwarded-for": "203.0.113.9"},
+        timeout=10,
     )
     listed = httpx.get(f"{gateway.base_url}/v1/files/file-1/content", headers=auth, timeout=10)
 
@@ -87,6 +90,8 @@ def test_files_and_batches_reach_the_web_process_unchanged(
     )
     assert first["headers"]["authorization"] == f"Bearer {key}"
     assert first["headers"]["x-request-id"] == answer.headers["x-request-id"]
+    # The gateway is one more hop: it appends the peer it saw.
+    assert first["headers"]["x-forwarded-for"] == "203.0.113.9, 127.0.0.1"
     assert (second["method"], second["path"]) == ("GET", "/v1/files/file-1/content")
     # Only the two prefixes go there; the data path is untouched.
     assert httpx.get(f"{gateway.base_url}/v1/filesystem", headers=auth).status_code == 404
