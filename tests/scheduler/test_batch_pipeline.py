@@ -17,6 +17,7 @@ import orjson
 import pytest
 from django.core.files.base import ContentFile
 from django.core.files.storage import storages
+from rest_framework.test import APIClient
 
 from governance.models import ApiFile, FileRegistration, PriorityClass, SlaClass
 from governance.snapshot import snapshot_publish
@@ -119,6 +120,7 @@ def world(
     )
     gateway = start_gateway()
     return {
+        "secret": secret,
         "gateway": Caller(gateway.base_url, secret),
         "limited": Caller(gateway.base_url, limited_secret),
         "registration": registration,
@@ -198,6 +200,14 @@ def test_lines_run_through_the_gateway_into_openai_output_and_error_files(
     assert refused["response"]["request_id"]
     assert refused["response"]["body"]["error"]["type"] == "invalid_request_error"
     assert output.bytes == len(store.read(output.object_name))
+    # The use case's key downloads both through /v1/files, and lists them.
+    client: Any = APIClient()  # its responses here are streamed (no stubs for that)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world['secret']}")
+    for file in (output, errors):
+        got = client.get(f"/v1/files/{file.public_id}/content")
+        assert b"".join(got.streaming_content) == store.read(file.object_name)
+    listed = client.get("/v1/files", {"purpose": "batch_output"}).json()["data"]
+    assert [f["id"] for f in listed] == [output.public_id]
     # finish run again finds the same files instead of making new ones.
     assert pipeline.finish(job, parts, store) == (outputs, counts)
     assert ApiFile.objects.count() == 2
