@@ -135,3 +135,12 @@ def test_with_the_web_process_down_the_answer_is_a_502_in_openai_shape(
     assert error["code"] == "control_unreachable"
     assert "web process" in error["message"]
     assert answer.headers["retry-after"] == "5"
+
+
+def test_a_gateway_told_of_no_web_process_answers_503(key: str, start_gateway: Any) -> None:
+    gateway = start_gateway(SWITCHYARD_CONTROL_URL="")
+    answer = httpx.post(
+        f"{gateway.base_url}/v1/files", headers={"authorization": f"Bearer {key}"}, timeout=10
+    )
+    assert answer.status_code == 503
+    assert answer.json()["error"]["code"] == "control_not_configured"
