@@ -238,8 +238,8 @@ def apifile_create(
 def _safe_name(filename: str) -> str:
     """The last path segment, without characters an object name should not carry."""
     base = filename.replace("\\", "/").rsplit("/", 1)[-1].strip() or "input.jsonl"
-    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)
-    return cleaned[:200] or "input.jsonl"
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[:200]
+    return cleaned if cleaned.strip(".") else "input.jsonl"  # never "." or ".."
 
 
 def apifiles_of(use_case_id: int) -> QuerySet[ApiFile]:

@@ -390,3 +390,20 @@ def test_a_file_over_the_size_bound_is_refused_before_it_is_read(
         "code": None,
     }
     assert not ApiFile.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("sent", "stored"),
+    [("../../etc/passwd", "passwd"), ("...", "input.jsonl"), ("a b?.jsonl", "a_b_.jsonl")],
+)
+def test_the_object_name_keeps_only_a_safe_last_segment(
+    world: dict[str, Any], sent: str, stored: str
+) -> None:
+    document = SimpleUploadedFile("x", good_input())
+    document.name = sent
+    answer = world["alice"].post(
+        "/v1/files", {"file": document, "purpose": "batch"}, format="multipart"
+    )
+    assert answer.status_code == 200, answer.content
+    row = ApiFile.objects.get()
+    assert row.object_name == f"apifiles/acme/assistant/{row.public_id}/{stored}"
