@@ -240,6 +240,10 @@ FILE_TOKENS_PER_AUDIO_SECOND = env_float("SWITCHYARD_FILE_TOKENS_PER_AUDIO_SECON
 FILE_TOKENS_PER_PAGE = env_float("SWITCHYARD_FILE_TOKENS_PER_PAGE", 800.0)
 FILE_TOKENS_PER_LINE = env_float("SWITCHYARD_FILE_TOKENS_PER_LINE", 600.0)
 FILE_BYTES_PER_TOKEN = env_float("SWITCHYARD_FILE_BYTES_PER_TOKEN", 4.0, minimum=0.1)
+# --- The OpenAI Batch API (/v1/files, /v1/batches; docs/files.md) ---------------------------
+# An input file's largest size (OpenAI's own limit: 200 MB) and request count (OpenAI: 50,000).
+BATCH_MAX_FILE_BYTES = env_int("SWITCHYARD_BATCH_MAX_FILE_BYTES", 200 * 1024 * 1024, minimum=1)
+BATCH_MAX_LINES = env_int("SWITCHYARD_BATCH_MAX_LINES", 50_000, minimum=1)
 # The gateway file jobs call through (their admission, priority and limits are the gateway's):
 # its base URL, and the secret their per-SLA-class keys are derived from (governance/job_keys.py).
 FILE_JOBS_GATEWAY_URL = env_str("SWITCHYARD_FILE_JOBS_GATEWAY_URL", "http://127.0.0.1:8080")
