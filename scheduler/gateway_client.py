@@ -18,7 +18,7 @@ from typing import Any
 
 import requests
 
-from scheduler.pipelines.base import PartFailed, Retryable
+from scheduler.pipelines.base import PartFailed, RequestRefused, Retryable
 
 CONNECT_TIMEOUT = 5.0
 _MAX_MESSAGE = 300
@@ -67,7 +67,16 @@ class GatewayClient:
                 f"{path}: {answer.status_code} {message}",
                 retry_after=retry_after(answer.headers.get("Retry-After")),
             )
-        raise PartFailed(f"{path}: {answer.status_code} {message}")
+        try:
+            body: object = answer.json()
+        except ValueError:
+            body = {"error": {"message": message}}
+        raise RequestRefused(
+            f"{path}: {answer.status_code} {message}",
+            status_code=answer.status_code,
+            body=body,
+            request_id=answer.headers.get("x-request-id", ""),
+        )
 
 
 def retry_after(value: str | None, default: float = 1.0) -> float:

@@ -27,6 +27,7 @@ from scheduler.pipelines.base import (
     ObjectStore,
     PartFailed,
     PartResult,
+    RequestRefused,
     register,
 )
 
@@ -128,19 +129,17 @@ class BatchPipeline:
             return line
         try:
             answer = gateway.post_json(url, body)
+        except RequestRefused as refused:
+            # The gateway refused this request (a guardrail, a 4xx): OpenAI shows it as this
+            # line's response, with the status and the gateway's error body.
+            line["response"] = {
+                "status_code": refused.status_code,
+                "request_id": refused.request_id,
+                "body": refused.body,
+            }
+            return line
         except PartFailed as refused:
-            # The gateway refused this request (a guardrail, a 4xx): this line's error. A
-            # caller that knows the status and the answer's body attaches them.
-            status = getattr(refused, "status_code", None)
-            answer_body = getattr(refused, "body", None)
-            if isinstance(status, int):
-                line["response"] = {
-                    "status_code": status,
-                    "request_id": str(getattr(refused, "request_id", "") or ""),
-                    "body": answer_body if answer_body is not None else {"error": str(refused)},
-                }
-            else:
-                line["error"] = {"code": "request_failed", "message": str(refused)}
+            line["error"] = {"code": "request_failed", "message": str(refused)}
             return line
         line["response"] = {
             "status_code": 200,

@@ -2,73 +2,31 @@
 front of the simulator, with a real key: the output and error files in OpenAI's batch format,
 field by field, and each recorded as an ApiFile of the batch's use case.
 
-The job runner (scheduler/file_jobs.py) is not part of this; ``Caller`` below is the smallest
-GatewayCaller that keeps the protocol (Retryable on 429/503, PartFailed on another 4xx).
+The job runner (scheduler/file_jobs.py) is not part of this: the parts are run here, through
+the runner's own GatewayClient and FilesStore.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
-from django.core.files.base import ContentFile
 from django.core.files.storage import storages
 from rest_framework.test import APIClient
 
 from governance.models import ApiFile, FileRegistration, PriorityClass, SlaClass
 from governance.snapshot import snapshot_publish
+from scheduler.file_objects import FilesStore
+from scheduler.gateway_client import GatewayClient
 from scheduler.pipelines import batch as batch_module
-from scheduler.pipelines.base import PIPELINES, JobContext, PartFailed, Retryable
+from scheduler.pipelines.base import PIPELINES, JobContext, Retryable
 from tests.conftest import GatewayFactory, SimulatorFactory
 from tests.factories import make_key, make_model, make_tenant, make_use_case
 from tests.support.openai_batch import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db
-
-
-class Refused(PartFailed):
-    """A 4xx answer, with what the pipeline writes into the line's response."""
-
-    def __init__(self, status_code: int, body: Any, request_id: str) -> None:
-        super().__init__(f"the gateway answered {status_code}")
-        self.status_code = status_code
-        self.body = body
-        self.request_id = request_id
-
-
-class Caller:
-    def __init__(self, base_url: str, key: str) -> None:
-        self.client = httpx.Client(
-            base_url=base_url, headers={"authorization": f"Bearer {key}"}, timeout=30
-        )
-
-    def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        answer = self.client.post(path, json=dict(body))
-        if answer.status_code in (429, 503):
-            raise Retryable(f"gateway {answer.status_code}")
-        if answer.status_code >= 400:
-            raise Refused(answer.status_code, answer.json(), answer.headers["x-request-id"])
-        return dict(answer.json())
-
-    def post_multipart(
-        self, path: str, fields: Mapping[str, str], file_name: str, content: bytes, mime: str
-    ) -> dict[str, Any]:
-        raise NotImplementedError("the batch pipeline sends JSON only")
-
-
-class Store:
-    """The ObjectStore protocol over STORAGES["files"] (the filesystem backend here)."""
-
-    def read(self, name: str) -> bytes:
-        with storages["files"].open(name, "rb") as stream:
-            return bytes(stream.read())
-
-    def write(self, name: str, content: bytes, content_type: str = "") -> None:
-        storages["files"].save(name, ContentFile(content))
 
 
 @pytest.fixture
@@ -121,8 +79,8 @@ def world(
     gateway = start_gateway()
     return {
         "secret": secret,
-        "gateway": Caller(gateway.base_url, secret),
-        "limited": Caller(gateway.base_url, limited_secret),
+        "gateway": GatewayClient(gateway.base_url, secret),
+        "limited": GatewayClient(gateway.base_url, limited_secret),
         "registration": registration,
         "use_case": use_case,
     }
@@ -145,7 +103,7 @@ def test_lines_run_through_the_gateway_into_openai_output_and_error_files(
     world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(batch_module, "LINES_PER_PART", 2)
-    store = Store()
+    store = FilesStore()
     lines = [chat_line("a", max_tokens=4), chat_line("b", max_tokens=4), chat_line("c")]
     # The gateway refuses this one (no messages): a line's error, not the part's.
     lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions",
@@ -214,7 +172,7 @@ def test_lines_run_through_the_gateway_into_openai_output_and_error_files(
 
 
 def test_a_batch_with_no_failures_has_no_error_file(world: dict[str, Any]) -> None:
-    store = Store()
+    store = FilesStore()
     source = f"uploads/acme/assistant/{world['registration'].pk}/requests.jsonl"
     store.write(source, jsonl([chat_line("only", max_tokens=2)]))
     job = job_for(world["registration"], source)
@@ -231,7 +189,7 @@ def test_a_batch_with_no_failures_has_no_error_file(world: dict[str, Any]) -> No
 def test_a_rate_limited_request_makes_the_part_retryable_not_a_line_error(
     world: dict[str, Any],
 ) -> None:
-    store = Store()
+    store = FilesStore()
     source = f"uploads/acme/assistant/{world['registration'].pk}/requests.jsonl"
     store.write(source, jsonl([chat_line(str(n), max_tokens=2) for n in range(3)]))
     job = job_for(world["registration"], source)
@@ -249,7 +207,7 @@ def test_a_line_for_another_endpoint_is_an_error_line_and_never_sent(
 ) -> None:
     """A batch uploaded over S3 was never checked line by line: a line naming a path that is
     not a batch endpoint (here the files API) is answered as an error, not called."""
-    store = Store()
+    store = FilesStore()
     source = f"uploads/acme/assistant/{world['registration'].pk}/requests.jsonl"
     lines = [{**chat_line("files"), "url": "/v1/files"}, chat_line("ok", max_tokens=2)]
     store.write(source, jsonl(lines))
