@@ -193,3 +193,46 @@ def test_a_large_input_streams_through_the_gateway_from_curl(
     body, _, status = wrong.stdout.rpartition(b"\n")
     assert status == b"401", wrong.stdout + wrong.stderr
     assert orjson.loads(body)["error"]["code"] == "invalid_api_key"
+
+
+def test_a_batch_runs_to_completion_and_its_output_file_is_read_with_the_sdk(
+    world: dict[str, Any], records_store: RecordsStore, settings: Any
+) -> None:
+    """GIVEN a batch created with the SDK, WHEN the file-job machinery runs it (the upload
+    consumer, the dispatcher and the runner, in this process: the code a Celery worker runs),
+    calling the gateway with the SLA class's job key, THEN ``batches.retrieve`` says completed
+    with its counts and ``files.content`` of its output file holds one answer per line, in
+    OpenAI's batch output format."""
+    from tests.scheduler.file_jobs_world import run_in_process
+
+    # This process reads and writes the same bucket as the web process.
+    settings.STORAGES = {**settings.STORAGES, "files": settings.STORAGES["records"]}
+    settings.FILE_JOBS_GATEWAY_URL = world["gateway"]
+    alice = world["alice"]
+    content = jsonl([chat_line(f"req-{n}") for n in range(3)])
+    uploaded = alice.files.create(file=("requests.jsonl", content), purpose="batch")
+    batch = alice.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    for _ in range(5):
+        run_in_process(world["valkey"])
+        if alice.batches.retrieve(batch.id).status == "completed":
+            break
+    done = alice.batches.retrieve(batch.id)
+
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (3, 3)
+    assert done.request_counts.failed == 0
+    assert done.completed_at is not None and done.in_progress_at is not None
+    assert done.output_file_id is not None
+    output = alice.files.retrieve(done.output_file_id)
+    assert output.purpose == "batch_output"
+    lines = [orjson.loads(line) for line in alice.files.content(output.id).read().splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == ["req-0", "req-1", "req-2"]
+    for line in lines:
+        assert line["error"] is None
+        assert line["response"]["status_code"] == 200
+        assert line["response"]["body"]["object"] == "chat.completion"
+        assert line["response"]["body"]["choices"][0]["message"]["content"]
