@@ -225,7 +225,8 @@ def test_a_batch_runs_to_completion_and_its_output_file_is_read_with_the_sdk(
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.completed) == (3, 3)
     assert done.request_counts.failed == 0
-    assert done.completed_at is not None and done.in_progress_at is not None
+    assert done.completed_at is not None
+    assert done.in_progress_at is not None
     assert done.output_file_id is not None
     output = alice.files.retrieve(done.output_file_id)
     assert output.purpose == "batch_output"
