@@ -7,8 +7,9 @@ the promise recorded in the model's Valkey ledger and the event audited; refused
 stored and the caller learns the earliest completion that could have been promised.
 ``file_cancel`` ends a registration and releases its promise.
 
-Uploads, pipelines and the later states are not built yet: they will move the registration
-through the state machine (governance/file_states.py) and release the promise on completion.
+The upload consumer, the job runner and the batch API (scheduler/uploads.py,
+scheduler/file_jobs.py, governance/batches.py) move it on through the state machine
+(governance/file_states.py) and release the promise when it ends.
 """
 
 from __future__ import annotations
