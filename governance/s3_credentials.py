@@ -22,6 +22,11 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote
+
+from botocore.auth import S3SigV4QueryAuth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -32,7 +37,7 @@ from django.utils import timezone
 from governance.audit import Actor, audit_record
 from governance.choices import ApiKeyStatus, UseCaseStatus
 from governance.errors import Conflict
-from governance.models import S3Credential, UseCase
+from governance.models import FileRegistration, S3Credential, UseCase
 from governance.selectors import AnyUser, use_cases_visible
 from governance.services import _key_lifetime_ok, _require_member
 from scheduler.sealing import seal, unseal
@@ -88,6 +93,40 @@ def presign_use_case_id(access_key_id: str) -> int | None:
     if digits == access_key_id or len(digits) != 16 or not digits.isdigit():
         return None
     return int(digits)
+
+
+PRESIGNED_PUT_SECONDS = 3600
+
+
+def virtual_bucket(use_case: UseCase) -> str:
+    """``<tenant slug>-<use case slug>``: slugs are lower-case letters, digits and hyphens,
+    so this is a valid S3 bucket name whenever it is at most 63 characters long."""
+    return f"{use_case.tenant.slug}-{use_case.slug}"
+
+
+def object_key(file: FileRegistration) -> str:
+    return f"{file.pk}/{file.filename}"
+
+
+def presigned_put_url(file: FileRegistration, *, expires: int = PRESIGNED_PUT_SECONDS) -> str:
+    """A URL a browser (or curl) PUTs the file's bytes to, no credential needed, for an hour."""
+    derived = presign_credential(file.use_case_id)
+    base = settings.S3_ENDPOINT_PUBLIC_URL.rstrip("/")
+    key = quote(object_key(file), safe="/-_.~")
+    request = AWSRequest(method="PUT", url=f"{base}/{virtual_bucket(file.use_case)}/{key}")
+    credentials = Credentials(derived.access_key_id, derived.secret)
+    S3SigV4QueryAuth(credentials, "s3", settings.S3_REGION, expires=expires).add_auth(request)
+    return str(request.url)
+
+
+def upload_block(file: FileRegistration) -> dict[str, str]:
+    """Where and how to upload a registered file: the ``upload`` of the registration answer."""
+    return {
+        "endpoint_url": settings.S3_ENDPOINT_PUBLIC_URL,
+        "bucket": virtual_bucket(file.use_case),
+        "key": object_key(file),
+        "presigned_put_url": presigned_put_url(file),
+    }
 
 
 # --- selectors ----------------------------------------------------------------------------

@@ -108,8 +108,9 @@ class S3Endpoint:
         request_id = uuid.uuid4().hex[:16].upper()
         incoming = _incoming(scope)
         cors = self._cors_headers(incoming)
+        body = _TrackedBody(receive)
         try:
-            response = await self._handle(incoming, receive)
+            response = await self._handle(incoming, body.receive)
         except ClientGone:
             return
         except S3Error as error:
@@ -120,20 +121,24 @@ class S3Endpoint:
                 incoming.path,
                 error.code,
             )
-            body = b"" if incoming.method == "HEAD" else error_xml(
+            xml = b"" if incoming.method == "HEAD" else error_xml(
                 error, resource=unquote(incoming.path), request_id=request_id
             )
-            response = Response(error.status, [("content-type", "application/xml")], body)
+            response = Response(error.status, [("content-type", "application/xml")], xml)
         except Exception:
             logger.exception("s3_failed request_id=%s", request_id)
             error = S3Error("InternalError", "We encountered an internal error. Please try again.")
-            body = error_xml(error, resource=unquote(incoming.path), request_id=request_id)
-            response = Response(500, [("content-type", "application/xml")], body)
+            xml = error_xml(error, resource=unquote(incoming.path), request_id=request_id)
+            response = Response(500, [("content-type", "application/xml")], xml)
         headers = [
             *response.headers,
             *cors,
             ("x-amz-request-id", request_id),
         ]
+        if not await body.drain():
+            # A refusal before the body was read: the rest of a large body would be taken for
+            # the next request on this connection, so end the connection instead.
+            headers.append(("connection", "close"))
         if not any(name == "content-length" for name, _ in response.headers):
             headers.append(("content-length", str(len(response.body))))
         await send(
@@ -228,6 +233,29 @@ class S3Endpoint:
         if method == "GET" and not (params.keys() - {"prefix", "max-keys", "delimiter"}):
             raise S3Error("NotImplemented", "Use ListObjectsV2 (list-type=2).")
         raise S3Error("NotImplemented", f"This {method} on a bucket is not supported.")
+
+
+class _TrackedBody:
+    """The request body's receive, noting whether the whole body has been read."""
+
+    DRAIN_LIMIT = 8 * 1024 * 1024
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.finished = False
+
+    async def receive(self) -> dict[str, Any]:
+        message = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.finished = True
+        return message
+
+    async def drain(self) -> bool:
+        """Read and drop what is left, up to a limit; whether the body is now all read."""
+        drained = 0
+        while not self.finished and drained <= self.DRAIN_LIMIT:
+            drained += len((await self.receive()).get("body", b""))
+        return self.finished
 
 
 def _incoming(scope: Scope) -> sigv4.Incoming:

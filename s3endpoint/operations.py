@@ -8,6 +8,7 @@ an object's bytes, deletes and copies are refused (the endpoint is a door in, no
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -85,6 +86,10 @@ class Operations:
             )
             await self.upstream.ok(response)
         except BaseException:
+            # Some stores (SeaweedFS) keep what arrived before the connection dropped: the
+            # marker is ours, so no one else's upload is at this name to delete by mistake.
+            with contextlib.suppress(S3Error):
+                await self.upstream.call("DELETE", target.object_name)
             await self.markers.release(target.registration_id, PUT)
             raise
         etag = response.headers.get("etag", "")

@@ -146,14 +146,18 @@ def s3_world(settings: Any, valkey_url: str, valkey_client: Any, s3_endpoint: En
     settings.S3_ENDPOINT_PUBLIC_URL = s3_endpoint.url
     acme, globex = make_tenant("acme"), make_tenant("globex")
     whisper = make_model("whisper", capabilities=["transcription"])
-    transcribe = make_use_case(acme, "transcribe", models=(whisper,))
-    other = make_use_case(globex, "other", models=(whisper,))
+    # Slugs of their own: the files bucket is shared by the module's tests.
+    unique = uuid.uuid4().hex[:6]
+    transcribe = make_use_case(acme, f"transcribe-{unique}", models=(whisper,))
+    other = make_use_case(globex, f"other-{unique}", models=(whisper,))
     alice = make_user("alice", Role.DEVELOPER, tenants=(acme,))
     sla = SlaClass.objects.create(
         use_case=transcribe,
         name="hourly",
         turnaround_seconds=3600,
-        priority_class=PriorityClass.objects.get(name="batch"),
+        priority_class=PriorityClass.objects.get_or_create(
+            name="batch", defaults={"rank": 3, "vllm_priority": 100}
+        )[0],
         kinds=["audio"],
         max_file_bytes=64 * 1024 * 1024,
     )
@@ -166,6 +170,6 @@ def s3_world(settings: Any, valkey_url: str, valkey_client: Any, s3_endpoint: En
         other=other,
         access_key_id=credential.access_key_id,
         secret=secret,
-        bucket="acme-transcribe",
+        bucket=f"acme-transcribe-{unique}",
         sla=sla,
     )
