@@ -204,10 +204,20 @@ class S3Endpoint:
         if method == "PUT":
             check = _body_check(incoming, auth, chain)
             if upload_id is not None:
-                return await operations.upload_part(
+                response = await operations.upload_part(
                     principal, key, upload_id, incoming, receive, check
                 )
-            return await operations.put_object(principal, key, incoming, receive, check)
+            else:
+                response = await operations.put_object(principal, key, incoming, receive, check)
+            logger.info(
+                "s3_stored access_key=%s key=%s bytes=%d mode=%s trailer=%s",
+                principal.access_key_id,
+                key,
+                check.length,
+                check.mode if check.mode in (UNSIGNED, *STREAMING_MODES) else "sha256",
+                check.declared_trailer or "-",
+            )
+            return response
         if method == "POST" and "uploads" in params:
             return await operations.create_multipart(principal, key, incoming)
         if method == "POST" and upload_id is not None:

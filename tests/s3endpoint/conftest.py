@@ -173,3 +173,84 @@ def s3_world(settings: Any, valkey_url: str, valkey_client: Any, s3_endpoint: En
         bucket=f"acme-transcribe-{unique}",
         sla=sla,
     )
+
+
+def _self_signed(directory: Any) -> tuple[str, str]:
+    """A certificate for 127.0.0.1, so boto3 talks TLS to the endpoint as it would in
+    production (and then sends its default aws-chunked bodies with checksum trailers)."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_path), str(key_path)
+
+
+@dataclass(frozen=True)
+class TlsEndpoint:
+    url: str
+    ca_bundle: str
+    process: ManagedProcess
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint_tls(
+    s3_endpoint: Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TlsEndpoint]:
+    """A second endpoint process, the same in every way but TLS."""
+    import ssl
+    import urllib.request
+
+    cert, key = _self_signed(tmp_path_factory.mktemp("tls"))
+    port = free_port()
+    process = ManagedProcess(
+        "s3endpoint-tls",
+        [*s3_endpoint_command("127.0.0.1", port), "--ssl-certfile", cert, "--ssl-keyfile", key],
+        env=s3_endpoint.process.env,
+    )
+    context = ssl.create_default_context(cafile=cert)
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(  # noqa: S310 - loopback
+                f"https://127.0.0.1:{port}/healthz", timeout=1, context=context
+            ) as answer:
+                return int(answer.status) == 200
+        except OSError:
+            return False
+
+    process.start(ready, timeout=30)
+    try:
+        yield TlsEndpoint(f"https://127.0.0.1:{port}", cert, process)
+    finally:
+        process.stop()
