@@ -260,7 +260,9 @@ S3_PRESIGN_SECRET = env_str("SWITCHYARD_S3_PRESIGN_SECRET", "")
 # How long the endpoint trusts a credential it looked up: a revocation takes this long at most.
 S3_CREDENTIAL_CACHE_SECONDS = env_float("SWITCHYARD_S3_CREDENTIAL_CACHE_SECONDS", 10.0, minimum=0)
 # Browser origins allowed to PUT to presigned URLs (CORS); the portal's own by default.
-S3_ENDPOINT_CORS_ORIGINS = env_list("SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS", ["http://127.0.0.1:8000"])
+S3_ENDPOINT_CORS_ORIGINS = env_list(
+    "SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS", ["http://127.0.0.1:8000"]
+)
 # --- end of the S3 endpoint's settings ---
 
 # --- Valkey: policy snapshot, limits, queues, streams, Celery broker, Channels layer ---------

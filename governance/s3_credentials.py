@@ -4,8 +4,8 @@ Issued, rotated and revoked under the rules of API keys (governance/services.py)
 the use case's tenant and officers, for approved use cases only, every step audited
 (``s3credential.issue/rotate/revoke``). Unlike an API key the secret cannot be stored hashed:
 verifying AWS Signature V4 (s3endpoint/sigv4.py) needs the secret itself, so it is sealed with
-the records keys (scheduler/sealing.py, kept base64 in a text column) and returned in plain exactly once, in the response
-that issued it.
+the records keys (scheduler/sealing.py, kept base64 in a text column) and returned in plain
+exactly once, in the response that issued it.
 
 Browsers upload through presigned URLs signed with a *derived* per-use-case credential
 (``presign_credential``): never stored, only valid for a presigned PUT of a registered file, so
@@ -27,7 +27,6 @@ from urllib.parse import quote
 from botocore.auth import S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -38,7 +37,8 @@ from governance.audit import Actor, audit_record
 from governance.choices import ApiKeyStatus, UseCaseStatus
 from governance.errors import Conflict
 from governance.models import FileRegistration, S3Credential, UseCase
-from governance.selectors import AnyUser, use_cases_visible
+from governance.roles import AnyUser
+from governance.selectors import use_cases_visible
 from governance.services import _key_lifetime_ok, _require_member
 from scheduler.sealing import seal, unseal
 
@@ -225,7 +225,9 @@ def s3_credential_rotate(
 
 
 @transaction.atomic
-def s3_credential_revoke(*, actor: Actor, credential: S3Credential, reason: str = "") -> S3Credential:
+def s3_credential_revoke(
+    *, actor: Actor, credential: S3Credential, reason: str = ""
+) -> S3Credential:
     _require_member(actor, credential.use_case.tenant)
     revoked = S3Credential.objects.filter(pk=credential.pk, status=ApiKeyStatus.ACTIVE).update(
         status=ApiKeyStatus.REVOKED, revoked_at=timezone.now()

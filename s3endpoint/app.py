@@ -121,14 +121,16 @@ class S3Endpoint:
                 incoming.path,
                 error.code,
             )
-            xml = b"" if incoming.method == "HEAD" else error_xml(
-                error, resource=unquote(incoming.path), request_id=request_id
+            xml = (
+                b""
+                if incoming.method == "HEAD"
+                else error_xml(error, resource=unquote(incoming.path), request_id=request_id)
             )
             response = Response(error.status, [("content-type", "application/xml")], xml)
         except Exception:
             logger.exception("s3_failed request_id=%s", request_id)
-            error = S3Error("InternalError", "We encountered an internal error. Please try again.")
-            xml = error_xml(error, resource=unquote(incoming.path), request_id=request_id)
+            internal = S3Error("InternalError", "We encountered an internal error. Try again.")
+            xml = error_xml(internal, resource=unquote(incoming.path), request_id=request_id)
             response = Response(500, [("content-type", "application/xml")], xml)
         headers = [
             *response.headers,

@@ -28,7 +28,8 @@ logging.basicConfig(
 def config_from_settings() -> EndpointConfig:
     return EndpointConfig(
         upstream=UpstreamSettings(
-            endpoint_url=settings.S3_ENDPOINT_URL or f"https://s3.{settings.S3_REGION}.amazonaws.com",
+            endpoint_url=settings.S3_ENDPOINT_URL
+            or f"https://s3.{settings.S3_REGION}.amazonaws.com",
             bucket=settings.FILES_BUCKET,
             access_key_id=settings.S3_ACCESS_KEY_ID,
             secret_access_key=settings.S3_SECRET_ACCESS_KEY,

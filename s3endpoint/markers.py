@@ -52,7 +52,7 @@ class Markers:
     async def other_parts_total(self, registration_id: int, part: int) -> int:
         """The bytes of a multipart upload's parts other than ``part`` (a re-sent part
         replaces its earlier self)."""
-        sizes: dict[Any, Any] = await self.client.hgetall(parts_key(registration_id))
+        sizes: dict[Any, Any] = await self.client.hgetall(parts_key(registration_id))  # type: ignore[misc]
         return sum(int(size) for number, size in sizes.items() if int(number) != part)
 
     async def record_part(self, registration_id: int, part: int, size: int) -> None:
@@ -67,5 +67,5 @@ class Markers:
         pipe = self.client.pipeline(transaction=True)
         pipe.set(marker_key(registration_id), DONE, ex=DONE_TTL)
         pipe.delete(parts_key(registration_id))
-        pipe.xadd(UPLOADS_STREAM, event.fields(), maxlen=UPLOADS_MAXLEN, approximate=True)  # type: ignore[arg-type]
+        pipe.xadd(UPLOADS_STREAM, event.fields(), maxlen=UPLOADS_MAXLEN, approximate=True)
         await pipe.execute()

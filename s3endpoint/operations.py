@@ -22,7 +22,7 @@ from s3endpoint.payload import BodyCheck, Receive, decoded_body, hold_back_last
 from s3endpoint.principals import Principal
 from s3endpoint.registrations import Target
 from s3endpoint.sigv4 import Incoming
-from s3endpoint.upstream import Upstream, xml_all, xml_text
+from s3endpoint.upstream import Upstream, store_xml, xml_all, xml_text
 from scheduler.upload_events import UploadEvent
 
 MAX_PARTS = 10_000
@@ -109,7 +109,7 @@ class Operations:
                     "POST", target.object_name, query={"uploads": ""}, headers=_passed(incoming)
                 )
             )
-            upload_id = xml_text(ElementTree.fromstring(response.content), "UploadId")
+            upload_id = xml_text(store_xml(response.content), "UploadId")
             if not upload_id:
                 raise S3Error("InternalError", "The backing store gave no upload id.")
         except BaseException:
@@ -172,7 +172,7 @@ class Operations:
                 "POST", target.object_name, query={"uploadId": upload_id}, body=body
             )
         )
-        etag = xml_text(ElementTree.fromstring(response.content), "ETag")
+        etag = xml_text(store_xml(response.content), "ETag")
         head = await self.upstream.ok(await self.upstream.call("HEAD", target.object_name))
         size = int(head.headers.get("content-length", "0"))
         if size > target.max_bytes:
@@ -210,7 +210,7 @@ class Operations:
         response = await self.upstream.ok(
             await self.upstream.call("GET", target.object_name, query=query)
         )
-        root = ElementTree.fromstring(response.content)
+        root = store_xml(response.content)
         parts = "".join(
             "<Part>"
             + _el("PartNumber", xml_text(part, "PartNumber"))
@@ -280,18 +280,24 @@ class Operations:
         max_keys = params.get("max-keys", "1000")
         if not max_keys.isdigit():
             raise S3Error("InvalidArgument", "max-keys must be a number.")
-        query = {"list-type": "2", "prefix": base + prefix, "max-keys": str(min(int(max_keys), 1000))}
+        query = {
+            "list-type": "2",
+            "prefix": base + prefix,
+            "max-keys": str(min(int(max_keys), 1000)),
+        }
         for name in ("delimiter", "continuation-token"):
             if params.get(name):
                 query[name] = params[name]
         if params.get("start-after"):
             query["start-after"] = base + params["start-after"]
         response = await self.upstream.ok(await self.upstream.call("GET", None, query=query))
-        root = ElementTree.fromstring(response.content)
+        root = store_xml(response.content)
         contents = _contents(xml_all(root, "Contents"), base)
         prefixes = "".join(
-            f"<CommonPrefixes>{_el('Prefix', xml_text(p, 'Prefix').removeprefix(base))}</CommonPrefixes>"
-            for p in xml_all(root, "CommonPrefixes")
+            "<CommonPrefixes>"
+            + _el("Prefix", xml_text(item, "Prefix").removeprefix(base))
+            + "</CommonPrefixes>"
+            for item in xml_all(root, "CommonPrefixes")
         )
         count = len(xml_all(root, "Contents")) + len(xml_all(root, "CommonPrefixes"))
         token = xml_text(root, "NextContinuationToken")

@@ -144,7 +144,8 @@ class AwsChunkedDecoder:
 
     def _end_chunk(self) -> None:
         if self.chain is not None:
-            assert self._signature is not None and self._chunk_hash is not None
+            assert self._signature is not None
+            assert self._chunk_hash is not None
             self.chain.verify(self._chunk_hash.hexdigest(), self._signature)
         self._remaining = -1
 

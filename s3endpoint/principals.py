@@ -55,7 +55,9 @@ def _principal(access_key_id: str) -> Principal | None:
         if use_case is None:
             return None
         derived = presign_credential(use_case_id)
-        refusal = "" if use_case.status == UseCaseStatus.APPROVED else "The use case is not approved."
+        refusal = (
+            "" if use_case.status == UseCaseStatus.APPROVED else "The use case is not approved."
+        )
         return Principal(
             access_key_id=access_key_id,
             secret=derived.secret,

@@ -16,7 +16,7 @@ from django.db.models import Q
 from governance.choices import FileState
 from governance.models import FileRegistration, UseCase
 from s3endpoint.errors import S3Error
-from s3endpoint.principals import Principal, virtual_bucket
+from s3endpoint.principals import Principal
 from scheduler.upload_events import upload_object_name
 
 # A declared size is often rounded ("about 40 MB"): allow 1 % over it, and at least 64 KiB.
@@ -64,7 +64,8 @@ def _target(principal: Principal, key: str, *, for_upload: bool) -> Target:
     )
     if file is None or file.filename != filename:
         raise S3Error(
-            "AccessDenied", f"No registration {registration_id} of this use case is named {filename!r}."
+            "AccessDenied",
+            f"No registration {registration_id} of this use case is named {filename!r}.",
         )
     if for_upload and file.state != FileState.REGISTERED:
         raise S3Error(

@@ -94,7 +94,9 @@ class World:
     bucket: str
     sla: SlaClass
 
-    def client(self, access_key_id: str | None = None, secret: str | None = None, **config: Any) -> Any:
+    def client(
+        self, access_key_id: str | None = None, secret: str | None = None, **config: Any
+    ) -> Any:
         """boto3 with its installed defaults (checksums, payload modes), path-style."""
         return boto3.client(
             "s3",
@@ -106,7 +108,10 @@ class World:
         )
 
     def register(
-        self, filename: str = "call.wav", declared_bytes: int = 1000, use_case: UseCase | None = None
+        self,
+        filename: str = "call.wav",
+        declared_bytes: int = 1000,
+        use_case: UseCase | None = None,
     ) -> FileRegistration:
         use_case = use_case or self.use_case
         return FileRegistration.objects.create(
@@ -114,7 +119,7 @@ class World:
             registered_by="alice",
             kind="audio",
             filename=filename,
-            model=use_case.allowed_models.first(),
+            model=use_case.allowed_models.get(),
             declared_bytes=declared_bytes,
             declared_seconds=10.0,
             sla_class=self.sla if use_case == self.use_case else None,
@@ -129,9 +134,9 @@ class World:
         )
         try:
             return bytes(
-                self.endpoint.store().get_object(Bucket=self.endpoint.files_bucket, Key=name)[
-                    "Body"
-                ].read()
+                self.endpoint.store()
+                .get_object(Bucket=self.endpoint.files_bucket, Key=name)["Body"]
+                .read()
             )
         except self.endpoint.store().exceptions.NoSuchKey:
             return None
@@ -242,7 +247,7 @@ def s3_endpoint_tls(
 
     def ready() -> bool:
         try:
-            with urllib.request.urlopen(  # noqa: S310 - loopback
+            with urllib.request.urlopen(
                 f"https://127.0.0.1:{port}/healthz", timeout=1, context=context
             ) as answer:
                 return int(answer.status) == 200

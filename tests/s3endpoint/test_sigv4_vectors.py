@@ -10,6 +10,7 @@ THEN every signature matches, the payload comes out whole, and one changed byte 
 from __future__ import annotations
 
 import io
+import itertools
 from datetime import UTC, datetime
 
 import pytest
@@ -84,7 +85,7 @@ def test_awss_signed_chunks_decode_whole_however_the_body_is_split(cuts: list[in
     decoder = AwsChunkedDecoder(chain=chain)
     out = bytearray()
     edges = [0, *sorted(cuts), len(body)]
-    for start, end in zip(edges, edges[1:], strict=False):
+    for start, end in itertools.pairwise(edges):
         for piece in decoder.feed(body[start:end]):
             out += piece
     decoder.finish()
@@ -110,13 +111,15 @@ def test_the_decoder_reads_what_botocores_aws_chunked_encoder_writes(
     payload: bytes, chunk: int, cuts: list[int]
 ) -> None:
     encoded = AwsChunkedWrapper(
-        io.BytesIO(payload), checksum_cls=Crc32Checksum, checksum_name="x-amz-checksum-crc32",
+        io.BytesIO(payload),
+        checksum_cls=Crc32Checksum,
+        checksum_name="x-amz-checksum-crc32",
         chunk_size=chunk,
     ).read()
     decoder = AwsChunkedDecoder()
     out = bytearray()
     edges = [0, *sorted(c for c in cuts if c <= len(encoded)), len(encoded)]
-    for start, end in zip(edges, edges[1:], strict=False):
+    for start, end in itertools.pairwise(edges):
         for piece in decoder.feed(encoded[start:end]):
             out += piece
     decoder.finish()

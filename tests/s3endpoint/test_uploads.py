@@ -50,7 +50,9 @@ def test_put_object_stores_the_bytes_and_announces_the_upload(
 
 def test_a_forged_signature_is_refused_and_nothing_is_stored(s3_world: World) -> None:
     registration = s3_world.register()
-    forger = s3_world.client(secret=s3_world.secret[:-1] + ("A" if s3_world.secret[-1] != "A" else "B"))
+    forger = s3_world.client(
+        secret=s3_world.secret[:-1] + ("A" if s3_world.secret[-1] != "A" else "B")
+    )
     with pytest.raises(ClientError) as refused:
         forger.put_object(Bucket=s3_world.bucket, Key=f"{registration.pk}/call.wav", Body=b"x")
     assert error_code(refused) == "SignatureDoesNotMatch"
@@ -117,7 +119,9 @@ def test_multipart_upload_file_stores_every_part_in_order(
         str(source),
         s3_world.bucket,
         f"{registration.pk}/meeting.wav",
-        Config=TransferConfig(multipart_threshold=5 * 1024 * 1024, multipart_chunksize=5 * 1024 * 1024),
+        Config=TransferConfig(
+            multipart_threshold=5 * 1024 * 1024, multipart_chunksize=5 * 1024 * 1024
+        ),
     )
     assert s3_world.stored(registration) == body
     [event] = events(valkey_client)
@@ -167,7 +171,9 @@ def test_an_upload_with_no_matching_registration_is_refused_and_nothing_is_writt
             client.put_object(Bucket=s3_world.bucket, Key=key, Body=b"x")
         assert error_code(refused) == "AccessDenied"
     with pytest.raises(ClientError) as refused:
-        client.put_object(Bucket=f"globex-{s3_world.other.slug}", Key=f"{elsewhere.pk}/theirs.wav", Body=b"x")
+        client.put_object(
+            Bucket=f"globex-{s3_world.other.slug}", Key=f"{elsewhere.pk}/theirs.wav", Body=b"x"
+        )
     assert error_code(refused) == "AccessDenied"
     with pytest.raises(ClientError) as refused:
         client.put_object(Bucket="nobody-here", Key=f"{registration.pk}/call.wav", Body=b"x")
@@ -252,7 +258,10 @@ def test_cors_preflight_answers_the_portals_origin_only(s3_world: World) -> None
     import requests
 
     url = f"{s3_world.endpoint.url}/{s3_world.bucket}/1/call.wav"
-    headers = {"Access-Control-Request-Method": "PUT", "Access-Control-Request-Headers": "content-type"}
+    headers = {
+        "Access-Control-Request-Method": "PUT",
+        "Access-Control-Request-Headers": "content-type",
+    }
     allowed = requests.options(url, headers={**headers, "Origin": "http://portal.test"}, timeout=10)
     assert allowed.status_code == 200
     assert allowed.headers["access-control-allow-origin"] == "http://portal.test"
