@@ -269,3 +269,81 @@ def test_cors_preflight_answers_the_portals_origin_only(s3_world: World) -> None
     other = requests.options(url, headers={**headers, "Origin": "http://evil.test"}, timeout=10)
     assert other.status_code == 403
     assert "access-control-allow-origin" not in other.headers
+
+
+def chunk_signed_put(world: World, key: str, body: bytes, *, spoil_chunk: int = -1) -> Any:
+    """A PUT with a STREAMING-AWS4-HMAC-SHA256-PAYLOAD body, as the Java and Go SDKs send it:
+    the seed signature from botocore's signer, each chunk's signature computed here from AWS's
+    description (an independent reference for the endpoint's chain)."""
+    import hmac
+
+    import requests
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    class StreamingSigner(S3SigV4Auth):
+        def payload(self, request: Any) -> str:
+            return "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
+
+    size = 64 * 1024
+    chunks = [body[i : i + size] for i in range(0, len(body), size)] + [b""]
+    encoded_length = sum(len(f"{len(c):x};chunk-signature=") + 64 + 2 + len(c) + 2 for c in chunks)
+    url = f"{world.endpoint.url}/{world.bucket}/{key}"
+    request = AWSRequest(
+        method="PUT",
+        url=url,
+        headers={
+            "Content-Encoding": "aws-chunked",
+            "x-amz-decoded-content-length": str(len(body)),
+            "Content-Length": str(encoded_length),
+        },
+    )
+    StreamingSigner(Credentials(world.access_key_id, world.secret), "s3", "us-east-1").add_auth(
+        request
+    )
+    timestamp = request.context["timestamp"]
+    previous = str(request.headers["Authorization"]).rsplit("Signature=", 1)[1]
+    key_material = f"AWS4{world.secret}".encode()
+    for part in (timestamp[:8], "us-east-1", "s3", "aws4_request"):
+        key_material = hmac.new(key_material, part.encode(), hashlib.sha256).digest()
+    scope = f"{timestamp[:8]}/us-east-1/s3/aws4_request"
+    encoded = bytearray()
+    for number, chunk in enumerate(chunks):
+        string_to_sign = "\n".join(
+            (
+                "AWS4-HMAC-SHA256-PAYLOAD",
+                timestamp,
+                scope,
+                previous,
+                hashlib.sha256(b"").hexdigest(),
+                hashlib.sha256(chunk).hexdigest(),
+            )
+        )
+        previous = hmac.new(key_material, string_to_sign.encode(), hashlib.sha256).hexdigest()
+        signature = previous if number != spoil_chunk else "0" * 64
+        encoded += f"{len(chunk):x};chunk-signature={signature}\r\n".encode() + chunk + b"\r\n"
+    assert len(encoded) == encoded_length
+    return requests.put(url, data=bytes(encoded), headers=dict(request.headers), timeout=30)
+
+
+def test_a_chunk_signed_body_is_checked_chunk_by_chunk(s3_world: World, valkey_client: Any) -> None:
+    body = os.urandom(150_000)  # three chunks of data and the final empty one
+    registration = s3_world.register("call.wav", declared_bytes=len(body))
+    answer = chunk_signed_put(s3_world, f"{registration.pk}/call.wav", body)
+    assert answer.status_code == 200, answer.text
+    assert s3_world.stored(registration) == body
+    [event] = events(valkey_client)
+    assert event.sha256 == hashlib.sha256(body).hexdigest()
+
+
+def test_a_chunk_with_a_wrong_signature_fails_the_upload_and_nothing_is_stored(
+    s3_world: World, valkey_client: Any
+) -> None:
+    body = os.urandom(150_000)
+    registration = s3_world.register("call.wav", declared_bytes=len(body))
+    answer = chunk_signed_put(s3_world, f"{registration.pk}/call.wav", body, spoil_chunk=1)
+    assert answer.status_code == 403
+    assert "<Code>SignatureDoesNotMatch</Code>" in answer.text
+    assert s3_world.stored(registration) is None
+    assert events(valkey_client) == []
