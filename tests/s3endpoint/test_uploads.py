@@ -282,7 +282,7 @@ def chunk_signed_put(world: World, key: str, body: bytes, *, spoil_chunk: int = 
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    class StreamingSigner(S3SigV4Auth):
+    class StreamingSigner(S3SigV4Auth):  # type: ignore[misc]
         def payload(self, request: Any) -> str:
             return "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 
