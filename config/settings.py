@@ -324,6 +324,8 @@ SPECTACULAR_SETTINGS = {
         "GuardrailModeEnum": "governance.choices.GuardrailAction",
         "GuardrailFindingActionEnum": "scheduler.models.GuardrailFinding.Action",
         "FileKindEnum": "governance.choices.FileKind",
+        # API keys and S3 credentials share their statuses.
+        "ApiKeyStatusEnum": "governance.choices.ApiKeyStatus",
     },
 }
 
