@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -89,29 +89,38 @@ def _issued(credential: S3Credential, secret: str, code: int) -> Response:
     return response
 
 
+USE_CASE_ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The use case's id")
+
+
 class UseCaseS3CredentialsView(APIView):
     """``/api/use-cases/<id>/s3-credentials/``: a use case's credentials, and issuing one."""
 
     permission_classes = (HasSwitchyardRole,)
 
-    def _use_case(self, request: Request, pk: int) -> Any:
-        found = use_cases_visible(request.user).filter(pk=pk).first()
+    def _use_case(self, request: Request, pk: str) -> Any:
+        # Any segment reaches here (as with the router's routes), so a JSON 404 answers it.
+        found = use_cases_visible(request.user).filter(pk=int(pk)).first() if pk.isdigit() else None
         if found is None:
             raise exceptions.NotFound("No such use case.")
         return found
 
-    @extend_schema(responses=S3CredentialSerializer(many=True), summary="A use case's credentials")
-    def get(self, request: Request, pk: int) -> Response:
+    @extend_schema(
+        parameters=[USE_CASE_ID],
+        responses=S3CredentialSerializer(many=True),
+        summary="A use case's credentials",
+    )
+    def get(self, request: Request, pk: str) -> Response:
         use_case = self._use_case(request, pk)
         credentials = s3_credentials_visible(request.user).filter(use_case=use_case)
         return Response(S3CredentialSerializer(credentials, many=True).data)
 
     @extend_schema(
+        parameters=[USE_CASE_ID],
         request=S3CredentialIssueSerializer,
         responses={201: IssuedS3CredentialSerializer},
         summary="Issue an S3 credential; the secret is in this answer only",
     )
-    def post(self, request: Request, pk: int) -> Response:
+    def post(self, request: Request, pk: str) -> Response:
         body = S3CredentialIssueSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         credential, secret = s3_credential_issue(

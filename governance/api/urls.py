@@ -1,5 +1,5 @@
 from csp.decorators import csp_update
-from django.urls import path
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
@@ -45,8 +45,8 @@ urlpatterns = [
         ),
         name="api-docs",
     ),
-    path(
-        "use-cases/<int:pk>/s3-credentials/",
+    re_path(
+        r"^use-cases/(?P<pk>[^/.]+)/s3-credentials/$",
         s3_credentials.UseCaseS3CredentialsView.as_view(),
         name="usecase-s3-credentials",
     ),
