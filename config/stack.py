@@ -175,6 +175,8 @@ class Stack:
             "SWITCHYARD_S3_ENDPOINT_PUBLIC_URL": (
                 f"http://{config.host}:{config.s3_endpoint_port}"
             ),
+            # The portal's pages upload to presigned URLs from the browser (CORS).
+            "SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS": f"http://{config.host}:{config.web_port}",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "PYTHONUNBUFFERED": "1",
         }

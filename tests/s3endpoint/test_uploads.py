@@ -347,3 +347,35 @@ def test_a_chunk_with_a_wrong_signature_fails_the_upload_and_nothing_is_stored(
     assert "<Code>SignatureDoesNotMatch</Code>" in answer.text
     assert s3_world.stored(registration) is None
     assert events(valkey_client) == []
+
+
+def test_a_multipart_upload_growing_past_the_declared_size_is_refused_and_aborted(
+    s3_world: World, valkey_client: Any, tmp_path: Any
+) -> None:
+    from boto3.exceptions import S3UploadFailedError
+    from boto3.s3.transfer import TransferConfig
+
+    body = os.urandom(11 * 1024 * 1024)
+    source = tmp_path / "long.wav"
+    source.write_bytes(body)
+    registration = s3_world.register("long.wav", declared_bytes=6 * 1024 * 1024)
+    with pytest.raises(S3UploadFailedError) as refused:
+        s3_world.client().upload_file(
+            str(source),
+            s3_world.bucket,
+            f"{registration.pk}/long.wav",
+            Config=TransferConfig(
+                multipart_threshold=5 * 1024 * 1024,
+                multipart_chunksize=5 * 1024 * 1024,
+                max_concurrency=1,
+            ),
+        )
+    assert "EntityTooLarge" in str(refused.value)
+    assert s3_world.stored(registration) is None
+    assert events(valkey_client) == []
+    # boto3 aborted the upload: the registration is free for a file of the declared size.
+    smaller = os.urandom(6 * 1024 * 1024)
+    s3_world.client().put_object(
+        Bucket=s3_world.bucket, Key=f"{registration.pk}/long.wav", Body=smaller
+    )
+    assert s3_world.stored(registration) == smaller
