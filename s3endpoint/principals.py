@@ -1,6 +1,7 @@
 """Who signed: the credential behind an access key id, looked up through a small TTL cache.
 
-The ORM runs in asgiref's worker thread (``sync_to_async``), never on the event loop. A found
+The ORM runs in asgiref's worker thread (Channels' ``database_sync_to_async``: asgiref's
+``sync_to_async`` that also drops stale database connections), never on the event loop. A found
 credential is trusted for ``S3_CREDENTIAL_CACHE_SECONDS``: a revocation takes effect within
 that time. Unknown ids are not cached, so a pair issued a moment ago works at once.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from governance.choices import ApiKeyStatus, UseCaseStatus
@@ -103,7 +104,7 @@ class PrincipalCache:
         if cached is not None and now - cached[0] < self.ttl:
             principal = cached[1]
         else:
-            found = await sync_to_async(_principal)(access_key_id)
+            found: Principal | None = await database_sync_to_async(_principal)(access_key_id)
             if found is None:
                 self._entries.pop(access_key_id, None)
                 raise S3Error(
@@ -133,7 +134,7 @@ class UsageRecorder:
         if not self._seen:
             return
         ids, self._seen = self._seen, set()
-        await sync_to_async(_touch)(ids)
+        await database_sync_to_async(_touch)(ids)
 
 
 def _touch(ids: set[int]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.db.models import Q
 
 from governance.choices import FileState
@@ -86,7 +86,8 @@ def _target(principal: Principal, key: str, *, for_upload: bool) -> Target:
 
 
 async def target(principal: Principal, key: str, *, for_upload: bool = True) -> Target:
-    return await sync_to_async(_target)(principal, key, for_upload=for_upload)
+    found: Target = await database_sync_to_async(_target)(principal, key, for_upload=for_upload)
+    return found
 
 
 def _bucket_exists(name: str) -> bool:
@@ -104,6 +105,6 @@ async def check_bucket(principal: Principal, bucket: str) -> None:
     """The credential's own bucket only: another's is AccessDenied, none at all NoSuchBucket."""
     if bucket == principal.bucket:
         return
-    if await sync_to_async(_bucket_exists)(bucket):
+    if await database_sync_to_async(_bucket_exists)(bucket):
         raise S3Error("AccessDenied", "This bucket belongs to another use case.")
     raise S3Error("NoSuchBucket", "The specified bucket does not exist")
