@@ -206,6 +206,9 @@ def _rebuilt(incoming: Incoming, auth: Authorization) -> AWSRequest:
             headers[name] = value  # HTTPHeaders appends: repeated headers stay repeated
     if "host" not in auth.signed_headers:
         raise S3Error("AccessDenied", "The Host header must be signed.")
+    if not auth.presigned and "x-amz-content-sha256" not in auth.signed_headers:
+        # Unsigned, the payload mode could be swapped for UNSIGNED-PAYLOAD and the body with it.
+        raise S3Error("AccessDenied", "The x-amz-content-sha256 header must be signed.")
     query = incoming.query
     if auth.presigned:
         query = "&".join(

@@ -127,3 +127,15 @@ def test_the_decoder_reads_what_botocores_aws_chunked_encoder_writes(
     expected = Crc32Checksum()
     expected.update(payload)
     assert decoder.trailers["x-amz-checksum-crc32"] == expected.b64digest()
+
+
+def test_a_header_signature_that_leaves_the_payload_hash_unsigned_is_refused() -> None:
+    """Else the payload mode, and the body with it, could be swapped under a valid signature."""
+    headers = tuple(
+        (name, value.replace(";x-amz-content-sha256", "") if name == "authorization" else value)
+        for name, value in EXAMPLE.headers
+    )
+    unsigned_hash = sigv4.Incoming(EXAMPLE.method, EXAMPLE.path, EXAMPLE.query, headers)
+    with pytest.raises(S3Error) as refused:
+        sigv4.verify(unsigned_hash, sigv4.parse(unsigned_hash), SECRET)
+    assert refused.value.code == "AccessDenied"
