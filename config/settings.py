@@ -240,6 +240,10 @@ FILE_TOKENS_PER_AUDIO_SECOND = env_float("SWITCHYARD_FILE_TOKENS_PER_AUDIO_SECON
 FILE_TOKENS_PER_PAGE = env_float("SWITCHYARD_FILE_TOKENS_PER_PAGE", 800.0)
 FILE_TOKENS_PER_LINE = env_float("SWITCHYARD_FILE_TOKENS_PER_LINE", 600.0)
 FILE_BYTES_PER_TOKEN = env_float("SWITCHYARD_FILE_BYTES_PER_TOKEN", 4.0, minimum=0.1)
+# --- The OpenAI Batch API (/v1/files, /v1/batches; docs/files.md) ---------------------------
+# An input file's largest size (OpenAI's own limit: 200 MB) and request count (OpenAI: 50,000).
+BATCH_MAX_FILE_BYTES = env_int("SWITCHYARD_BATCH_MAX_FILE_BYTES", 200 * 1024 * 1024, minimum=1)
+BATCH_MAX_LINES = env_int("SWITCHYARD_BATCH_MAX_LINES", 50_000, minimum=1)
 # The gateway file jobs call through (their admission, priority and limits are the gateway's):
 # its base URL, and the secret their per-SLA-class keys are derived from (governance/job_keys.py).
 FILE_JOBS_GATEWAY_URL = env_str("SWITCHYARD_FILE_JOBS_GATEWAY_URL", "http://127.0.0.1:8080")
@@ -250,6 +254,22 @@ else:
         "SWITCHYARD_JOB_KEY_SECRET",
         hashlib.sha256(b"switchyard-job-keys-demo:" + SECRET_KEY.encode()).hexdigest(),
     )
+# --- File jobs: dispatcher, runner and webhooks (docs/files.md, "Jobs") ----------------------
+# Jobs running at once across all workers, and parts of one job running at once.
+FILE_JOBS_CONCURRENCY = env_int("SWITCHYARD_FILE_JOBS_CONCURRENCY", 4, minimum=1)
+FILE_JOB_PART_CONCURRENCY = env_int("SWITCHYARD_FILE_JOB_PART_CONCURRENCY", 4, minimum=1)
+# A running job's lease: a worker that stops renewing it for this long is taken for dead.
+FILE_JOB_LEASE_SECONDS = env_float("SWITCHYARD_FILE_JOB_LEASE_SECONDS", 30.0, minimum=1.0)
+# Attempts of a part that keeps meeting 429/503/connection errors, and the longest backoff.
+FILE_JOB_PART_ATTEMPTS = env_int("SWITCHYARD_FILE_JOB_PART_ATTEMPTS", 5, minimum=1)
+FILE_JOB_RETRY_MAX_SECONDS = env_float("SWITCHYARD_FILE_JOB_RETRY_MAX_SECONDS", 60.0, minimum=0.0)
+# How long one call of a part may take (a long audio segment on a busy fleet).
+FILE_JOBS_GATEWAY_TIMEOUT_SECONDS = env_float(
+    "SWITCHYARD_FILE_JOBS_GATEWAY_TIMEOUT_SECONDS", 300.0, minimum=1.0
+)
+# Webhook deliveries: attempts (exponential backoff between them) and each one's timeout.
+WEBHOOK_ATTEMPTS = env_int("SWITCHYARD_WEBHOOK_ATTEMPTS", 8, minimum=1)
+WEBHOOK_TIMEOUT_SECONDS = env_float("SWITCHYARD_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 # The S3 endpoint (s3endpoint/): where clients upload registered files over the S3 protocol.
 S3_ENDPOINT_PUBLIC_URL = env_str("SWITCHYARD_S3_ENDPOINT_PUBLIC_URL", "http://127.0.0.1:9000")
 # --- the S3 endpoint's own settings (s3endpoint/, docs/files.md "The S3 endpoint") ---

@@ -161,6 +161,8 @@ class Stack:
             "SWITCHYARD_RUN_DIR": str(config.run_dir),
             "SWITCHYARD_VALKEY_URL": f"valkey://{config.host}:{config.valkey_port}/0",
             "SWITCHYARD_GATEWAY_PUBLIC_URL": self.gateway_url,
+            # The web process, which serves the gateway's /v1/files and /v1/batches.
+            "SWITCHYARD_CONTROL_URL": self.web_url,
             # The guardrail service (guardrails/service.py) and where the gateway finds it.
             "SWITCHYARD_GUARDRAIL_HOST": config.host,
             "SWITCHYARD_GUARDRAIL_PORT": str(config.guardrail_port),

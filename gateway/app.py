@@ -24,7 +24,7 @@ import orjson
 import valkey
 import valkey.asyncio as avalkey
 
-from gateway import errors
+from gateway import control_proxy, errors
 from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
 from gateway.autopipeline import Arg
@@ -289,6 +289,12 @@ class Gateway:
         self.tokens = (
             TokenVerifier(settings.service_accounts) if settings.service_accounts else None
         )
+        # /v1/files and /v1/batches, served by the web process (gateway/control_proxy.py).
+        self.control = control_proxy.ControlProxy(
+            settings.control_url,
+            max_body_bytes=settings.control_max_body_bytes,
+            timeout_s=settings.control_timeout_s,
+        )
         self._background: list[asyncio.Task[None]] = []
         self._routes: dict[
             tuple[str, str], Callable[[Scope, Receive, Send, bytes], Awaitable[None]]
@@ -350,6 +356,7 @@ class Gateway:
         await self.accounting.close()
         await self.scheduler.close()
         await self.upstream.close()
+        await self.control.close()
         await self.valkey.aclose()
 
     async def handle_http(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -360,6 +367,10 @@ class Gateway:
         handler = self._routes.get((scope["method"], path))
         try:
             if handler is None:
+                # Only paths with no route of their own reach this: it costs the hot path nothing.
+                if control_proxy.handles(path):
+                    await self.control.forward(scope, receive, send, request_id)
+                    return
                 if path in self._paths:
                     raise GatewayError(405, f"Method {scope['method']} is not allowed on {path}.")
                 raise errors.not_found(f"Unknown path {path}.")

@@ -279,6 +279,7 @@ class FleetCaller:
             tenant="switchyard-guardrails",
             use_case_id="guardrails",
             vllm_priority=service_class.vllm_priority,
+            pool_share=service_class.pool_share_permille,
         )
         grant = await self._scheduler.acquire(ticket)
         served = False

@@ -79,6 +79,9 @@ class PriorityClassEntry(TypedDict):
     vllm_priority: int
     queue_timeout_s: float
     max_queue_length: int
+    # The most of a model pool's slots the class may hold at once (0 < share ≤ 1); absent
+    # from snapshots before issue 13: all of it.
+    max_pool_share: NotRequired[float]
 
 
 class RateLimitEntry(LimitsEntry):
@@ -206,6 +209,12 @@ class PriorityClass:
     vllm_priority: int
     queue_timeout_s: float
     max_queue_length: int
+    max_pool_share: float = 1.0
+
+    @property
+    def pool_share_permille(self) -> int:
+        """The share as acquire.lua takes it: thousandths, at least 1."""
+        return max(1, min(1000, round(self.max_pool_share * 1000)))
 
 
 RateLimitScope = Literal["global", "model", "tenant", "tenant_model"]
@@ -316,6 +325,7 @@ def parse_snapshot(raw: bytes) -> Policy:
                 vllm_priority=int(entry["vllm_priority"]),
                 queue_timeout_s=float(entry["queue_timeout_s"]),
                 max_queue_length=int(entry["max_queue_length"]),
+                max_pool_share=float(entry.get("max_pool_share", 1.0)),
             )
             for name, entry in document.get("priority_classes", {}).items()
         },

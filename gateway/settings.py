@@ -63,6 +63,11 @@ class GatewaySettings:
     # accounting buffer hold at most this many bytes (past it: kept as metadata only).
     record_max_content_bytes: int = 1024 * 1024
     record_buffer_bytes: int = 64 * 1024 * 1024
+    # The web process that serves /v1/files and /v1/batches (gateway/control_proxy.py): its
+    # base URL ("" answers 503), the largest body forwarded to it, and how long it may be silent.
+    control_url: str = ""
+    control_max_body_bytes: int = 200 * 1024 * 1024 + 1024 * 1024
+    control_timeout_s: float = 300.0
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -112,4 +117,10 @@ class GatewaySettings:
             record_buffer_bytes=env_int(
                 "SWITCHYARD_RECORD_BUFFER_BYTES", 64 * 1024 * 1024, minimum=1
             ),
+            control_url=env_str("SWITCHYARD_CONTROL_URL", "http://127.0.0.1:8000"),
+            # A batch input of OpenAI's largest size (200 MB) and its multipart framing.
+            control_max_body_bytes=env_int(
+                "SWITCHYARD_CONTROL_MAX_BODY_BYTES", 201 * 1024 * 1024, minimum=1024
+            ),
+            control_timeout_s=env_float("SWITCHYARD_CONTROL_TIMEOUT_SECONDS", 300.0, minimum=1.0),
         )

@@ -14,7 +14,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Model as DjangoModel
-from django.db.models import QuerySet
+from django.db.models import QuerySet, URLField
 from django.forms import ModelForm
 from django.http import HttpRequest
 
@@ -269,6 +269,8 @@ class DeploymentAdmin(AuditedAdmin):
 
 @admin.register(UseCase)
 class UseCaseAdmin(LegalHoldAdmin):
+    # Webhook URLs typed without a scheme are https (Django 6's default, asked for now).
+    formfield_overrides = {URLField: {"assume_scheme": "https"}}
     list_display = (
         "slug",
         "tenant",
@@ -338,7 +340,14 @@ class UseCaseAdmin(LegalHoldAdmin):
 
 @admin.register(PriorityClass)
 class PriorityClassAdmin(AuditedAdmin):
-    list_display = ("name", "rank", "vllm_priority", "queue_timeout_seconds", "max_queue_length")
+    list_display = (
+        "name",
+        "rank",
+        "vllm_priority",
+        "queue_timeout_seconds",
+        "max_queue_length",
+        "max_pool_share",
+    )
 
 
 @admin.register(PriorityRule)

@@ -85,22 +85,53 @@ def _move(
             tenant_slug=registration.use_case.tenant.slug,
             object_repr=f"{registration.use_case}: {registration.filename}",
         )
+        if to in FINAL_STATES:
+            from scheduler.webhooks import webhook_enqueue_on_commit
+
+            webhook_enqueue_on_commit(registration.pk, to, registration.use_case.webhook_url)
     registration.refresh_from_db()
     return registration
 
 
 def file_uploaded(
-    *, actor: Actor, registration: FileRegistration, now: datetime | None = None
+    *,
+    actor: Actor,
+    registration: FileRegistration,
+    uploaded_at: datetime,
+    source_object: str,
+    source_bytes: int,
+    source_sha256: str = "",
+    now: datetime | None = None,
 ) -> FileRegistration:
-    """The object arrived (the S3 endpoint's completion event)."""
-    return _move(actor=actor, registration=registration, to=FileState.UPLOADED, now=now)
+    """The object arrived (the upload event): where it is, its size and digest, and when —
+    the moment a turnaround is counted from."""
+    if not source_object:
+        raise ValueError("name the uploaded object")
+    if source_bytes < 0:
+        raise ValueError("an object's size is not negative")
+    return _move(
+        actor=actor,
+        registration=registration,
+        to=FileState.UPLOADED,
+        now=now,
+        uploaded_at=uploaded_at,
+        source_object=source_object,
+        source_bytes=source_bytes,
+        source_sha256=source_sha256,
+    )
 
 
 def file_queued(
-    *, actor: Actor, registration: FileRegistration, now: datetime | None = None
+    *,
+    actor: Actor,
+    registration: FileRegistration,
+    promised_by: datetime | None = None,
+    now: datetime | None = None,
 ) -> FileRegistration:
-    """The upload was matched and its job handed to the scheduler."""
-    return _move(actor=actor, registration=registration, to=FileState.QUEUED, now=now)
+    """The upload was matched and its job handed to the scheduler; ``promised_by`` is the
+    deadline re-promised from the upload (a turnaround restarts when the file arrives)."""
+    fields: dict[str, Any] = {} if promised_by is None else {"promised_by": promised_by}
+    return _move(actor=actor, registration=registration, to=FileState.QUEUED, now=now, **fields)
 
 
 def file_started(
@@ -129,19 +160,19 @@ def file_done(
     actor: Actor,
     registration: FileRegistration,
     outputs: Mapping[str, str],
+    counts: Mapping[str, int] | None = None,
     now: datetime | None = None,
 ) -> FileRegistration:
-    """The job finished; ``outputs`` names its objects (transcript, chunks, summary…)."""
+    """The job finished; ``outputs`` names its objects (transcript, chunks, summary…) and
+    ``counts`` tallies what it did (audio seconds, pages, batch lines)."""
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in outputs.items()):
         raise ValueError("outputs maps names to object names (strings)")
-    return _move(
-        actor=actor,
-        registration=registration,
-        to=FileState.DONE,
-        now=now,
-        progress=1.0,
-        outputs=dict(outputs),
-    )
+    fields: dict[str, Any] = {"progress": 1.0, "outputs": dict(outputs)}
+    if counts is not None:
+        if not all(isinstance(k, str) and isinstance(v, int) for k, v in counts.items()):
+            raise ValueError("counts maps names to integers")
+        fields["counts"] = {**registration.counts, **counts}
+    return _move(actor=actor, registration=registration, to=FileState.DONE, now=now, **fields)
 
 
 def file_failed(

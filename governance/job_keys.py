@@ -17,6 +17,10 @@ import hmac
 from django.conf import settings
 
 PREFIX = "sk-sy-job-"
+# The SLA class id of a use case's default job key: for registrations with an explicit
+# deadline and no SLA class. Its snapshot entry runs at the lowest-ranked priority class (the
+# batch class), so such work only soaks up idle capacity. Database ids start at 1.
+DEFAULT_JOB_KEY_CLASS = 0
 
 
 def job_key(use_case_id: int, sla_class_id: int, *, secret: str | None = None) -> str:
@@ -24,6 +28,11 @@ def job_key(use_case_id: int, sla_class_id: int, *, secret: str | None = None) -
     material = (secret if secret is not None else settings.JOB_KEY_SECRET).encode()
     digest = hmac.new(material, f"{use_case_id}:{sla_class_id}".encode(), hashlib.sha256).digest()
     return PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def job_key_for(use_case_id: int, sla_class_id: int | None) -> str:
+    """The key of a registration: its SLA class's, or its use case's default one."""
+    return job_key(use_case_id, DEFAULT_JOB_KEY_CLASS if sla_class_id is None else sla_class_id)
 
 
 def job_key_hash(use_case_id: int, sla_class_id: int) -> str:

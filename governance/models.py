@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 from governance.choices import (
@@ -313,6 +313,12 @@ class PriorityClass(models.Model):
     )
     queue_timeout_seconds = models.FloatField(default=30.0, validators=[MinValueValidator(0.0)])
     max_queue_length = models.PositiveIntegerField(default=1000)
+    max_pool_share = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.001), MaxValueValidator(1.0)],
+        help_text="The most of a model's replica slots this class may hold at once (1: all). "
+        "Give file and batch classes less, so interactive classes always find room",
+    )
 
     class Meta:
         ordering = ["rank"]

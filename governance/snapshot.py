@@ -26,7 +26,7 @@ from gateway.policy import (
     snapshot_write,
 )
 from governance.choices import ApiKeyStatus, UseCaseStatus
-from governance.job_keys import job_key_hash, job_key_prefix
+from governance.job_keys import DEFAULT_JOB_KEY_CLASS, job_key_hash, job_key_prefix
 from governance.models import (
     ApiKey,
     Deployment,
@@ -120,6 +120,7 @@ def _priority() -> tuple[dict[str, PriorityClassEntry], dict[tuple[str, str], st
             "vllm_priority": pc.vllm_priority,
             "queue_timeout_s": pc.queue_timeout_seconds,
             "max_queue_length": pc.max_queue_length,
+            "max_pool_share": pc.max_pool_share,
         }
         for pc in PriorityClass.objects.all()
     }
@@ -175,7 +176,7 @@ def _service_accounts(matrix: dict[tuple[str, str], str]) -> dict[str, ServiceAc
     }
 
 
-def _job_keys(priority_classes: Mapping[str, object]) -> dict[str, KeyEntry]:
+def _job_keys(priority_classes: Mapping[str, PriorityClassEntry]) -> dict[str, KeyEntry]:
     """One key per SLA class of an approved use case (governance/job_keys.py): its file jobs
     call the gateway with it, as the use case, at the class's own priority class."""
     classes = (
@@ -200,6 +201,37 @@ def _job_keys(priority_classes: Mapping[str, object]) -> dict[str, KeyEntry]:
             "models": sorted(m.public_id for m in use_case.allowed_models.all()),
             "expires_at": None,
             "priority_class": sla_class.priority_class.name,
+        }
+    entries.update(_default_job_keys(priority_classes))
+    return entries
+
+
+def _default_job_keys(priority_classes: Mapping[str, PriorityClassEntry]) -> dict[str, KeyEntry]:
+    """One key per approved use case for registrations with an explicit deadline and no SLA
+    class (SLA class id 0 in the derivation): they run at the lowest-ranked priority class,
+    the batch class, so they soak up idle capacity only."""
+    if not priority_classes:
+        return {}
+    lowest = max(priority_classes, key=lambda name: priority_classes[name]["rank"])
+    entries: dict[str, KeyEntry] = {}
+    use_cases = (
+        UseCase.objects.filter(status=UseCaseStatus.APPROVED)
+        .select_related("tenant")
+        .prefetch_related("allowed_models")
+    )
+    for use_case in use_cases:
+        entries[job_key_hash(use_case.pk, DEFAULT_JOB_KEY_CLASS)] = {
+            "key_id": None,
+            "prefix": job_key_prefix("default"),
+            "tenant": use_case.tenant.slug,
+            "tenant_id": use_case.tenant_id,
+            "environment": use_case.tenant.environment,
+            "use_case": use_case.slug,
+            "use_case_id": use_case.pk,
+            "namespace": use_case.namespace,
+            "models": sorted(m.public_id for m in use_case.allowed_models.all()),
+            "expires_at": None,
+            "priority_class": lowest,
         }
     return entries
 

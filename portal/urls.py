@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from portal import records_views, views
+from portal import files_views, records_views, views
 
 app_name = "portal"
 
@@ -18,6 +18,13 @@ urlpatterns = [
     path("records/<str:record_id>/", records_views.record_detail, name="record_detail"),
     path("audit/", records_views.audit_trail, name="audit_trail"),
     path("audit/export/", records_views.audit_export_download, name="audit_export"),
+    # Files (docs/files.md "In the portal"): progress, parts, history, audited downloads.
+    path("files/", files_views.files, name="files"),
+    path("files/<int:pk>/", files_views.file_detail, name="file_detail"),
+    path("files/<int:pk>/progress/", files_views.file_progress, name="file_progress"),
+    path("files/<int:pk>/cancel/", files_views.file_cancel_view, name="file_cancel"),
+    path("files/<int:pk>/original/", files_views.file_original, name="file_original"),
+    path("files/<int:pk>/outputs/<str:name>/", files_views.file_output, name="file_output"),
     path("use-cases/<int:pk>/", views.use_case_detail, name="use_case_detail"),
     path(
         "use-cases/<int:pk>/transition/",

@@ -330,6 +330,8 @@ def promise(
         ledger, expired = [], []
         for job_id, raw in raw_ledger.items():
             job = Job.decode(_text(job_id), raw)
+            if job.id == candidate.id:
+                continue  # a re-promise (the upload restarts a turnaround) replaces its own
             if job.deadline + PROMISE_GRACE_SECONDS < now:
                 expired.append(job.id)
             else:
@@ -355,6 +357,15 @@ def promise(
             measured=measured,
         )
     raise RuntimeError(f"the promise ledger of {model} kept changing; try again")
+
+
+def record(client: valkey.Valkey, model: str, job: Job) -> None:
+    """Write ``job`` into the ledger without a check (a job already accepted whose re-promise
+    no longer fits: its work is still coming, and later checks must count it)."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hset(ledger_key(model), job.id, job.encode().decode())
+        pipe.incr(ledger_version_key(model))
+        pipe.execute()  # type: ignore[no-untyped-call]
 
 
 def release(client: valkey.Valkey, model: str, job_id: str) -> bool:

@@ -7,6 +7,8 @@ from config.env import env_float
 _USAGE_PERSIST_SECONDS = env_float("SWITCHYARD_USAGE_PERSIST_SECONDS", 5.0, minimum=0.5)
 _RECORDS_PERSIST_SECONDS = env_float("SWITCHYARD_RECORDS_PERSIST_SECONDS", 5.0, minimum=0.5)
 _RETENTION_SECONDS = 3600.0
+_FILE_UPLOADS_POLL_SECONDS = env_float("SWITCHYARD_FILE_UPLOADS_POLL_SECONDS", 2.0, minimum=0.1)
+_FILE_JOBS_DISPATCH_SECONDS = env_float("SWITCHYARD_FILE_JOBS_DISPATCH_SECONDS", 2.0, minimum=0.1)
 
 BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # Safety net: a snapshot lost with a Valkey restart, or a publish deferred while Valkey
@@ -56,5 +58,18 @@ BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "governance.expire_file_registrations",
         "schedule": env_float("SWITCHYARD_FILE_EXPIRY_SECONDS", 60.0, minimum=1.0),
         "options": {"expires": 60.0},
+    },
+    # Upload events (sy:uploads) matched to their registrations and queued; a beat task rather
+    # than a long poll: no process of its own, and a dead worker's entries are claimed.
+    "consume-uploads": {
+        "task": "scheduler.consume_uploads",
+        "schedule": _FILE_UPLOADS_POLL_SECONDS,
+        "options": {"expires": _FILE_UPLOADS_POLL_SECONDS},
+    },
+    # Queued file jobs handed to workers: in their windows, earliest deadline first, bounded.
+    "dispatch-file-jobs": {
+        "task": "scheduler.dispatch_file_jobs",
+        "schedule": _FILE_JOBS_DISPATCH_SECONDS,
+        "options": {"expires": _FILE_JOBS_DISPATCH_SECONDS},
     },
 }

@@ -3,9 +3,11 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from typing import Any
 
 import valkey
 from celery import shared_task
+from django.conf import settings
 
 from scheduler.record_retention import record_retention_apply
 from scheduler.records import StorageUnavailable, records_persist
@@ -64,3 +66,45 @@ def persist_records(batch_size: int | None = None) -> dict[str, object]:
 def apply_record_retention() -> dict[str, object]:
     """Delete interaction records and their objects past retention, unless on legal hold."""
     return record_retention_apply().as_dict()
+
+
+# --- File jobs (scheduler/uploads.py, file_dispatch.py, file_jobs.py, webhooks.py) ----------
+
+
+@shared_task(name="scheduler.consume_uploads", ignore_result=True)
+def consume_uploads() -> dict[str, object]:
+    """Match upload events to their registrations and queue their jobs."""
+    from scheduler.uploads import uploads_consume
+
+    return uploads_consume().as_dict()
+
+
+@shared_task(name="scheduler.dispatch_file_jobs", ignore_result=True)
+def dispatch_file_jobs() -> list[int]:
+    """Hand the file jobs that may run now to workers, earliest deadline first."""
+    from scheduler.file_dispatch import file_jobs_dispatch
+
+    return file_jobs_dispatch()
+
+
+@shared_task(name="scheduler.run_file_job", ignore_result=True, acks_late=True)
+def run_file_job(registration_id: int, token: str) -> str:
+    """Run or resume one file job under its lease (acks late: a lost worker's message is
+    delivered again, and the lease says whether it still has work to do)."""
+    from scheduler.file_jobs import file_job_run
+
+    return file_job_run(registration_id, token)
+
+
+@shared_task(name="scheduler.deliver_webhook", bind=True, ignore_result=True, max_retries=None)
+def deliver_webhook(self: Any, registration_id: int, event_type: str, message_id: str) -> str:
+    """POST a file's end to its use case's webhook, signed; retried with backoff."""
+    from scheduler.webhooks import WebhookRetry, webhook_deliver
+
+    try:
+        return webhook_deliver(registration_id, event_type, message_id)
+    except WebhookRetry as exc:
+        if self.request.retries + 1 >= settings.WEBHOOK_ATTEMPTS:
+            logger.warning("webhook_gave_up registration=%s why=%s", registration_id, exc)
+            return "gave_up"
+        raise self.retry(countdown=min(3600, 2**self.request.retries), exc=exc) from exc

@@ -59,6 +59,7 @@ class ClassSpec:
     vllm_priority: int
     queue_timeout_s: float
     max_queue_length: int
+    max_pool_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ def start_stack(
                 vllm_priority=spec.vllm_priority,
                 queue_timeout_s=spec.queue_timeout_s,
                 max_queue_length=spec.max_queue_length,
+                max_pool_share=spec.max_pool_share,
             )
         api_keys = {}
         for tenant, class_name in tenants.items():

@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the key prefix "sy:{sy}:"
 -- ARGV     now_ms, request id, model, rank, class, max queue length, tenant, use case id,
---          max concurrent (0 = none), cost (tokens), prefix hash (or ""), lease_ms,
+--          max concurrent (0 = none), the class's pool share in thousandths (1000 = all of
+--          the pool; common.lua class_full), cost (tokens), prefix hash (or ""), lease_ms,
 --          gateway id, queue deadline (ms), stale_ms, waiting threshold,
 --          n, then n replica/cap pairs (the pool, recorded in pool:<model> for the other
 --          scripts), then the rate limits, five values each (limits.lua); none is fine.
@@ -29,31 +30,36 @@ local model = ARGV[3]
 local rank = tonumber(ARGV[4])
 local class = ARGV[5]
 local max_queue = tonumber(ARGV[6])
-local w = {tenant = ARGV[7], uc = ARGV[8], maxc = tonumber(ARGV[9]), lease = tonumber(ARGV[12]),
-  gw = ARGV[13], prefix = ARGV[11]}
-local cost = tonumber(ARGV[10])
-local deadline = tonumber(ARGV[14])
+local share = tonumber(ARGV[10])
+local w = {tenant = ARGV[7], uc = ARGV[8], maxc = tonumber(ARGV[9]), lease = tonumber(ARGV[13]),
+  gw = ARGV[14], prefix = ARGV[12]}
+if share < 1000 then
+  w.cls = class  -- counted in cif:<model> while granted (common.lua grant, release_lease)
+  w.share = share
+end
+local cost = tonumber(ARGV[11])
+local deadline = tonumber(ARGV[15])
 
 if redis.call("EXISTS", P .. "gone:" .. id) == 1 then
   return {-3, "cancelled"}
 end
 
 -- Rate limits first: a refused request writes nothing at all.
-local replica_count = tonumber(ARGV[17])
-local refused, limits = limits_check(now, ARGV, 18 + 2 * replica_count)
+local replica_count = tonumber(ARGV[18])
+local refused, limits = limits_check(now, ARGV, 19 + 2 * replica_count)
 if refused then
   return {-4, "rate_limited", refused[1], refused[2]}
 end
 
 -- The pool as this gateway knows it from policy; recorded when it changed, so that release,
 -- pump and reap (which are not given it) see the same replicas and caps.
-local pool = {replicas = {}, caps = {}, stale = tonumber(ARGV[15]), threshold = tonumber(ARGV[16])}
-for i = 18, 17 + 2 * replica_count, 2 do
+local pool = {replicas = {}, caps = {}, stale = tonumber(ARGV[16]), threshold = tonumber(ARGV[17])}
+for i = 19, 18 + 2 * replica_count, 2 do
   pool.replicas[#pool.replicas + 1] = ARGV[i]
   pool.caps[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 table.sort(pool.replicas)
-local signature = {ARGV[15], ARGV[16]}
+local signature = {ARGV[16], ARGV[17]}
 for _, replica in ipairs(pool.replicas) do
   signature[#signature + 1] = replica .. "=" .. pool.caps[replica]
 end
@@ -90,7 +96,8 @@ end
 local q = P .. "q:" .. model
 local bound = "(" .. string.format("%.0f", (rank + 1) * RANK_SCALE)
 local room = load_room(model, pool, now)
-if #redis.call("ZRANGEBYSCORE", q, "-inf", bound, "LIMIT", 0, 1) == 0 then
+if #redis.call("ZRANGEBYSCORE", q, "-inf", bound, "LIMIT", 0, 1) == 0
+  and not (w.cls and class_full(model, room, class, share)) then
   local replica = pick(model, pool, room, w.prefix)
   if replica then
     limits_commit(limits)
@@ -120,6 +127,9 @@ redis.call("ZADD", P .. "qdl:" .. model, deadline, id)
 redis.call("HSET", P .. "qi:" .. id, "tenant", w.tenant, "class", class, "rank", rank,
   "cost", cost, "uc", w.uc, "maxc", w.maxc, "lease", w.lease, "gw", w.gw, "prefix", w.prefix,
   "deadline", deadline, "start", w.start, "enqueued_at", now, "ck", conc_key)
+if w.cls then
+  redis.call("HSET", P .. "qi:" .. id, "share", share)
+end
 redis.call("INCR", qlen)
 
 -- Room and waiters together means nobody pumped since the room appeared (a watcher that

@@ -10,6 +10,8 @@
 --   qlen:<model>:<class> int    waiters per class (the class's max queue length)
 --   vt:<model>           hash   "_clock" = pool virtual time; "t:<tenant>" = virtual finish
 --   inflight:<model>     hash   replica -> granted and not released
+--   cif:<model>          hash   class -> granted and not released, for classes that may
+--                               hold only a share of the pool (class_full)
 --   lease:<model>        zset   request id -> lease expiry (ms)
 --   li:<id>              hash   a lease (replica, model, tenant, use case, gateway, conc key)
 --   conc:<use-case>      int    the use case's requests waiting or in flight (only with a
@@ -150,6 +152,20 @@ local function pick(model, pool, room, prefix_hash)
   return best
 end
 
+-- Whether a class that may hold only `share` thousandths of the pool holds that many
+-- already: the share of the replicas' effective caps (room.cap: the cap, or the batch size
+-- the watcher learned plus the threshold), at least one. File and async work run in such a
+-- class, so interactive classes always find slots free (docs/gateway-scheduling.md).
+local function class_full(model, room, class, share)
+  local slots = 0
+  for _, cap in pairs(room.cap) do
+    slots = slots + cap
+  end
+  local allowed = math.max(1, math.floor(slots * share / 1000))
+  local held = tonumber(redis.call("HGET", P .. "cif:" .. model, class) or "0")
+  return held >= allowed
+end
+
 local function hold_ms(model)
   return tonumber(redis.call("HGET", P .. "svc:" .. model, "hold_ms") or "-1")
 end
@@ -251,6 +267,10 @@ local function grant(model, pool, room, id, replica, w, now)
   redis.call("ZADD", P .. "lease:" .. model, now + w.lease, id)
   redis.call("HSET", P .. "li:" .. id, "replica", replica, "model", model, "tenant", w.tenant,
     "uc", w.uc, "gw", w.gw, "ck", conc_key, "granted_at", now)
+  if w.cls then
+    redis.call("HINCRBY", P .. "cif:" .. model, w.cls, 1)
+    redis.call("HSET", P .. "li:" .. id, "cls", w.cls)
+  end
   if w.prefix ~= "" then
     redis.call("SET", P .. "aff:" .. model .. ":" .. w.prefix, replica, "PX", AFFINITY_TTL_MS)
   end
@@ -306,7 +326,7 @@ end
 local function release_lease(model, id, now, record_hold, refund)
   local li = P .. "li:" .. id
   local charged = P .. "rf:" .. id
-  local f = redis.call("HMGET", li, "replica", "model", "ck", "granted_at")
+  local f = redis.call("HMGET", li, "replica", "model", "ck", "granted_at", "cls")
   if not f[1] then
     -- Already released, or reaped: a reaped lease's rf:<id> is release.lua's to read.
     redis.call("DEL", li, P .. "grant:" .. id)
@@ -334,6 +354,9 @@ local function release_lease(model, id, now, record_hold, refund)
   end
   if f[3] ~= "" and redis.call("DECR", f[3]) <= 0 then
     redis.call("DEL", f[3])
+  end
+  if f[5] and redis.call("HINCRBY", P .. "cif:" .. model, f[5], -1) <= 0 then
+    redis.call("HDEL", P .. "cif:" .. model, f[5])
   end
   if record_hold then
     local held = math.max(0, now - tonumber(f[4]))
@@ -363,15 +386,21 @@ local function pump(model, now, pool, room, quiet_id)
   room = room or load_room(model, pool, now)
   local granted = 0
   local dropped = 0
+  -- Waiters below `from` are of classes holding their whole share: skipped, rank by rank
+  -- (a class with a share should have a rank of its own, or it holds up its rank-mates).
+  local from = "-inf"
   while any_room(pool, room) do
-    local head = redis.call("ZRANGE", q, 0, 0)
+    local head = redis.call("ZRANGEBYSCORE", q, from, "+inf", "LIMIT", 0, 1)
     if #head == 0 then
       break
     end
     local id = head[1]
     local f = redis.call("HMGET", P .. "qi:" .. id, "tenant", "class", "deadline", "uc", "maxc",
-      "lease", "gw", "prefix", "start", "ck")
-    if not f[2] then
+      "lease", "gw", "prefix", "start", "ck", "share", "rank")
+    if f[11] and f[2] and tonumber(f[3]) > now
+      and class_full(model, room, f[2], tonumber(f[11])) then
+      from = string.format("%.0f", (tonumber(f[12]) + 1) * RANK_SCALE)
+    elseif not f[2] then
       remove_waiter(model, id, nil)
       redis.call("DEL", P .. "rf:" .. id)
     elseif tonumber(f[3]) <= now or (id ~= quiet_id and not gateway_alive(f[7], now)) then
@@ -382,6 +411,9 @@ local function pump(model, now, pool, room, quiet_id)
       -- waiter enqueued by an older script, which grant counts as before.
       local w = {tenant = f[1], uc = f[4], maxc = tonumber(f[5]), lease = tonumber(f[6]),
         gw = f[7], prefix = f[8], start = tonumber(f[9]), ck = f[10] or nil}
+      if f[11] then
+        w.cls = f[2]
+      end
       local replica = pick(model, pool, room, w.prefix)
       remove_waiter(model, id, f[2])
       grant(model, pool, room, id, replica, w, now)

@@ -153,11 +153,11 @@ class _PackedPlan:
         parts.append(current)
         self.limit_parts = tuple(parts)
         self.limits = len(ticket.limits)
-        self.count = 2 + 17 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
+        self.count = 2 + 18 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
 
 
 def _class_values(ticket: Ticket) -> list[Arg]:
-    """acquire.lua's ARGV[3..9]: the ticket's model, class and use case."""
+    """acquire.lua's ARGV[3..10]: the ticket's model, class, use case and class share."""
     return [
         ticket.model,
         ticket.rank,
@@ -166,6 +166,7 @@ def _class_values(ticket: Ticket) -> list[Arg]:
         ticket.tenant,
         ticket.use_case_id,
         ticket.max_concurrent,
+        ticket.pool_share,
     ]
 
 

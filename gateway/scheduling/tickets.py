@@ -46,6 +46,9 @@ class Ticket:
     prefix_hash: str = ""
     vllm_priority: int = 0
     limits: tuple[Limit, ...] = ()
+    # The most of the pool the class may hold, in thousandths (1000: no bound): file and
+    # async work run in classes that leave the rest to interactive traffic.
+    pool_share: int = 1000
     # The plan that made this ticket, if one did: what the scheduler keys its packed form of
     # the plan's fixed values on. A ticket changed in any other way than dropping its limits
     # must drop it too.
@@ -127,6 +130,7 @@ def ticket_for(
         prefix_hash=prefix_hash,
         vllm_priority=service_class.vllm_priority,
         limits=tuple(limits),
+        pool_share=service_class.pool_share_permille,
     )
 
 
@@ -173,6 +177,7 @@ class TicketPlan:
             prefix_hash,
             base.vllm_priority,
             limits,
+            base.pool_share,
             self,
         )
 

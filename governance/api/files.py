@@ -1,4 +1,5 @@
-"""File registrations on /api/files/ (docs/files.md): register, list, show, cancel.
+"""File registrations on /api/files/ (docs/files.md): register, list, show, cancel, and
+download the original (Range-capable) and outputs, each download audited.
 
 Who: a developer of the use case's tenant (session or service-account JWT, as everywhere on
 /api/), officers and admins, or an API key of the use case itself (``Bearer sk-sy-…``: the
@@ -13,8 +14,9 @@ from typing import Any, cast
 
 import valkey
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseBase
 from drf_spectacular.utils import (
+    OpenApiParameter,
     OpenApiResponse,
     extend_schema,
     extend_schema_field,
@@ -23,6 +25,7 @@ from drf_spectacular.utils import (
 from rest_framework import exceptions, mixins, permissions, serializers, status, viewsets
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -35,6 +38,8 @@ from governance.api.authentication import (
 from governance.api.serializers import ErrorSerializer
 from governance.audit import Actor
 from governance.choices import FileKind, FileState
+from governance.file_downloads import ORIGINAL, file_download_response, output_names
+from governance.file_selectors import parts_summary, with_parts_counts
 from governance.files import Infeasible, Registered, file_cancel, file_register, key_actor
 from governance.models import ApiKey, FileRegistration, Model, SlaClass, UseCase
 from governance.roles import roles_of
@@ -85,9 +90,44 @@ class FileRegistrationSerializer(serializers.ModelSerializer[FileRegistration]):
             "promised_by",
             "registered_by",
             "created_at",
+            "uploaded_at",
+            "source",
+            "outputs",
+            "counts",
+            "parts",
+            "failure",
             "upload",
         )
         read_only_fields: tuple[str, ...] = fields
+
+    # The metaclass pops declared fields, so this does not shadow Field.source at runtime.
+    source = serializers.SerializerMethodField(  # type: ignore[assignment]
+        help_text="What arrived: {bytes, sha256}; null before the upload"
+    )
+    outputs = serializers.SerializerMethodField(
+        help_text="The outputs' names; each downloads at outputs/<name>/"
+    )
+    parts = serializers.SerializerMethodField(
+        help_text="The job's parts: {total, done, running, failed, pending}"
+    )
+
+    def get_source(self, file: FileRegistration) -> dict[str, Any] | None:
+        if not file.source_object:
+            return None
+        return {"bytes": file.source_bytes, "sha256": file.source_sha256 or None}
+
+    def get_outputs(self, file: FileRegistration) -> list[str]:
+        return output_names(file)
+
+    def get_parts(self, file: FileRegistration) -> dict[str, int]:
+        summary = parts_summary(file)
+        return {
+            "total": summary.total,
+            "done": summary.done,
+            "running": summary.running,
+            "failed": summary.failed,
+            "pending": summary.pending,
+        }
 
     @extend_schema_field(UploadSerializer(allow_null=True))
     def get_upload(self, file: FileRegistration) -> dict[str, str] | None:
@@ -202,11 +242,22 @@ class FileRegistrationViewSet(
     ordering_fields = ("created_at", "promised_by", "state")
 
     def get_queryset(self) -> QuerySet[FileRegistration]:
-        files = FileRegistration.objects.select_related("use_case__tenant", "model", "sla_class")
+        # A GROUP BY query ignores Meta.ordering: order it again, for stable pages.
+        files = with_parts_counts(
+            FileRegistration.objects.select_related("use_case__tenant", "model", "sla_class")
+        ).order_by("-created_at", "-pk")
         key = _key_of(self.request)
         if key is not None:
             return files.filter(use_case_id=key.use_case_id)
         return files.filter(use_case__in=use_cases_visible(self.request.user))
+
+    def perform_content_negotiation(
+        self, request: Request, force: bool = False
+    ) -> tuple[BaseRenderer, str]:
+        """A download may be asked for with any Accept (an audio element sends ``audio/*``):
+        it is not rendered, and its errors are JSON whatever was asked."""
+        downloading = getattr(self, "action", None) in {"original", "output"}
+        return super().perform_content_negotiation(request, force=force or downloading)
 
     def _use_case(self, request: Request, use_case_id: int | None) -> UseCase:
         key = _key_of(request)
@@ -298,6 +349,49 @@ class FileRegistrationViewSet(
         except (valkey.ValkeyError, OSError) as exc:
             raise StoreUnavailable() from exc
         return Response(FileRegistrationSerializer(file).data)
+
+    # --- downloads (docs/files.md "In the portal"): audited, Range-capable ------------------
+    @extend_schema(
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(description="The original"),
+            (206, "application/octet-stream"): OpenApiResponse(description="A byte range"),
+            404: OpenApiResponse(ErrorSerializer, description="Not uploaded, or not yours"),
+            416: OpenApiResponse(description="The range starts past the end"),
+        },
+        parameters=[
+            OpenApiParameter(
+                "Range",
+                location=OpenApiParameter.HEADER,
+                required=False,
+                description="One byte range, e.g. bytes=0-1023, bytes=1024-, bytes=-500",
+            )
+        ],
+        summary="Download (or stream a byte range of) the uploaded original; audited",
+    )
+    @action(detail=True, methods=["get"])
+    def original(self, request: Request, pk: str | None = None) -> HttpResponseBase:
+        return file_download_response(
+            request._request, self.get_object(), ORIGINAL, actor=_actor(request)
+        )
+
+    @extend_schema(
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(description="The output"),
+            404: OpenApiResponse(ErrorSerializer, description="No such output, or not yours"),
+        },
+        summary="Download one output (transcript, summary, results…) by name; audited",
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        url_path=r"outputs/(?P<name>[A-Za-z0-9._-]{1,100})",
+    )
+    def output(self, request: Request, name: str, pk: str | None = None) -> HttpResponseBase:
+        if name == ORIGINAL:
+            raise exceptions.NotFound("No such output.")
+        return file_download_response(
+            request._request, self.get_object(), name, actor=_actor(request)
+        )
 
 
 def _answer(registered: Registered) -> dict[str, Any]:

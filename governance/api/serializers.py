@@ -323,12 +323,14 @@ class PriorityClassSerializer(serializers.ModelSerializer[PriorityClass]):
             "vllm_priority",
             "queue_timeout_seconds",
             "max_queue_length",
+            "max_pool_share",
         )
         extra_kwargs = {
             "rank": {"min_value": 0, "max_value": SMALLINT_MAX},
             "vllm_priority": {"min_value": -INT32_MAX - 1, "max_value": INT32_MAX},
             "queue_timeout_seconds": {"min_value": 0.0, "max_value": 86400.0},
             "max_queue_length": {"min_value": 0, "max_value": INT32_MAX},
+            "max_pool_share": {"min_value": 0.001, "max_value": 1.0},
         }
 
 

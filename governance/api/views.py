@@ -25,6 +25,7 @@ from rest_framework.views import APIView
 
 from governance.api import serializers as s
 from governance.api.filtersets import ApiKeyFilterSet, GuardrailSelectionFilterSet
+from governance.api.webhooks import UseCaseWebhookMixin
 from governance.audit import Actor, audit_verify
 from governance.guardrail_selections import catalogue_items
 from governance.models import (
@@ -238,6 +239,7 @@ class RateLimitPolicyViewSet(GovernedViewSet):
 
 
 class UseCaseViewSet(
+    UseCaseWebhookMixin,
     ScopedRelations,
     mixins.CreateModelMixin,
     mixins.RetrieveModelMixin,

@@ -217,6 +217,7 @@ def _priority_class(spec: PriorityClassSpec) -> _Flow:
         vllm_priority=spec.vllm_priority,
         queue_timeout_seconds=float(spec.queue_timeout_seconds),
         max_queue_length=spec.max_queue_length,
+        max_pool_share=float(spec.max_pool_share),
     )
 
 

@@ -116,7 +116,9 @@ class Reader:
             return minimum
         return int(value)
 
-    def number(self, key: str, *, default: float, minimum: float, unit: str) -> float:
+    def number(
+        self, key: str, *, default: float, minimum: float, unit: str, maximum: float | None = None
+    ) -> float:
         value = self._get(key, required=False)
         if value is _MISSING:
             return default
@@ -125,8 +127,12 @@ class Reader:
             or not isinstance(value, int | float)
             or not math.isfinite(value)
             or value < minimum
+            or (maximum is not None and value > maximum)
         ):
-            self.problem(key, f"must be a number of {unit}, at least {minimum:g}")
+            if maximum is None:
+                self.problem(key, f"must be a number of {unit}, at least {minimum:g}")
+            else:
+                self.problem(key, f"must be a {unit} from {minimum:g} to {maximum:g}")
             return default
         return float(value)
 

@@ -245,6 +245,7 @@ def document_records(document: PolicyDocument) -> dict[Section, dict[Key, Record
                 "vllm_priority": c.vllm_priority,
                 "queue_timeout_seconds": float(c.queue_timeout_seconds),
                 "max_queue_length": c.max_queue_length,
+                "max_pool_share": float(c.max_pool_share),
             }
             for c in document.priority_classes
         }

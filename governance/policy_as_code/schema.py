@@ -180,6 +180,7 @@ class PriorityClassSpec:
     vllm_priority: int
     queue_timeout_seconds: float = 30.0
     max_queue_length: int = 1000
+    max_pool_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -563,7 +564,14 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
 
 
 def _priority_classes(raw: Any, problems: list[Problem]) -> tuple[PriorityClassSpec, ...]:
-    known = ("name", "rank", "vllm_priority", "queue_timeout_seconds", "max_queue_length")
+    known = (
+        "name",
+        "rank",
+        "vllm_priority",
+        "queue_timeout_seconds",
+        "max_queue_length",
+        "max_pool_share",
+    )
     classes: list[PriorityClassSpec] = []
     seen: dict[str, str] = {}
     ranks: dict[int, str] = {}
@@ -586,6 +594,9 @@ def _priority_classes(raw: Any, problems: list[Problem]) -> tuple[PriorityClassS
                     "queue_timeout_seconds", default=30.0, minimum=0.0, unit="seconds"
                 ),
                 max_queue_length=r.integer("max_queue_length", default=1000, minimum=0),
+                max_pool_share=r.number(
+                    "max_pool_share", default=1.0, minimum=0.001, maximum=1.0, unit="fraction"
+                ),
             )
         )
     return tuple(classes)

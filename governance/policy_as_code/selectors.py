@@ -182,6 +182,7 @@ def policy_current(*, now: datetime | None = None) -> PolicyDocument:
                 vllm_priority=pc.vllm_priority,
                 queue_timeout_seconds=float(pc.queue_timeout_seconds),
                 max_queue_length=pc.max_queue_length,
+                max_pool_share=float(pc.max_pool_share),
             )
             for pc in PriorityClass.objects.order_by("rank")
         ),

@@ -46,6 +46,8 @@ def portal_nav(context: template.Context) -> Nav:
     if roles_of(user):
         # Anyone with a role (the API's rule): developers see their own tenants' decisions.
         wanted.append(("Admission decisions", reverse("portal:admission_decisions"), None))
+    if roles_of(user):
+        wanted.append(("Files", reverse("portal:files"), None))
     if can_read_everything(user):
         wanted.append(("Guardrail findings", reverse("portal:guardrail_findings"), None))
     if may_search_records(user):

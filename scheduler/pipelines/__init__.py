@@ -6,3 +6,6 @@ A pipeline cuts a file into idempotent parts (``plan``), runs one part through t
 done, concurrency, progress, promises and notifications. ``PIPELINES`` maps a file kind to
 its pipeline; each module registers itself there.
 """
+
+# Each pipeline registers itself in PIPELINES when imported.
+from scheduler.pipelines import batch as batch

@@ -12,6 +12,20 @@ class PartFailed(Exception):
     ``str(exc)`` as its reason, shown to the team (no content, no secrets)."""
 
 
+class RequestRefused(PartFailed):
+    """The gateway refused one request with a 4xx that a retry will not change (a guardrail,
+    a bad body): a part of many requests (a batch) records it on that request's line; others
+    fail with it. Carries what OpenAI's batch output shows of a refused request."""
+
+    def __init__(
+        self, message: str, *, status_code: int, body: object, request_id: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.body = body
+        self.request_id = request_id
+
+
 class Retryable(Exception):
     """This part failed for a reason that may pass (the gateway refused with 429/503, a
     replica died): run it again later, within the job's attempts."""

@@ -26,6 +26,7 @@ PRODUCTION = {
     # Production refuses to start without the keys that seal transcripts and sign exports.
     "SWITCHYARD_RECORDS_KEYS": "k1:" + "QUFB" * 10 + "QUE=",
     "SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY": "QUFB" * 10 + "QUE=",
+    "SWITCHYARD_JOB_KEY_SECRET": "job-key-secret-for-the-production-settings-test",
 }
 SSO = {
     "SWITCHYARD_OIDC_ISSUER": "https://kc.example.com/realms/switchyard",

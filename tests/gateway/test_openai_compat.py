@@ -232,10 +232,16 @@ def test_a_model_with_two_deployments_sends_each_replica_its_own_served_name(
 ) -> None:
     """GIVEN one public model deployed twice, under a different served name on each
     deployment's replica, WHEN requests spread over both replicas, THEN each replica gets the
-    name it serves (a replica asked for the other deployment's name answers vLLM's 404)."""
+    name it serves (a replica asked for the other deployment's name answers vLLM's 404).
+
+    The first replica answers slowly, so it still holds a request when the next is placed:
+    the least-in-flight choice must then pick the second (without it, fast answers can all
+    land on the first replica, which wins ties)."""
     from tests.support.policy import PolicyBuilder
 
-    first = start_simulator("llama-h100", "--time-scale", "0.01")
+    first = start_simulator(
+        "llama-h100", "--time-scale", "0.01", "--fault-slow-first-byte-ms", "1000"
+    )
     second = start_simulator("llama-h200", "--time-scale", "0.01")
     replicas = [first.base_url, second.base_url]
     policy = PolicyBuilder().model(

@@ -38,6 +38,12 @@ from tests.factories import make_model, make_tenant, make_use_case, make_user
 
 NOW = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
 PLATFORM = Actor.system("tests")
+ARRIVED: dict[str, Any] = {
+    "uploaded_at": NOW,
+    "source_object": "uploads/acme/transcribe/1/call.wav",
+    "source_bytes": 1000,
+    "source_sha256": "ab" * 32,
+}
 
 
 @pytest.fixture
@@ -65,7 +71,7 @@ def _register(use_case: Any, **fields: Any) -> FileRegistration:
 @pytest.mark.django_db
 def test_the_happy_path_is_audited_step_by_step(use_case) -> None:
     registration = _register(use_case)
-    file_uploaded(actor=PLATFORM, registration=registration, now=NOW)
+    file_uploaded(actor=PLATFORM, registration=registration, now=NOW, **ARRIVED)
     file_queued(actor=PLATFORM, registration=registration, now=NOW)
     file_started(actor=PLATFORM, registration=registration, now=NOW)
     file_progress(registration=registration, progress=0.5)
@@ -102,7 +108,7 @@ def _at(use_case: Any, state: str) -> FileRegistration:
 
 
 STEPS: dict[str, Callable[[FileRegistration], FileRegistration]] = {
-    FileState.UPLOADED: lambda r: file_uploaded(actor=PLATFORM, registration=r),
+    FileState.UPLOADED: lambda r: file_uploaded(actor=PLATFORM, registration=r, **ARRIVED),
     FileState.QUEUED: lambda r: file_queued(actor=PLATFORM, registration=r),
     FileState.RUNNING: lambda r: file_started(actor=PLATFORM, registration=r),
     FileState.DONE: lambda r: file_done(actor=PLATFORM, registration=r, outputs={}),
@@ -141,10 +147,10 @@ def test_a_stale_copy_loses_the_race_and_is_not_audited_twice(use_case) -> None:
     """Two workers read the same registered row; only the first upload event moves it."""
     first = _register(use_case)
     second = FileRegistration.objects.get(pk=first.pk)
-    file_uploaded(actor=PLATFORM, registration=first)
+    file_uploaded(actor=PLATFORM, registration=first, **ARRIVED)
     file_queued(actor=PLATFORM, registration=first)
     with pytest.raises(Conflict, match="changed state meanwhile"):
-        file_uploaded(actor=PLATFORM, registration=second)
+        file_uploaded(actor=PLATFORM, registration=second, **ARRIVED)
     assert AuditEvent.objects.filter(action="fileregistration.uploaded").count() == 1
 
 

@@ -357,6 +357,7 @@ def test_production_signs_in_with_sso_only() -> None:
         # Production requires the keys that seal transcripts and sign audit exports.
         SWITCHYARD_RECORDS_KEYS="k1:" + "QUFB" * 10 + "QUE=",
         SWITCHYARD_AUDIT_EXPORT_SIGNING_KEY="QUFB" * 10 + "QUE=",
+        SWITCHYARD_JOB_KEY_SECRET="job-key-secret-for-the-sso-test",
         SWITCHYARD_DATABASE_URL="postgres://switchyard@db.example.com:5432/switchyard",
         SWITCHYARD_ALLOWED_HOSTS="switchyard.example.com",
         SWITCHYARD_OIDC_ISSUER="https://kc.example.com/realms/switchyard",

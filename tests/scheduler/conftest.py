@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,3 +25,54 @@ def start_records_worker(
         return start_celery_worker("records", SWITCHYARD_RECORDS_KEYS=keys, **records_store.env)
 
     return start
+
+
+# --- File jobs (tests/scheduler/test_file_jobs*.py) -------------------------------------------
+
+
+class FilesBucket:
+    """One test's files bucket on the session's SeaweedFS: the settings in-process, and the
+    environment for the processes it starts."""
+
+    def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str) -> None:
+        self.bucket = bucket
+        self.env = {
+            "SWITCHYARD_OBJECT_STORAGE": "s3",
+            "SWITCHYARD_S3_ENDPOINT_URL": endpoint,
+            "SWITCHYARD_S3_ACCESS_KEY_ID": access_key,
+            "SWITCHYARD_S3_SECRET_ACCESS_KEY": secret_key,
+            "SWITCHYARD_FILES_BUCKET": bucket,
+        }
+
+
+@pytest.fixture
+def files_bucket(seaweed: Any) -> Iterator[FilesBucket]:
+    """``storages["files"]`` on a fresh bucket of the session's SeaweedFS."""
+    import boto3
+    from django.conf import settings
+    from django.test import override_settings
+
+    bucket = f"files-{uuid.uuid4().hex[:12]}"
+    boto3.client(
+        "s3",
+        endpoint_url=seaweed.endpoint_url,
+        aws_access_key_id=seaweed.access_key,
+        aws_secret_access_key=seaweed.secret_key,
+        region_name="us-east-1",
+    ).create_bucket(Bucket=bucket)
+    options: dict[str, object] = {
+        "bucket_name": bucket,
+        "endpoint_url": seaweed.endpoint_url,
+        "access_key": seaweed.access_key,
+        "secret_key": seaweed.secret_key,
+        "region_name": "us-east-1",
+        "file_overwrite": True,
+        "addressing_style": "path",
+        "signature_version": "s3v4",
+    }
+    storages = {
+        **settings.STORAGES,
+        "files": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": options},
+    }
+    with override_settings(STORAGES=storages, FILES_BUCKET=bucket):
+        yield FilesBucket(seaweed.endpoint_url, seaweed.access_key, seaweed.secret_key, bucket)

@@ -130,12 +130,14 @@ class PolicyBuilder:
         vllm_priority: int | None = None,
         queue_timeout_s: float = 30.0,
         max_queue_length: int = 1000,
+        max_pool_share: float = 1.0,
     ) -> PolicyBuilder:
         self.priority_classes[name] = {
             "rank": rank,
             "vllm_priority": rank if vllm_priority is None else vllm_priority,
             "queue_timeout_s": queue_timeout_s,
             "max_queue_length": max_queue_length,
+            "max_pool_share": max_pool_share,
         }
         return self
 

@@ -25,3 +25,41 @@ document.addEventListener("submit", (event) => {
     event.preventDefault();
   }
 });
+
+// Live regions: <div data-poll="URL" data-poll-ms="2000"> is replaced by the partial at URL
+// every few seconds until the partial says it is final (data-final="true"). A change of
+// state is said aloud once through #file-progress-announce; the percentage is not (the
+// progress bar itself carries it).
+(() => {
+  const live = document.querySelector("[data-poll]");
+  if (!live) return;
+  const every = Number(live.dataset.pollMs) || 2000;
+  const announce = document.getElementById("file-progress-announce");
+  let lastState = live.querySelector("[data-state]")?.dataset.state;
+  const tick = async () => {
+    let stop = false;
+    try {
+      const response = await fetch(live.dataset.poll, { credentials: "same-origin", headers: { Accept: "text/html" } });
+      if (response.ok) {
+        live.innerHTML = await response.text();
+        const current = live.querySelector("[data-state]");
+        if (current && current.dataset.state !== lastState) {
+          lastState = current.dataset.state;
+          if (announce) announce.textContent = `State: ${current.querySelector(".status")?.textContent || lastState}.`;
+        }
+        stop = current?.dataset.final === "true";
+      } else if (response.status === 404 || response.status === 403) {
+        stop = true;
+      }
+    } catch (error) {
+      // A blip in the network: try again at the next tick.
+    }
+    if (stop) {
+      live.removeAttribute("data-poll");
+      // What only makes sense while the file runs (the cancel form) goes with it.
+      document.querySelectorAll("[data-hide-when-final]").forEach((element) => { element.hidden = true; });
+    }
+    else setTimeout(tick, every);
+  };
+  setTimeout(tick, every);
+})();

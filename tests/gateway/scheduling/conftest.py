@@ -75,11 +75,13 @@ class Lua:
         threshold: int = 3,
         replicas: Sequence[tuple[str, int]] = ((R1, 1),),
         limits: Sequence[tuple[str, str, int, int, int]] = (),
+        pool_share: int = 1000,
     ) -> list[Any]:
-        """``limits``: (id, kind, window_ms, limit, cost) each, as limits.lua takes them."""
+        """``limits``: (id, kind, window_ms, limit, cost) each, as limits.lua takes them;
+        ``pool_share``: the class's share of the pool in thousandths (1000: all)."""
         args: list[Any] = [
             now, request_id, model, rank, priority_class, max_queue, tenant, use_case,
-            max_concurrent, cost, prefix_hash, lease_ms, gateway,
+            max_concurrent, pool_share, cost, prefix_hash, lease_ms, gateway,
             deadline if deadline is not None else now + 60_000, stale_ms, threshold,
             len(replicas),
         ]  # fmt: skip

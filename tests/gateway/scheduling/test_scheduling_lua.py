@@ -485,3 +485,72 @@ def test_queue_full_and_cancel_report_the_recent_arrival_rate_of_better_ranks(lu
     assert lua.cancel(T0 + 15_000, "dev-1") == [1, 21, -1, 1, 1_000]
     # A prod request sees no better rank.
     assert lua.cancel(T0 + 15_000, "prod-19")[4] == 0
+
+
+# -- classes that may hold only a share of the pool (file and async work) -------------------
+
+
+def test_a_class_with_a_pool_share_is_granted_only_up_to_its_share(lua):
+    """GIVEN two replicas of 4 slots each and a batch class that may hold half the pool,
+    WHEN batch work floods it, THEN 4 are granted, the rest wait with slots still free, and
+    a prod request arriving then is granted at once."""
+    pool = [(R1, 4), (R2, 4)]
+    lua.fleet(T0, (R1, 0), (R2, 0))
+    batch = {"rank": 9, "priority_class": "batch", "pool_share": 500, "replicas": pool}
+    replies = [lua.acquire(T0, f"b{n}", **batch)[0] for n in range(6)]
+
+    assert replies == [1, 1, 1, 1, 0, 0]
+    assert lua.client.hget(keys.KEY_PREFIX + f"cif:{MODEL}", "batch") == b"4"
+    assert lua.queue() == ["b4", "b5"]
+    assert lua.acquire(T0, "prod", rank=0, replicas=pool)[0] == 1
+
+
+def test_a_release_of_a_capped_class_grants_its_next_waiter_and_skips_it_when_full(lua):
+    """GIVEN the batch class at its share with waiters, WHEN a prod request ends, THEN no
+    batch waiter is granted (the class is full) although a slot is free; WHEN a batch
+    request ends, THEN the next batch waiter takes its place."""
+    pool = [(R1, 4)]
+    lua.fleet(T0, (R1, 0))
+    batch = {"rank": 9, "priority_class": "batch", "pool_share": 500, "replicas": pool}
+    assert lua.acquire(T0, "prod-1", rank=0, replicas=pool)[0] == 1
+    assert [lua.acquire(T0, f"b{n}", **batch)[0] for n in range(3)] == [1, 1, 0]
+
+    assert lua.release(T0 + 10, "prod-1")[1] == 0  # a slot is free, but batch holds 2 of 4
+    assert lua.queue() == ["b2"]
+
+    assert lua.release(T0 + 20, "b0")[1] == 1
+    assert lua.queue() == []
+    assert lua.client.hget(keys.KEY_PREFIX + f"cif:{MODEL}", "batch") == b"2"
+
+
+def test_a_full_capped_class_does_not_hold_up_waiters_of_a_worse_rank_behind_it(lua):
+    """The pump skips a full class rank by rank: a waiter of a worse rank (here an
+    unbounded class behind the capped one) still gets a free slot."""
+    pool = [(R1, 4)]
+    lua.fleet(T0, (R1, 0))
+    batch = {"rank": 5, "priority_class": "batch", "pool_share": 250, "replicas": pool}
+    assert lua.acquire(T0, "holder", rank=0, replicas=pool)[0] == 1
+    assert lua.acquire(T0, "b0", **batch)[0] == 1
+    assert lua.acquire(T0, "b1", **batch)[0] == 0
+    lua.fleet(T0, (R1, 5))  # saturated: the next arrival has to wait
+    assert lua.acquire(T0, "late", rank=7, priority_class="scavenger", replicas=pool)[0] == 0
+
+    lua.fleet(T0 + 250, (R1, 0))
+    lua.release(T0 + 250, "holder")
+
+    assert lua.queue() == ["b1"]  # still bounded by its share; the worse rank went ahead
+    assert lua.client.hexists(keys.lease("late"), "replica")
+
+
+def test_a_reaped_lease_of_a_capped_class_gives_its_share_back(lua):
+    pool = [(R1, 2)]
+    lua.fleet(T0, (R1, 0))
+    batch = {"rank": 9, "priority_class": "batch", "pool_share": 500, "replicas": pool}
+    assert lua.acquire(T0, "b0", lease_ms=1_000, **batch)[0] == 1
+    assert lua.acquire(T0, "b1", **batch)[0] == 0
+
+    lua.fleet(T0 + 2_000, (R1, 0))
+    lua("reap", T0 + 2_000)
+
+    assert lua.queue() == []  # b0's lease expired: its share went to b1
+    assert lua.client.hget(keys.KEY_PREFIX + f"cif:{MODEL}", "batch") == b"1"

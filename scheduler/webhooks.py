@@ -1,0 +1,145 @@
+"""A file's end, told to its use case's webhook, signed the Standard Webhooks way.
+
+When a registration reaches an end (done, failed, expired, cancelled), the state machine
+(governance/file_states.py) enqueues ``scheduler.deliver_webhook`` after its commit if the
+use case has a ``webhook_url``. The task POSTs
+
+    {"type": "file.done", "timestamp": "...", "data": {"id": 41, "state": "done", ...}}
+
+with the headers of https://www.standardwebhooks.com: ``webhook-id`` (the same on every retry
+of one event, so a receiver can drop duplicates), ``webhook-timestamp`` (epoch seconds) and
+``webhook-signature: v1,<base64 HMAC-SHA256(secret, "<id>.<timestamp>.<body>")>``, the secret
+being the bytes after ``whsec_`` base64-decoded. A 2xx is delivered; anything else, or no
+answer, is retried with exponential backoff (``SWITCHYARD_WEBHOOK_ATTEMPTS``). Only http(s)
+URLs are ever called; redirects are not followed (a signed body must reach the URL given).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+import requests
+from django.conf import settings
+from django.db import transaction
+
+from governance.models import FileRegistration
+from scheduler.sealing import unseal
+
+logger = logging.getLogger(__name__)
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 — the format's prefix, not a secret
+EVENT_TYPES = ("file.done", "file.failed", "file.expired", "file.cancelled")
+
+
+class WebhookRetry(Exception):
+    """The receiver did not take the event (no answer, not 2xx): try again later."""
+
+
+class WebhookRefused(ValueError):
+    """A URL that is never called (not http or https, no host)."""
+
+
+def check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WebhookRefused("A webhook URL must be http:// or https:// with a host.")
+    return url
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
+def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` header value for ``body``."""
+    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+def event_body(registration: FileRegistration, event_type: str, timestamp: int) -> bytes:
+    data: dict[str, Any] = {
+        "id": registration.pk,
+        "state": registration.state,
+        "kind": registration.kind,
+        "filename": registration.filename,
+        "model": registration.model.public_id,
+        "outputs": registration.outputs,
+        "counts": registration.counts,
+        "failure": registration.failure,
+        "progress": registration.progress,
+        "promised_by": registration.promised_by.isoformat(),
+        "state_changed_at": (
+            registration.state_changed_at.isoformat() if registration.state_changed_at else None
+        ),
+    }
+    return orjson.dumps({"type": event_type, "timestamp": timestamp, "data": data})
+
+
+def webhook_enqueue_on_commit(registration_id: int, state: str, webhook_url: str) -> None:
+    """Called by the state machine on a move to an end; nothing without a webhook URL."""
+    if not webhook_url:
+        return
+    event_type = f"file.{state}"
+    message_id = f"msg_{registration_id}_{state}"  # stable: one event per end, however retried
+
+    def send() -> None:
+        from scheduler.tasks import deliver_webhook
+
+        try:
+            deliver_webhook.apply_async(args=(registration_id, event_type, message_id))
+        except Exception:
+            logger.exception("webhook_enqueue_failed registration=%s", registration_id)
+
+    transaction.on_commit(send)
+
+
+def webhook_deliver(registration_id: int, event_type: str, message_id: str) -> str:
+    """One delivery attempt; raises WebhookRetry when it should be tried again."""
+    registration = (
+        FileRegistration.objects.select_related("use_case", "model")
+        .filter(pk=registration_id)
+        .first()
+    )
+    if registration is None:
+        return "gone"
+    use_case = registration.use_case
+    if not use_case.webhook_url or not use_case.webhook_secret_sealed:
+        return "no_webhook"
+    try:
+        url = check_url(use_case.webhook_url)
+    except WebhookRefused:
+        logger.warning("webhook_refused registration=%s", registration_id)
+        return "refused"
+    secret = unseal(base64.b64decode(use_case.webhook_secret_sealed)).decode()
+    timestamp = int(time.time())
+    body = event_body(registration, event_type, timestamp)
+    headers = {
+        "content-type": "application/json",
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(secret, message_id, timestamp, body),
+        "user-agent": "Switchyard-Webhooks/1",
+    }
+    try:
+        answer = requests.post(
+            url,
+            data=body,
+            headers=headers,
+            timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
+            allow_redirects=False,
+        )
+    except requests.RequestException as exc:
+        raise WebhookRetry(f"no answer: {type(exc).__name__}") from exc
+    if not 200 <= answer.status_code < 300:
+        raise WebhookRetry(f"answered {answer.status_code}")
+    logger.info("webhook_delivered registration=%s type=%s", registration_id, event_type)
+    return "delivered"
