@@ -8,7 +8,9 @@ an object's bytes, deletes and copies are refused (the endpoint is a door in, no
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +27,10 @@ from s3endpoint.sigv4 import Incoming
 from s3endpoint.upstream import Upstream, store_xml, xml_all, xml_text
 from scheduler.upload_events import UploadEvent
 
+logger = logging.getLogger("s3endpoint")
+
 MAX_PARTS = 10_000
+DISCARD_ATTEMPTS = 10  # about 3 s of checking at most, on a refused PutObject only
 MAX_XML_BODY = 1024 * 1024
 _PASSED_HEADERS = ("content-type", "content-md5")
 _XMLNS = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
@@ -89,12 +94,29 @@ class Operations:
             # Some stores (SeaweedFS) keep what arrived before the connection dropped: the
             # marker is ours, so no one else's upload is at this name to delete by mistake.
             with contextlib.suppress(S3Error):
-                await self.upstream.call("DELETE", target.object_name)
+                await self._discard(target.object_name)
             await self.markers.release(target.registration_id, PUT)
             raise
         etag = response.headers.get("etag", "")
         await self._finished(principal, target, check.length, check.sha256, etag)
         return Response(200, [("etag", etag)])
+
+    async def _discard(self, object_name: str) -> None:
+        """Delete what an aborted PutObject left, until the store shows nothing twice in a
+        row: the store may finish the aborted write after our first DELETE (SeaweedFS does)."""
+        absent = 0
+        await asyncio.sleep(0.25)  # the store notices the dropped connection meanwhile
+        for attempt in range(DISCARD_ATTEMPTS):
+            response = await self.upstream.call("HEAD", object_name)
+            if response.status_code == 404:
+                absent += 1
+                if absent == 2:
+                    return
+            else:
+                absent = 0
+                await self.upstream.call("DELETE", object_name)
+            await asyncio.sleep(0.05 * (attempt + 1))
+        logger.warning("s3_discard_incomplete object=%s", object_name)
 
     async def create_multipart(
         self, principal: Principal, key: str, incoming: Incoming
