@@ -38,6 +38,16 @@ def gateway_command(host: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
+def s3_endpoint_command(host: str, port: int) -> list[str]:
+    """How the S3 endpoint (s3endpoint/) is started, like the gateway: uvicorn on uvloop and
+    httptools, its lifespan on (the pooled upstream client and Valkey open there)."""
+    return [
+        PYTHON, "-m", "uvicorn", "s3endpoint.asgi:app", "--host", host, "--port", str(port),
+        "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--no-proxy-headers",
+        "--lifespan", "on",
+    ]  # fmt: skip
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -272,6 +272,18 @@ WEBHOOK_ATTEMPTS = env_int("SWITCHYARD_WEBHOOK_ATTEMPTS", 8, minimum=1)
 WEBHOOK_TIMEOUT_SECONDS = env_float("SWITCHYARD_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 # The S3 endpoint (s3endpoint/): where clients upload registered files over the S3 protocol.
 S3_ENDPOINT_PUBLIC_URL = env_str("SWITCHYARD_S3_ENDPOINT_PUBLIC_URL", "http://127.0.0.1:9000")
+# --- the S3 endpoint's own settings (s3endpoint/, docs/files.md "The S3 endpoint") ---
+S3_ENDPOINT_HOST = env_str("SWITCHYARD_S3_ENDPOINT_HOST", "127.0.0.1")
+S3_ENDPOINT_PORT = env_int("SWITCHYARD_S3_ENDPOINT_PORT", 9000, minimum=1)
+# Presigned URLs are signed with a credential derived from this (governance/s3_credentials.py).
+S3_PRESIGN_SECRET = env_str("SWITCHYARD_S3_PRESIGN_SECRET", "")
+# How long the endpoint trusts a credential it looked up: a revocation takes this long at most.
+S3_CREDENTIAL_CACHE_SECONDS = env_float("SWITCHYARD_S3_CREDENTIAL_CACHE_SECONDS", 10.0, minimum=0)
+# Browser origins allowed to PUT to presigned URLs (CORS); the portal's own by default.
+S3_ENDPOINT_CORS_ORIGINS = env_list(
+    "SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS", ["http://127.0.0.1:8000"]
+)
+# --- end of the S3 endpoint's settings ---
 
 # --- Valkey: policy snapshot, limits, queues, streams, Celery broker, Channels layer ---------
 try:
@@ -332,6 +344,8 @@ SPECTACULAR_SETTINGS = {
         "GuardrailModeEnum": "governance.choices.GuardrailAction",
         "GuardrailFindingActionEnum": "scheduler.models.GuardrailFinding.Action",
         "FileKindEnum": "governance.choices.FileKind",
+        # API keys and S3 credentials share their statuses.
+        "ApiKeyStatusEnum": "governance.choices.ApiKeyStatus",
     },
 }
 

@@ -31,6 +31,7 @@ from config.processes import (
     http_ready,
     port_bindable,
     port_listeners,
+    s3_endpoint_command,
 )
 from config.seaweed import SeaweedPorts, SeaweedServer
 
@@ -60,6 +61,7 @@ class StackConfig:
     run_dir: Path
     sim_time_scale: float
     guardrail_port: int = 8095
+    s3_endpoint_port: int = 9000  # Switchyard's own S3 endpoint (s3endpoint/)
     s3_port: int = 8333
     # The S3 identity SeaweedFS accepts: the same settings (and embedded defaults) that the
     # web process and the workers sign their requests with (config/settings.py).
@@ -73,6 +75,7 @@ class StackConfig:
             web_port=env_int("SWITCHYARD_WEB_PORT", 8000, minimum=1),
             gateway_port=env_int("SWITCHYARD_GATEWAY_PORT", 8080, minimum=1),
             guardrail_port=env_int("SWITCHYARD_GUARDRAIL_PORT", 8095, minimum=1),
+            s3_endpoint_port=env_int("SWITCHYARD_S3_ENDPOINT_PORT", 9000, minimum=1),
             valkey_port=env_int("SWITCHYARD_VALKEY_PORT", 6390, minimum=1),
             fleet_base_port=env_int("SWITCHYARD_FLEET_BASE_PORT", 8101, minimum=1),
             run_dir=Path(env_str("SWITCHYARD_RUN_DIR", str(REPO_ROOT / ".run"))).resolve(),
@@ -107,6 +110,7 @@ class StackConfig:
             (self.web_port, "SWITCHYARD_WEB_PORT"),
             (self.gateway_port, "SWITCHYARD_GATEWAY_PORT"),
             (self.guardrail_port, "SWITCHYARD_GUARDRAIL_PORT"),
+            (self.s3_endpoint_port, "SWITCHYARD_S3_ENDPOINT_PORT"),
         ]
         named += [(port, "SWITCHYARD_FLEET_BASE_PORT") for _, port in self.fleet_ports()]
         # SeaweedFS's S3, master, volume, filer and admin ports, each with its gRPC twin.
@@ -169,6 +173,12 @@ class Stack:
             "SWITCHYARD_S3_ENDPOINT_URL": config.s3_endpoint_url,
             "SWITCHYARD_S3_ACCESS_KEY_ID": config.s3_access_key,
             "SWITCHYARD_S3_SECRET_ACCESS_KEY": config.s3_secret_key,
+            # Switchyard's own S3 endpoint, which registrations point uploads at.
+            "SWITCHYARD_S3_ENDPOINT_PUBLIC_URL": (
+                f"http://{config.host}:{config.s3_endpoint_port}"
+            ),
+            # The portal's pages upload to presigned URLs from the browser (CORS).
+            "SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS": f"http://{config.host}:{config.web_port}",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "PYTHONUNBUFFERED": "1",
         }
@@ -176,6 +186,10 @@ class Stack:
     @property
     def gateway_url(self) -> str:
         return f"http://{self.config.host}:{self.config.gateway_port}"
+
+    @property
+    def s3_endpoint_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.s3_endpoint_port}"
 
     @property
     def web_url(self) -> str:
@@ -282,6 +296,9 @@ class Stack:
         # Before the gateway: its workers load their models (seconds) while the rest starts.
         guardrails = self._child("guardrails", [PYTHON, "-m", "guardrails.service"])
         gateway = self._child("gateway", gateway_command(config.host, config.gateway_port))
+        s3_endpoint = self._child(
+            "s3-endpoint", s3_endpoint_command(config.host, config.s3_endpoint_port)
+        )
         worker = self._child(
             "celery-worker",
             [
@@ -324,6 +341,9 @@ class Stack:
         )
         # /healthz answers 200 only once the gateway has loaded the policy snapshot.
         gateway.wait_ready(http_ready(self.gateway_url + "/healthz", expect=200), timeout=30)
+        s3_endpoint.wait_ready(
+            http_ready(self.s3_endpoint_url + "/healthz", expect=200), timeout=30
+        )
         _wait_for_log(worker, "ready.", timeout=60)
         return {
             "api_key": seed["api_key"],
@@ -369,6 +389,8 @@ Switchyard is up (embedded demo: local Valkey, SeaweedFS, SQLite, simulated vLLM
   Gateway     {gateway}/v1
   Guardrails  http://{stack.config.host}:{stack.config.guardrail_port}/healthz
   S3          {stack.config.s3_endpoint_url} (object storage: SeaweedFS, bucket {records_bucket})
+  S3 uploads  {stack.s3_endpoint_url} (Switchyard's S3 endpoint: registered files, SigV4;
+              credentials: POST /api/use-cases/<id>/s3-credentials/)
   Logs        {stack.logs}/
 
 Demo API key (shown once; `make up` mints a new one each run):

@@ -32,6 +32,7 @@ from governance.models import (
     PriorityClass,
     PriorityRule,
     RateLimitPolicy,
+    S3Credential,
     SlaClass,
     Tenant,
     UseCase,
@@ -514,6 +515,26 @@ class FileRegistrationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in FileRegistration._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(S3Credential)
+class S3CredentialAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Read-only: credentials are issued, rotated and revoked through the API (audited), and
+    the sealed secret is never shown."""
+
+    list_display = ("access_key_id", "use_case", "name", "status", "created_at", "last_used_at")
+    list_filter = ("status",)
+    search_fields = ("access_key_id", "name", "use_case__slug")
+    exclude = ("secret_sealed",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

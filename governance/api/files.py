@@ -19,6 +19,7 @@ from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
     extend_schema,
+    extend_schema_field,
     extend_schema_view,
 )
 from rest_framework import exceptions, mixins, permissions, serializers, status, viewsets
@@ -36,13 +37,21 @@ from governance.api.authentication import (
 )
 from governance.api.serializers import ErrorSerializer
 from governance.audit import Actor
-from governance.choices import FileKind
+from governance.choices import FileKind, FileState
 from governance.file_downloads import ORIGINAL, file_download_response, output_names
 from governance.file_selectors import parts_summary, with_parts_counts
 from governance.files import Infeasible, Registered, file_cancel, file_register, key_actor
 from governance.models import ApiKey, FileRegistration, Model, SlaClass, UseCase
 from governance.roles import roles_of
+from governance.s3_credentials import upload_block
 from governance.selectors import use_cases_visible
+
+
+class UploadSerializer(serializers.Serializer[Any]):
+    endpoint_url = serializers.CharField()
+    bucket = serializers.CharField(help_text="The use case's virtual bucket: <tenant>-<use case>")
+    key = serializers.CharField(help_text="<registration id>/<filename>")
+    presigned_put_url = serializers.CharField()
 
 
 class FileRegistrationSerializer(serializers.ModelSerializer[FileRegistration]):
@@ -53,6 +62,10 @@ class FileRegistrationSerializer(serializers.ModelSerializer[FileRegistration]):
     )
     sla_class: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="name", read_only=True, allow_null=True
+    )
+    upload = serializers.SerializerMethodField(
+        help_text="Where to upload the file over S3 (s3endpoint/), while it waits for it; "
+        "presigned_put_url works for an hour without a credential"
     )
 
     class Meta:
@@ -83,6 +96,7 @@ class FileRegistrationSerializer(serializers.ModelSerializer[FileRegistration]):
             "counts",
             "parts",
             "failure",
+            "upload",
         )
         read_only_fields: tuple[str, ...] = fields
 
@@ -114,6 +128,10 @@ class FileRegistrationSerializer(serializers.ModelSerializer[FileRegistration]):
             "failed": summary.failed,
             "pending": summary.pending,
         }
+
+    @extend_schema_field(UploadSerializer(allow_null=True))
+    def get_upload(self, file: FileRegistration) -> dict[str, str] | None:
+        return upload_block(file) if file.state == FileState.REGISTERED else None
 
 
 class CapacitySerializer(serializers.Serializer[Any]):

@@ -1,9 +1,9 @@
 from csp.decorators import csp_update
-from django.urls import path
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from governance.api import decisions, files, findings, records, sla_classes, views
+from governance.api import decisions, files, findings, records, s3_credentials, sla_classes, views
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -25,6 +25,7 @@ router.register(
 router.register("guardrail-findings", findings.GuardrailFindingViewSet, basename="guardrailfinding")
 router.register("records", records.RecordViewSet, basename="record")
 router.register("files", files.FileRegistrationViewSet, basename="file")
+router.register("s3-credentials", s3_credentials.S3CredentialViewSet, basename="s3credential")
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),
@@ -43,6 +44,11 @@ urlpatterns = [
             SpectacularSwaggerSplitView.as_view(url_name="schema")
         ),
         name="api-docs",
+    ),
+    re_path(
+        r"^use-cases/(?P<pk>[^/.]+)/s3-credentials/$",
+        s3_credentials.UseCaseS3CredentialsView.as_view(),
+        name="usecase-s3-credentials",
     ),
     *router.urls,
 ]

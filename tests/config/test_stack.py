@@ -37,6 +37,7 @@ def stack_env(tmp_path, ports: dict[str, int]) -> dict[str, str]:
         "SWITCHYARD_FLEET_BASE_PORT": str(ports["fleet"]),
         "SWITCHYARD_GUARDRAIL_PORT": str(ports["guardrails"]),
         "SWITCHYARD_S3_PORT": str(ports["s3"]),
+        "SWITCHYARD_S3_ENDPOINT_PORT": str(ports["s3_endpoint"]),
         "SWITCHYARD_SIM_TIME_SCALE": "0.05",
         "PYTHONUNBUFFERED": "1",
     }
@@ -66,7 +67,7 @@ def ports() -> dict[str, int]:
     taken: set[int] = set()
     chosen = {
         name: free_block(lambda base: [base], taken)
-        for name in ("web", "gateway", "valkey", "guardrails")
+        for name in ("web", "gateway", "valkey", "guardrails", "s3_endpoint")
     }
     chosen["fleet"] = free_block(lambda base: list(range(base, base + 4)), taken)
     chosen["s3"] = free_block(lambda base: SeaweedPorts.from_base(base).all(), taken)
@@ -143,6 +144,11 @@ def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, p
             region_name="us-east-1",
         )
         assert "switchyard-records" in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+        # Switchyard's own S3 endpoint is up, and the files bucket it writes to exists.
+        s3_endpoint = f"http://127.0.0.1:{ports['s3_endpoint']}"
+        assert f"S3 uploads  {s3_endpoint} (Switchyard's S3 endpoint" in output()
+        assert httpx.get(s3_endpoint + "/healthz").status_code == 200
+        assert "switchyard-files" in {b["Name"] for b in s3.list_buckets()["Buckets"]}
         assert (tmp_path / "run" / "seaweedfs" / "data").is_dir()
         assert (tmp_path / "run" / "logs" / "seaweedfs.log").is_file()
 

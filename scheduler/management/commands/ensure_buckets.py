@@ -12,13 +12,14 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
+from django.core.files.storage import storages
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduler.record_objects import records_storage
+from scheduler.record_objects import ensure_bucket, records_storage
 
 
 class Command(BaseCommand):
-    help = "Create the object-storage buckets (records) if they are missing."
+    help = "Create the object-storage buckets (records, files) if they are missing."
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -30,3 +31,14 @@ class Command(BaseCommand):
             ) from exc
         where = getattr(storage, "bucket_name", None) or getattr(storage, "location", "")
         self.stdout.write(f"records storage ready: {where}")
+        # The files bucket: uploads through the S3 endpoint (s3endpoint/), outputs beside them.
+        files = storages["files"]
+        try:
+            ensure_bucket(files)
+        except (BotoCoreError, ClientError) as exc:
+            raise CommandError(
+                f"cannot reach the files bucket {settings.FILES_BUCKET!r} at "
+                f"{settings.S3_ENDPOINT_URL or 'AWS S3'}: {exc} (check SWITCHYARD_S3_* settings)"
+            ) from exc
+        where = getattr(files, "bucket_name", None) or getattr(files, "location", "")
+        self.stdout.write(f"files storage ready: {where}")

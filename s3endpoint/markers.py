@@ -1,0 +1,71 @@
+"""One upload per registration, held atomically in Valkey, and the completion event.
+
+``sy:s3:upload:<registration id>`` is taken with ``SET NX`` before any byte is stored: ``put``
+while a PutObject is in flight, ``mp:<upload id>`` for a multipart upload, ``done`` once the
+object is complete. A second upload, even one racing the first before the registration's state
+moves on, finds the marker and is refused. A failed PutObject or an aborted multipart upload
+gives the marker back. ``sy:s3:parts:<registration id>`` sums a multipart upload's part sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import valkey.asyncio as avalkey
+
+from scheduler.upload_events import UPLOADS_MAXLEN, UPLOADS_STREAM, UploadEvent
+
+IN_FLIGHT_TTL = 3600  # a PutObject whose process died frees the registration after this
+MULTIPART_TTL = 7 * 24 * 3600  # S3 keeps unfinished multipart uploads for days, too
+DONE_TTL = 30 * 24 * 3600  # beyond any registration's deadline
+PUT = "put"
+DONE = "done"
+
+
+def marker_key(registration_id: int) -> str:
+    return f"sy:s3:upload:{registration_id}"
+
+
+def parts_key(registration_id: int) -> str:
+    return f"sy:s3:parts:{registration_id}"
+
+
+class Markers:
+    def __init__(self, client: avalkey.Valkey) -> None:
+        self.client = client
+
+    async def claim(self, registration_id: int, value: str, ttl: int) -> bool:
+        return bool(await self.client.set(marker_key(registration_id), value, nx=True, ex=ttl))
+
+    async def value(self, registration_id: int) -> str | None:
+        raw: Any = await self.client.get(marker_key(registration_id))
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    async def set(self, registration_id: int, value: str, ttl: int) -> None:
+        await self.client.set(marker_key(registration_id), value, ex=ttl)
+
+    async def release(self, registration_id: int, expected: str) -> None:
+        """Give the marker back only if it is still ours (never a finished upload's)."""
+        if await self.value(registration_id) == expected:
+            await self.client.delete(marker_key(registration_id), parts_key(registration_id))
+
+    async def other_parts_total(self, registration_id: int, part: int) -> int:
+        """The bytes of a multipart upload's parts other than ``part`` (a re-sent part
+        replaces its earlier self)."""
+        sizes: dict[Any, Any] = await self.client.hgetall(parts_key(registration_id))  # type: ignore[misc]
+        return sum(int(size) for number, size in sizes.items() if int(number) != part)
+
+    async def record_part(self, registration_id: int, part: int, size: int) -> None:
+        key = parts_key(registration_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(key, str(part), str(size))
+        pipe.expire(key, MULTIPART_TTL)
+        await pipe.execute()
+
+    async def finish(self, registration_id: int, event: UploadEvent) -> None:
+        """Mark the upload done and announce it (the consumer in scheduler/ takes it on)."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(marker_key(registration_id), DONE, ex=DONE_TTL)
+        pipe.delete(parts_key(registration_id))
+        pipe.xadd(UPLOADS_STREAM, event.fields(), maxlen=UPLOADS_MAXLEN, approximate=True)
+        await pipe.execute()
