@@ -2,7 +2,7 @@
 
 The Range parser is proved against Werkzeug's (a maintained HTTP library, here through the
 test dependencies) on generated headers: the same whole / partial / unsatisfiable answer and
-the same bytes, but for two corner cases where RFC 9110 and Werkzeug part ways.
+the same bytes, but for three corner cases where RFC 9110 and Werkzeug part ways.
 File names must never break the ``Content-Disposition`` header.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from werkzeug.http import parse_range_header
 
@@ -44,6 +44,10 @@ def _werkzeug(header: str, size: int) -> tuple[int, int] | str | None:
     parsed = parse_range_header(header)
     if parsed is None or len(parsed.ranges) != 1:
         return None  # the whole object
+    if parsed.units != "bytes":
+        # RFC 9110 §14.2: a range unit the server does not know is ignored (Werkzeug parses
+        # "=-1" as a range of unit "" and then calls it unsatisfiable).
+        return None
     found = parsed.range_for_length(size)
     if found is None:
         return "unsatisfiable"
@@ -60,6 +64,7 @@ def _ours(header: str, size: int) -> tuple[int, int] | str | None:
 
 @settings(max_examples=2000, deadline=None)
 @given(header=_headers, size=st.integers(1, 2500))
+@example(header="=-1", size=1)  # a unit that is not bytes: ignored
 def test_the_range_parser_agrees_with_werkzeug(header: str, size: int) -> None:
     assert _ours(header, size) == _werkzeug(header, size)
 
