@@ -5,7 +5,8 @@ their use case, at their SLA class's priority class, counted against the use cas
 A job key is ``sk-sy-job-`` + HMAC-SHA256(``JOB_KEY_SECRET``, "<use case id>:<SLA class id>"),
 so the workers (which hold the secret) compute it and the policy snapshot carries only its
 SHA-256, like every other key's. Rotating ``SWITCHYARD_JOB_KEY_SECRET`` rotates all of them at
-the next snapshot publish. Records and usage show them as ``job:<SLA class name>``.
+the next snapshot publish. Their principals have no key id (usage and records show the use
+case and an empty key); their prefix in the snapshot is ``job:<SLA class name>``.
 """
 
 from __future__ import annotations
