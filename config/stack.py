@@ -48,6 +48,7 @@ DEMO_FLEET = (
     SimulatedModel("llama-3.1-8b-instruct", "chat", "chat+completions", replicas=2),
     SimulatedModel("minilm-l6-embed", "embedding", "embeddings", replicas=1),
     SimulatedModel("llama-guard-3-1b", "guard", "guard", replicas=1),
+    SimulatedModel("whisper-large-v3", "transcription", "transcription", replicas=1),
 )
 
 

@@ -133,8 +133,9 @@ WEEKDAY_NIGHTS_AND_WEEKENDS = [
 
 
 def _demo_sla_classes(use_case: UseCase) -> None:
-    """Two promises to show the difference: a voice note transcribed within five minutes at
-    production priority, and documents processed overnight at batch priority."""
+    """Promises to show the difference: a voice note transcribed within five minutes at
+    production priority, documents processed overnight at batch priority, and OpenAI Batch
+    API jobs within a day (the "24h" completion window) at batch priority."""
     prod = PriorityRule.objects.filter(environment=Environment.PROD, namespace=Namespace.PROD)
     interactive_class = next(
         (rule.priority_class for rule in prod.select_related("priority_class")),
@@ -168,6 +169,16 @@ def _demo_sla_classes(use_case: UseCase) -> None:
             windows=WEEKDAY_NIGHTS_AND_WEEKENDS,
             time_zone="Europe/Zurich",
             kinds=["pdf", "text", "batch"],
+        )
+    if "batch-24h" not in existing:
+        sla_class_create(
+            actor=ACTOR,
+            use_case=use_case,
+            name="batch-24h",
+            priority_class=batch_class,
+            description="OpenAI Batch API jobs: done within a day, in the fleet's idle capacity.",
+            turnaround_seconds=24 * 3600,
+            kinds=["batch"],
         )
 
 

@@ -101,15 +101,18 @@ def test_the_demo_assistant_records_in_full_and_the_embeddings_use_case_metadata
     assert [m.public_id for m in embeddings.allowed_models.all()] == ["embed"]
 
 
-def test_the_demo_assistant_has_an_interactive_and_an_overnight_sla_class(
+def test_the_demo_assistant_has_interactive_overnight_and_daily_batch_sla_classes(
     live_valkey_settings,
 ) -> None:
     """Seeded once, however often ``make up`` runs: the second seed adds no second copy."""
     demo_seed(fleet=FLEET, admin_password="pw-one-123")
     demo_seed(fleet=FLEET, admin_password="pw-one-123")
     classes = {sla.name: sla for sla in SlaClass.objects.filter(use_case__slug="demo-assistant")}
-    assert sorted(classes) == ["interactive-5m", "overnight"]
+    assert sorted(classes) == ["batch-24h", "interactive-5m", "overnight"]
     interactive, overnight = classes["interactive-5m"], classes["overnight"]
+    daily = classes["batch-24h"]  # what the OpenAI Batch API's "24h" window maps to
+    assert (daily.turnaround_seconds, daily.kinds) == (24 * 3600, ["batch"])
+    assert daily.priority_class.name == "batch"
     assert (interactive.turnaround_seconds, interactive.windows) == (300, [])
     assert interactive.kinds == ["audio", "text"]
     prod_rule = PriorityRule.objects.get(environment="prod", namespace="prod")
