@@ -350,6 +350,8 @@ class Stack:
             "api_key": seed["api_key"],
             "admin_username": seed["admin_username"],
             "admin_password": seed["admin_password"],
+            "s3_access_key_id": seed.get("s3_access_key_id", ""),
+            "s3_secret": seed.get("s3_secret", ""),
         }
 
     def first_dead_child(self) -> ManagedProcess | None:
@@ -394,8 +396,9 @@ Switchyard is up (embedded demo: local Valkey, SeaweedFS, SQLite, simulated vLLM
               credentials: POST /api/use-cases/<id>/s3-credentials/)
   Logs        {stack.logs}/
 
-Demo API key (shown once; `make up` mints a new one each run):
+Demo API key and S3 credential (shown once; `make up` mints new ones each run):
   API key: {key}
+  S3:      {seed.get("s3_access_key_id", "")} / {seed.get("s3_secret", "")}  (docs/files.md)
 
 Try it:
   curl -s {gateway}/v1/chat/completions \\

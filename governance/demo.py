@@ -26,11 +26,13 @@ from governance.models import (
     Model,
     PriorityClass,
     PriorityRule,
+    S3Credential,
     SlaClass,
     Tenant,
     UseCase,
 )
 from governance.roles import Role, roles_set
+from governance.s3_credentials import s3_credential_issue, s3_credential_revoke
 from governance.services import (
     api_key_issue,
     api_key_revoke,
@@ -66,6 +68,8 @@ class DemoSeed:
     key_plaintext: str
     admin_username: str
     admin_password: str | None  # None when the admin already existed
+    s3_access_key_id: str = ""
+    s3_secret: str = ""  # the demo S3 credential's secret, shown once like the key
 
 
 def parse_fleet_arg(value: str) -> FleetModel:
@@ -260,6 +264,14 @@ def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
     ):
         api_key_revoke(actor=ACTOR, key=old, reason="superseded by a new make up")
     _, plaintext = api_key_issue(actor=ACTOR, use_case=use_case, name=DEMO_KEY_NAME)
+    # An S3 credential to upload registered files with, minted afresh like the key.
+    for credential in S3Credential.objects.filter(
+        use_case=use_case, name=DEMO_KEY_NAME, status=ApiKeyStatus.ACTIVE
+    ):
+        s3_credential_revoke(actor=ACTOR, credential=credential, reason="superseded")
+    s3_credential, s3_secret = s3_credential_issue(
+        actor=ACTOR, use_case=use_case, name=DEMO_KEY_NAME
+    )
 
     user_model = get_user_model()
     created_password: str | None = None
@@ -271,5 +283,9 @@ def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
         tenant.members.add(admin)
         created_password = admin_password
     return DemoSeed(
-        key_plaintext=plaintext, admin_username="admin", admin_password=created_password
+        key_plaintext=plaintext,
+        admin_username="admin",
+        admin_password=created_password,
+        s3_access_key_id=s3_credential.access_key_id,
+        s3_secret=s3_secret,
     )

@@ -45,6 +45,8 @@ class Command(BaseCommand):
                         "api_key": seed.key_plaintext,
                         "admin_username": seed.admin_username,
                         "admin_password": seed.admin_password,
+                        "s3_access_key_id": seed.s3_access_key_id,
+                        "s3_secret": seed.s3_secret,
                     }
                 ).decode()
             )
