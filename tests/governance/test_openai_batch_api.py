@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from governance.audit import Actor
@@ -318,7 +319,7 @@ def test_the_batch_status_follows_the_registration_through_to_completed(
     batch = create_batch(world)
     registration = FileRegistration.objects.get()
     worker = Actor.system("file-jobs")
-    registration = file_uploaded(actor=worker, registration=registration)
+    registration = arrived(worker, registration)
     registration = file_queued(actor=worker, registration=registration)
     assert world["alice"].get(f"/v1/batches/{batch['id']}").json()["status"] == "validating"
     registration = file_started(actor=worker, registration=registration)
@@ -359,7 +360,7 @@ def test_a_failed_batch_says_why_and_a_running_one_answers_cancelling(
     failing, cancelled = create_batch(world), create_batch(world)
     first, second = FileRegistration.objects.order_by("pk")
     for registration in (first, second):
-        registration = file_uploaded(actor=worker, registration=registration)
+        registration = arrived(worker, registration)
         registration = file_queued(actor=worker, registration=registration)
         file_started(actor=worker, registration=registration)
     file_failed(actor=worker, registration=first, failure="line 2 of the input is not JSON")
@@ -407,3 +408,16 @@ def test_the_object_name_keeps_only_a_safe_last_segment(
     assert answer.status_code == 200, answer.content
     row = ApiFile.objects.get()
     assert row.object_name == f"apifiles/acme/assistant/{row.public_id}/{stored}"
+
+
+def arrived(worker: Actor, registration: FileRegistration) -> FileRegistration:
+    """What the upload consumer records for a batch: its input file is the object."""
+    assert registration.input_file is not None
+    return file_uploaded(
+        actor=worker,
+        registration=registration,
+        uploaded_at=timezone.now(),
+        source_object=registration.input_file.object_name,
+        source_bytes=registration.input_file.bytes,
+        source_sha256=registration.input_file.sha256,
+    )
