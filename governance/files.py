@@ -30,7 +30,7 @@ from governance.choices import Capability, FileKind, FileState, UseCaseStatus
 from governance.errors import Conflict
 from governance.file_states import file_cancelled
 from governance.models import ApiKey, FileRegistration, Model, SlaClass, UseCase
-from governance.roles import Role, can_govern, has_role
+from governance.services import _require_member
 from scheduler import feasibility
 from scheduler.feasibility import Answer, CapacitySettings, Interval, Job, TokenRates
 from scheduler.windows import Window, WindowError, open_intervals, parse_windows, zone
@@ -101,16 +101,7 @@ def _require_registrant(actor: Actor, use_case: UseCase, api_key: ApiKey | None)
         if api_key.use_case_id != use_case.pk:
             raise PermissionDenied("This API key belongs to another use case.")
         return
-    if actor.is_system:
-        return
-    user = actor.user
-    if user is None or not user.is_authenticated:
-        raise PermissionDenied("Sign in first.")
-    if can_govern(user):
-        return
-    if has_role(user, Role.DEVELOPER) and use_case.tenant.members.filter(pk=user.pk).exists():
-        return
-    raise PermissionDenied(f"You are not a developer of tenant '{use_case.tenant.slug}'.")
+    _require_member(actor, use_case.tenant)
 
 
 def _check(

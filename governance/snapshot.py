@@ -189,19 +189,9 @@ def _job_keys(priority_classes: Mapping[str, PriorityClassEntry]) -> dict[str, K
         use_case = sla_class.use_case
         if sla_class.priority_class.name not in priority_classes:
             continue
-        entries[job_key_hash(use_case.pk, sla_class.pk)] = {
-            "key_id": None,
-            "prefix": job_key_prefix(sla_class.name),
-            "tenant": use_case.tenant.slug,
-            "tenant_id": use_case.tenant_id,
-            "environment": use_case.tenant.environment,
-            "use_case": use_case.slug,
-            "use_case_id": use_case.pk,
-            "namespace": use_case.namespace,
-            "models": sorted(m.public_id for m in use_case.allowed_models.all()),
-            "expires_at": None,
-            "priority_class": sla_class.priority_class.name,
-        }
+        entries[job_key_hash(use_case.pk, sla_class.pk)] = _job_key_entry(
+            use_case, sla_class.name, sla_class.priority_class.name
+        )
     entries.update(_default_job_keys(priority_classes))
     return entries
 
@@ -220,20 +210,27 @@ def _default_job_keys(priority_classes: Mapping[str, PriorityClassEntry]) -> dic
         .prefetch_related("allowed_models")
     )
     for use_case in use_cases:
-        entries[job_key_hash(use_case.pk, DEFAULT_JOB_KEY_CLASS)] = {
-            "key_id": None,
-            "prefix": job_key_prefix("default"),
-            "tenant": use_case.tenant.slug,
-            "tenant_id": use_case.tenant_id,
-            "environment": use_case.tenant.environment,
-            "use_case": use_case.slug,
-            "use_case_id": use_case.pk,
-            "namespace": use_case.namespace,
-            "models": sorted(m.public_id for m in use_case.allowed_models.all()),
-            "expires_at": None,
-            "priority_class": lowest,
-        }
+        entries[job_key_hash(use_case.pk, DEFAULT_JOB_KEY_CLASS)] = _job_key_entry(
+            use_case, "default", lowest
+        )
     return entries
+
+
+def _job_key_entry(use_case: UseCase, class_name: str, priority_class: str) -> KeyEntry:
+    """A job key's principal: the use case, no key id, the class it runs at."""
+    return {
+        "key_id": None,
+        "prefix": job_key_prefix(class_name),
+        "tenant": use_case.tenant.slug,
+        "tenant_id": use_case.tenant_id,
+        "environment": use_case.tenant.environment,
+        "use_case": use_case.slug,
+        "use_case_id": use_case.pk,
+        "namespace": use_case.namespace,
+        "models": sorted(m.public_id for m in use_case.allowed_models.all()),
+        "expires_at": None,
+        "priority_class": priority_class,
+    }
 
 
 def snapshot_build(*, version: int) -> SnapshotDocument:

@@ -10,34 +10,21 @@ from __future__ import annotations
 
 import base64
 
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from governance.audit import Actor, audit_record
 from governance.models import UseCase
-from governance.roles import Role, can_govern, has_role
+from governance.services import _require_member
 from scheduler.sealing import seal
 from scheduler.webhooks import WebhookRefused, check_url, new_secret
 
 MAX_URL_CHARS = 500  # UseCase.webhook_url max_length
 
 
-def _require_webhook_editor(actor: Actor, use_case: UseCase) -> None:
-    if actor.is_system:
-        return
-    user = actor.user
-    if user is None or not user.is_authenticated:
-        raise PermissionDenied("Sign in first.")
-    if can_govern(user):
-        return
-    if has_role(user, Role.DEVELOPER) and use_case.tenant.members.filter(pk=user.pk).exists():
-        return
-    raise PermissionDenied(f"You are not a developer of tenant '{use_case.tenant.slug}'.")
-
-
 def webhook_set(*, actor: Actor, use_case: UseCase, url: str) -> str | None:
     """Set (or, with ``""``, clear) the use case's webhook; the new secret, shown once."""
-    _require_webhook_editor(actor, use_case)
+    _require_member(actor, use_case.tenant)
     url = url.strip()
     if url:
         if len(url) > MAX_URL_CHARS:
