@@ -48,7 +48,7 @@ def fill(client: valkey.Valkey, size: int, settings: CapacitySettings, now: floa
     for n in range(size):
         deadline = now + 600 + rng.random() * 86_400
         job = Job(f"ledger-{n}", rng.uniform(100, 2_000), deadline, ((now, deadline),))
-        pipe.hset(feasibility.ledger_key(MODEL), job.id, job.encode())
+        pipe.hset(feasibility.ledger_key(MODEL), job.id, job.encode().decode())
     pipe.execute()
     # They fit by construction: size × 1,050 tokens on average ≪ RATE × share × a day.
 
@@ -121,7 +121,7 @@ once so the ledger keeps its size. Machine: {os.cpu_count()} CPUs, {cpu}, Python
 {platform.python_version()}; commit {commit}; {when}. Not included: the registration's
 database row and audit event (a governance write like any other).
 
-| open promises on the model | accepted: p50 / p99 | refused (with the earliest possible time): p50 / p99 |
+| open promises | accepted: p50 / p99 | refused, with the earliest possible: p50 / p99 |
 | --- | --- | --- |
 {table}
 
