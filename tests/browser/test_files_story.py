@@ -62,27 +62,27 @@ def test_an_auditor_watches_a_file_progress_listens_and_downloads_the_transcript
         page.get_by_role("navigation", name="Main").get_by_role("link", name="Files").click()
         expect(page.get_by_role("heading", name="Files", exact=True)).to_be_visible()
         row = page.locator("#files tbody tr").filter(has_text="call-0001.wav")
-        expect(row.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "50")
+        expect(row.get_by_role("progressbar")).to_have_attribute("value", "50")
         page.screenshot(path=str(screenshot_dir / "files-list.png"), full_page=True)
 
         row.get_by_role("link", name="call-0001.wav").click()
         expect(page.get_by_role("heading", name="call-0001.wav")).to_be_visible()
         expect(page.locator("#download-notice")).to_contain_text("recorded in the audit trail")
         bar = page.get_by_role("progressbar", name="Processing progress")
-        expect(bar).to_have_attribute("aria-valuenow", "50")
+        expect(bar).to_have_attribute("value", "50")
         expect(page.locator("#file-parts-summary")).to_have_text("2 of 4 parts done")
         page.screenshot(path=str(screenshot_dir / "file-running.png"), full_page=True)
 
         # The job runner finishes a part: the bar follows without a reload.
         call = part_done(call, 2)
-        expect(bar).to_have_attribute("aria-valuenow", "75")
+        expect(bar).to_have_attribute("value", "75")
         expect(page.locator("#file-parts-summary")).to_have_text("3 of 4 parts done")
 
         # The last part and the transcript: done, the outputs appear, the polling stops.
         call = part_done(call, 3)
         finish(call, {"transcript": ("transcript.txt", TRANSCRIPT)})
         expect(page.locator("#file-progress")).to_have_attribute("data-final", "true")
-        expect(bar).to_have_attribute("aria-valuenow", "100")
+        expect(bar).to_have_attribute("value", "100")
         expect(page.locator("#file-progress-announce")).to_have_text("State: Done.")
         expect(page.locator("#file-history tbody tr").last).to_contain_text("fileregistration.done")
         assert page.locator("#file-live").get_attribute("data-poll") is None

@@ -171,8 +171,7 @@ def test_the_detail_page_shows_registration_parts_history_and_the_audit_notice(
 ) -> None:
     page = text(signed_in("audrey").get(f"/files/{world.call.pk}/"))
     assert "recorded in the audit trail" in page
-    assert 'role="progressbar"' in page
-    assert 'aria-valuenow="100"' in page
+    assert '<progress class="progress progress-done" max="100" value="100"' in page
     assert "4 of 4 parts done" in page
     parts = page.split('<table id="file-parts"', 1)[1].split("</table>", 1)[0]
     assert parts.count("<tr>") == 5  # the header and four parts
@@ -306,20 +305,20 @@ def test_the_progress_partial_follows_the_database(world: World) -> None:
         return text(response)
 
     first = partial()
-    assert 'aria-valuenow="0"' in first
+    assert 'max="100" value="0"' in first
     assert "0 of 4 parts done" in first
     assert 'data-final="false"' in first
     part_done(running, 0)
     running = part_done(running, 1)
     second = partial()
-    assert 'aria-valuenow="50"' in second
+    assert 'max="100" value="50"' in second
     assert "2 of 4 parts done" in second
     assert "Outputs appear here when the job is done" in second
     part_done(running, 2)
     running = part_done(running, 3)
     finish(running, {"transcript": ("transcript.txt", TRANSCRIPT)})
     last = partial()
-    assert 'aria-valuenow="100"' in last
+    assert 'max="100" value="100"' in last
     assert 'data-final="true"' in last
     assert f'href="/files/{running.pk}/outputs/transcript/"' in last
     # The detail page stops polling a file that has ended.
