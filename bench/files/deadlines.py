@@ -69,6 +69,7 @@ from config.processes import (
     gateway_command,
     http_ready,
 )
+from simulator.tokens import VOCABULARY
 
 RESULTS = REPO_ROOT / "bench" / "RESULTS.md"
 SECTION = "## Files — deadline hit rate"
@@ -84,43 +85,7 @@ TIMING = [
     "--max-model-len", "32768",
     "--scheduling-policy", "priority",
 ]  # fmt: skip
-WORDS = tuple(
-    [
-        "policy",
-        "claim",
-        "water",
-        "damage",
-        "adjuster",
-        "visited",
-        "house",
-        "tuesday",
-        "covers",
-        "francs",
-        "report",
-        "invoice",
-        "contract",
-        "clause",
-        "tenant",
-        "landlord",
-        "repair",
-        "roof",
-        "window",
-        "insurer",
-        "premium",
-        "deductible",
-        "date",
-        "signed",
-        "witness",
-        "statement",
-        "garden",
-        "storm",
-        "basement",
-        "flood",
-        "estimate",
-        "payment",
-        "approved",
-    ]
-)
+WORDS = VOCABULARY  # the simulator's English-looking words
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -354,6 +319,9 @@ class Beat:
         finally:
             connection.close()
 
+    def _send(self, pk: int, token: str) -> None:
+        self.pool.submit(self._run, pk, token)
+
     def _loop(self) -> None:
         from django.db import connection
 
@@ -365,7 +333,7 @@ class Beat:
                 uploads_consume(client=self.client)
                 file_jobs_dispatch(
                     client=self.client,
-                    send=lambda pk, token: self.pool.submit(self._run, pk, token),
+                    send=self._send,
                 )
             except Exception as exc:
                 self.errors.append(f"beat: {type(exc).__name__}: {exc}")
