@@ -444,7 +444,8 @@ def _recompute(
     ]
     deadline = now + turnaround
     candidate = feasibility.Job("candidate", float(tokens), deadline, ((now, deadline),))
-    feasible, _, _ = feasibility.decide(ledger, candidate, rate=rate, now=now)
+    lag = capacity_settings().start_lag_seconds  # as promise() plans
+    feasible, _, _ = feasibility.decide(ledger, candidate, rate=rate, now=now + lag)
     return not feasible
 
 
