@@ -258,6 +258,14 @@ else:
 # Jobs running at once across all workers, and parts of one job running at once.
 FILE_JOBS_CONCURRENCY = env_int("SWITCHYARD_FILE_JOBS_CONCURRENCY", 4, minimum=1)
 FILE_JOB_PART_CONCURRENCY = env_int("SWITCHYARD_FILE_JOB_PART_CONCURRENCY", 4, minimum=1)
+# The feasibility model plans a job's work from this long after now: its upload waits for the
+# beat's consumer and then its dispatcher (scheduler/schedules.py), one period each at worst.
+FILE_JOBS_START_LAG_SECONDS = env_float(
+    "SWITCHYARD_FILE_JOBS_START_LAG_SECONDS",
+    env_float("SWITCHYARD_FILE_UPLOADS_POLL_SECONDS", 2.0, minimum=0.1)
+    + env_float("SWITCHYARD_FILE_JOBS_DISPATCH_SECONDS", 2.0, minimum=0.1),
+    minimum=0.0,
+)
 # A running job's lease: a worker that stops renewing it for this long is taken for dead.
 FILE_JOB_LEASE_SECONDS = env_float("SWITCHYARD_FILE_JOB_LEASE_SECONDS", 30.0, minimum=1.0)
 # Attempts of a part that keeps meeting 429/503/connection errors, and the longest backoff.

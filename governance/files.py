@@ -78,6 +78,7 @@ def capacity_settings() -> CapacitySettings:
         share=settings.BATCH_CAPACITY_SHARE,
         default_tokens_per_second=settings.BATCH_DEFAULT_TOKENS_PER_SECOND,
         model_tokens_per_second=settings.BATCH_MODEL_TOKENS_PER_SECOND,
+        start_lag_seconds=settings.FILE_JOBS_START_LAG_SECONDS,
     )
 
 

@@ -262,6 +262,9 @@ class CapacitySettings:
     default_tokens_per_second: float = 200.0  # conservative: one small replica, batch of one
     model_tokens_per_second: Mapping[str, float] | None = None
     stale_seconds: float = 3600.0  # a measurement older than this is not trusted
+    # SWITCHYARD_FILE_JOBS_START_LAG_SECONDS: a job's first call waits for the beat to consume
+    # its upload and dispatch it, so the schedule is planned from this long after now.
+    start_lag_seconds: float = 0.0
 
 
 def batch_rate(
@@ -325,7 +328,10 @@ def promise(
     Two round trips: one MULTI/EXEC reads the ledger, its version and the throughput as one
     snapshot; a script writes the promise only if the version is unchanged (another
     registration promised in between: check again). Expired promises are dropped by the
-    same script. A refusal with nothing expired writes nothing: one round trip."""
+    same script. A refusal with nothing expired writes nothing: one round trip.
+
+    The EDF schedule starts ``settings.start_lag_seconds`` after ``now``: no job's work starts
+    before the beat has consumed its upload and dispatched it (bench/files/deadlines.py)."""
     key, version_key = ledger_key(model), ledger_version_key(model)
     commit = client.register_script(_COMMIT)
     for _ in range(_MAX_RETRIES):
@@ -344,7 +350,13 @@ def promise(
                 expired.append(job.id)
             else:
                 ledger.append(job)
-        ok, eta, earliest = decide(ledger, candidate, rate=rate, now=now, reintervals=reintervals)
+        ok, eta, earliest = decide(
+            ledger,
+            candidate,
+            rate=rate,
+            now=now + settings.start_lag_seconds,
+            reintervals=reintervals,
+        )
         if ok or expired:
             written = commit(
                 keys=[key, version_key],

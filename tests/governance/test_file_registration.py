@@ -35,6 +35,8 @@ def world(live_valkey_settings: Any) -> dict[str, Any]:
     live_valkey_settings.BATCH_DEFAULT_TOKENS_PER_SECOND = RATE
     live_valkey_settings.BATCH_CAPACITY_SHARE = 0.5
     live_valkey_settings.FILE_TOKENS_PER_AUDIO_SECOND = 25.0
+    # The arithmetic below plans from now; the beat's start lag: tests/scheduler/test_feasibility
+    live_valkey_settings.FILE_JOBS_START_LAG_SECONDS = 0.0
     acme, globex = make_tenant("acme"), make_tenant("globex")
     whisper = make_model("whisper", capabilities=["transcription"])
     llama = make_model("llama", capabilities=["chat"])

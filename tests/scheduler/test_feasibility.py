@@ -175,3 +175,23 @@ def test_the_default_is_a_floor_under_a_light_measurement(valkey_client: valkey.
     at_ms = str(int(NOW * 1000))
     valkey_client.hset(feasibility.throughput_key("m"), mapping={"capacity": "3", "at_ms": at_ms})
     assert feasibility.batch_rate(valkey_client, "m", settings, now=NOW) == (5.0, True)
+
+
+def test_the_schedule_starts_after_the_beat_has_dispatched(valkey_client: valkey.Valkey) -> None:
+    """A job's first call waits for the upload consumer and the dispatcher: with a start lag
+    the model plans from that late, so work that fills the whole turnaround no longer fits,
+    and the ETA it gives includes the lag."""
+    prompt = CapacitySettings(share=1.0, default_tokens_per_second=10.0)
+    lagged = CapacitySettings(share=1.0, default_tokens_per_second=10.0, start_lag_seconds=4.0)
+    # 10 tokens/s for 60 s: 600 tokens fit exactly with no lag, 560 with a 4 s lag.
+    exact = anytime("exact", 600, NOW + 60)
+    answer = feasibility.promise(valkey_client, "lag", exact, lagged, now=NOW)
+    assert not answer.feasible
+    assert answer.earliest_possible is not None
+    assert NOW + 64 <= answer.earliest_possible.timestamp() <= NOW + 65  # the bisection's second
+    assert feasibility.promise(valkey_client, "lag", exact, prompt, now=NOW).feasible
+    assert feasibility.release(valkey_client, "lag", "exact")
+    fits = anytime("fits", 560, NOW + 60)
+    answer = feasibility.promise(valkey_client, "lag", fits, lagged, now=NOW)
+    assert answer.feasible
+    assert answer.eta == datetime.fromtimestamp(NOW + 60, UTC)
