@@ -222,7 +222,7 @@ RECORD_RETENTION_DAYS = env_int("SWITCHYARD_RECORD_RETENTION_DAYS", 90, minimum=
 
 # --- File work: the feasibility model (docs/files.md) ----------------------------------------
 # The share of a model's measured capacity batch (file) work may be promised.
-BATCH_CAPACITY_SHARE = env_float("SWITCHYARD_BATCH_CAPACITY_SHARE", 0.5, minimum=0.01)
+BATCH_CAPACITY_SHARE = env_float("SWITCHYARD_BATCH_CAPACITY_SHARE", 0.3, minimum=0.01)
 # Tokens per second assumed for a model before the fleet watcher has measured it: low on
 # purpose (one small replica), so that early promises are kept. Per model: "model=tps,...".
 BATCH_DEFAULT_TOKENS_PER_SECOND = env_float(

@@ -258,7 +258,7 @@ def decide(
 
 @dataclass(frozen=True)
 class CapacitySettings:
-    share: float = 0.5  # SWITCHYARD_BATCH_CAPACITY_SHARE
+    share: float = 0.3  # SWITCHYARD_BATCH_CAPACITY_SHARE
     default_tokens_per_second: float = 200.0  # conservative: one small replica, batch of one
     model_tokens_per_second: Mapping[str, float] | None = None
     stale_seconds: float = 3600.0  # a measurement older than this is not trusted

@@ -205,7 +205,7 @@ def ms(value: float) -> str:
 
 
 def report(capacity: float, phases: list[Phase], args: argparse.Namespace) -> str:
-    alone, unbounded, mixed, batch_only = phases
+    alone, unbounded, mixed, batch_only = phases[0], phases[1], phases[-2], phases[-1]
     p99_alone = percentile(alone.prod_latencies, 99)
     p99_mixed = percentile(mixed.prod_latencies, 99)
     p99_unbounded = percentile(unbounded.prod_latencies, 99)
@@ -326,6 +326,18 @@ async def measure(stack: Stack, args: argparse.Namespace) -> tuple[float, list[P
                 **common,
             )
         )
+        for other in args.also:
+            await set_share(session, stack, other)
+            phases.append(
+                await run_phase(
+                    f"prod + file backlog, share {other:g}",
+                    stack,
+                    session,
+                    prod_rate=prod_rate,
+                    workers=args.batch_workers,
+                    **common,
+                )
+            )
         await set_share(session, stack, args.share)
         label = f"share {args.share:g}"
         phases.append(
@@ -361,7 +373,15 @@ def main() -> None:
     parser.add_argument("--prod-load", type=float, default=0.3, help="prod, in units of C")
     parser.add_argument("--batch-workers", type=int, default=24)
     parser.add_argument("--cap", type=int, default=TIMING.max_num_seqs + 2)
-    parser.add_argument("--share", type=float, default=0.5, help="the batch class's pool share")
+    parser.add_argument(
+        "--share", type=float, default=0.3, help="the batch class's pool share (the default's)"
+    )
+    parser.add_argument(
+        "--also",
+        type=lambda text: [float(v) for v in text.split(",") if v],
+        default=[0.5],
+        help="other shares to measure with prod, comma-separated",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()

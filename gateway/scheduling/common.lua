@@ -77,8 +77,7 @@ end
 -- requests it saw running while others waited); the cap is then at most that plus the
 -- threshold, so a cap left at its default cannot pile requests up in vLLM's queue.
 local function load_room(model, pool, now)
-  local room = {inflight = {}, healthy = {}, total = 0, waiting = {}, base = {}, cap = {},
-    running = {}}
+  local room = {inflight = {}, healthy = {}, total = 0, waiting = {}, base = {}, cap = {}}
   if #pool.replicas == 0 then
     return room
   end
@@ -89,7 +88,6 @@ local function load_room(model, pool, now)
     room.inflight[replica] = n
     room.total = room.total + n
     local cap = pool.caps[replica]
-    local running = cap
     local healthy = false
     if metrics[i] then
       -- Four fields, or six; any further ones are ignored (a newer watcher's).
@@ -107,12 +105,10 @@ local function load_room(model, pool, now)
       end
       if batch ~= nil and batch > 0 then
         cap = math.min(cap, batch + pool.threshold)
-        running = math.min(cap, batch)
       end
     end
     room.healthy[replica] = healthy
     room.cap[replica] = cap
-    room.running[replica] = running
   end
   return room
 end
@@ -157,15 +153,13 @@ local function pick(model, pool, room, prefix_hash)
 end
 
 -- Whether a class that may hold only `share` thousandths of the pool holds that many
--- already: the share of the sequences the replicas run at once (the batch size the watcher
--- learned, else the cap), at least one. Not of the caps: those include vLLM's own queue, so
--- a class given half the caps would hold more than half of what runs. File and async work
--- run in such a class, so interactive classes always find slots free
--- (docs/gateway-scheduling.md).
+-- already: the share of the replicas' effective caps (room.cap: the cap, or the batch size
+-- the watcher learned plus the threshold), at least one. File and async work run in such a
+-- class, so interactive classes always find slots free (docs/gateway-scheduling.md).
 local function class_full(model, room, class, share)
   local slots = 0
-  for _, running in pairs(room.running) do
-    slots = slots + running
+  for _, cap in pairs(room.cap) do
+    slots = slots + cap
   end
   local allowed = math.max(1, math.floor(slots * share / 1000))
   local held = tonumber(redis.call("HGET", P .. "cif:" .. model, class) or "0")

@@ -6,7 +6,10 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import StateApps
 
 
-BATCH_SHARE = 0.5  # the default batch class leaves half of every pool to interactive classes
+# The default batch class holds at most 0.3 of a pool's running sequences: with more, file
+# work's prefills slow interactive answers past 1.5x their p99 (bench/RESULTS.md, "Files —
+# batch backfill"). SWITCHYARD_BATCH_CAPACITY_SHARE has the same default.
+BATCH_SHARE = 0.3
 
 
 def bound_the_default_batch_class(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:

@@ -554,15 +554,3 @@ def test_a_reaped_lease_of_a_capped_class_gives_its_share_back(lua):
 
     assert lua.queue() == []  # b0's lease expired: its share went to b1
     assert lua.client.hget(keys.KEY_PREFIX + f"cif:{MODEL}", "batch") == b"1"
-
-
-def test_a_pool_share_is_of_the_sequences_a_replica_runs_not_of_its_queue(lua):
-    """GIVEN a replica whose learned batch size is 4 (cap 10: 4 running + vLLM's queue of 3
-    admitted), WHEN a class with half the pool floods it, THEN it holds 2 — half of what
-    runs — not half of the 7 the gateway may send."""
-    pool = [(R1, 10)]
-    lua.fleet(T0, (R1, 0), max_running=4)
-    batch = {"rank": 9, "priority_class": "batch", "pool_share": 500, "replicas": pool}
-
-    assert [lua.acquire(T0, f"b{n}", **batch)[0] for n in range(4)] == [1, 1, 0, 0]
-    assert lua.acquire(T0, "prod", rank=0, replicas=pool)[0] == 1
