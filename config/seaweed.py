@@ -26,6 +26,8 @@ from config.processes import ManagedProcess, port_bindable
 _GRPC_OFFSET = 10_000
 # The components whose ports are set: each also listens on its port + _GRPC_OFFSET.
 _COMPONENTS = ("s3", "master", "volume", "filer", "admin")
+# Volumes grow only as written (no preallocation), so a high limit costs no disk up front.
+MAX_VOLUMES = 1000
 
 
 def weed_binary() -> str:
@@ -127,6 +129,9 @@ class SeaweedServer:
             f"-master.port={ports.master}", f"-volume.port={ports.volume}",
             f"-filer.port={ports.filer}", f"-admin.port={ports.admin}",
             "-admin.ui=false", "-webdav=false", "-master.telemetry=false",
+            # One volume per bucket at least: mini's automatic limit stops at 60 buckets
+            # (writes then fail with InternalError), fewer than a test session makes.
+            f"-volume.max={MAX_VOLUMES}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-debug.port=0",
             f"-filer.localSocket={self.data_dir / 'filer.sock'}",
             f"-s3.localSocket={self.data_dir / 's3.sock'}",
