@@ -17,6 +17,7 @@ import pytest
 
 from config.processes import PYTHON, REPO_ROOT, port_bindable, wait_until
 from config.seaweed import SeaweedPorts
+from config.stack import DEMO_FLEET
 
 
 def port_is_listening(port: int) -> bool:
@@ -63,13 +64,14 @@ def free_block(ports_of: Callable[[int], list[int]], taken: set[int]) -> int:
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    """Every port the stack takes, none shared: the fleet's four in a row, SeaweedFS's ten."""
+    """Every port the stack takes, none shared: the fleet's in a row, SeaweedFS's ten."""
     taken: set[int] = set()
     chosen = {
         name: free_block(lambda base: [base], taken)
         for name in ("web", "gateway", "valkey", "guardrails", "s3_endpoint")
     }
-    chosen["fleet"] = free_block(lambda base: list(range(base, base + 4)), taken)
+    replicas = sum(model.replicas for model in DEMO_FLEET)
+    chosen["fleet"] = free_block(lambda base: list(range(base, base + replicas)), taken)
     chosen["s3"] = free_block(lambda base: SeaweedPorts.from_base(base).all(), taken)
     return chosen
 
@@ -107,7 +109,11 @@ def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, p
         assert "from openai import OpenAI" in output()
 
         client = openai.OpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0)
-        assert {m.id for m in client.models.list()} == {"llama-3.1-8b-instruct", "minilm-l6-embed"}
+        assert {m.id for m in client.models.list()} == {
+            "llama-3.1-8b-instruct",
+            "minilm-l6-embed",
+            "whisper-large-v3",
+        }
         reply = client.chat.completions.create(
             model="llama-3.1-8b-instruct",
             messages=[{"role": "user", "content": "Hello!"}],

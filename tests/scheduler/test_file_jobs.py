@@ -61,6 +61,7 @@ def world(
     settings.FILE_JOB_PART_CONCURRENCY = 2
     settings.FILE_JOB_RETRY_MAX_SECONDS = 1.0
     settings.BATCH_DEFAULT_TOKENS_PER_SECOND = 1000.0
+    settings.BATCH_CAPACITY_SHARE = 0.5  # the figures below were set against half of it
     settings.FILE_JOBS_START_LAG_SECONDS = 0.0  # the ledger arithmetic here plans from now
     classes = seed_priority(batch_queue_timeout=0.3)
     whisper_sim = start_simulator("whisper", "--kind", "transcription", "--time-scale", "0")
