@@ -32,7 +32,6 @@ import asyncio
 import datetime
 import os
 import platform
-import re
 import resource
 import signal
 import subprocess
@@ -43,6 +42,7 @@ import aiohttp
 import orjson
 import uvloop
 
+from bench.results import write_section
 from bench.scheduling.openloop import (
     CpuMeter,
     ReplicaSamples,
@@ -274,16 +274,6 @@ the feasibility model makes (docs/files.md: file work plans with
 """
 
 
-def write_section(text: str) -> None:
-    existing = RESULTS.read_text()
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(existing):
-        updated = pattern.sub(lambda _: text.rstrip() + "\n\n", existing).rstrip() + "\n"
-    else:
-        updated = existing.rstrip() + "\n\n" + text
-    RESULTS.write_text(updated)
-
-
 async def set_share(session: aiohttp.ClientSession, stack: Stack, share: float) -> None:
     """Publish the batch class with another ``max_pool_share`` and wait for the gateway."""
     stack.policy.priority_class(
@@ -401,7 +391,7 @@ def main() -> None:
     print()
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section(SECTION, text)
         print(f"(written to {RESULTS})")
 
 

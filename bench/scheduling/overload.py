@@ -40,7 +40,6 @@ import importlib.metadata
 import math
 import os
 import platform
-import re
 import resource
 import signal
 import subprocess
@@ -56,6 +55,7 @@ import orjson
 import uvloop
 import valkey.asyncio as avalkey
 
+from bench.results import write_section
 from bench.scheduling.openloop import (
     CpuMeter,
     LoadRun,
@@ -820,16 +820,6 @@ How to read it:
 """
 
 
-def write_section(text: str) -> None:
-    existing = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(existing):
-        updated = pattern.sub(lambda _: text.rstrip() + "\n\n", existing).rstrip() + "\n"
-    else:
-        updated = existing.rstrip() + "\n\n" + text
-    RESULTS.write_text(updated)
-
-
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -869,7 +859,7 @@ def main() -> None:
     print()
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section(SECTION, text)
         print(f"(written to {RESULTS})")
 
 
