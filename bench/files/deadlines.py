@@ -51,7 +51,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
@@ -66,6 +66,7 @@ from config.processes import (
     PYTHON,
     REPO_ROOT,
     ManagedProcess,
+    fleet_is_written,
     free_port,
     gateway_command,
     http_ready,
@@ -133,24 +134,6 @@ def _django(tmp: str, valkey_url: str, gateway_port: int, share: float) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _fleet_written(client: valkey.Valkey) -> Callable[[], bool]:
-    from gateway.policy import SNAPSHOT_KEY, parse_snapshot
-    from gateway.scheduling import keys
-
-    def probe() -> bool:
-        raw = client.get(SNAPSHOT_KEY)
-        if raw is None:
-            return False
-        policy = parse_snapshot(raw)  # type: ignore[arg-type]
-        return all(
-            client.hexists(keys.fleet(model.public_id), replica)
-            for model in policy.models.values()
-            for replica in model.replicas
-        )
-
-    return probe
-
-
 @contextmanager
 def start_world(args: argparse.Namespace) -> Iterator[World]:
     """Valkey, the simulators, the database and its records, the watcher and the gateway."""
@@ -207,7 +190,7 @@ def start_world(args: argparse.Namespace) -> Iterator[World]:
         watcher = ManagedProcess("deadlines-watcher", [PYTHON, "-m", "gateway.fleet_watcher"],
                                  env=common)  # fmt: skip
         started.append(watcher)
-        watcher.start(ready=_fleet_written(client), timeout=30)
+        watcher.start(ready=fleet_is_written(client), timeout=30)
         gateway = ManagedProcess(
             "deadlines-gateway", gateway_command("127.0.0.1", gateway_port), env=common
         )
