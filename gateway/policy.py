@@ -61,6 +61,11 @@ class GuardrailEntry(TypedDict):
     config: dict[str, object]
 
 
+class AsyncTasksEntry(TypedDict):
+    result_ttl_s: int
+    cache_s: int
+
+
 class UseCaseEntry(TypedDict):
     tenant: str
     slug: str
@@ -72,6 +77,9 @@ class UseCaseEntry(TypedDict):
     # What is kept of each request (issue 12): "none", "metadata" (no content; the default,
     # also for snapshots before issue 12) or "full" (the request and response too).
     record: NotRequired[RecordPolicy]
+    # Async tasks (issue 14): how long results live and the result cache, in seconds.
+    # Absent from snapshots before issue 14 (then the defaults of ``UseCase``).
+    async_tasks: NotRequired[AsyncTasksEntry]
 
 
 class PriorityClassEntry(TypedDict):
@@ -198,6 +206,10 @@ class UseCase:
     guardrails: tuple[Guardrail, ...] = ()
     guardrail_failure: str = "closed"
     record: RecordPolicy = DEFAULT_RECORD_POLICY
+    # Async tasks: how long a result stays readable after the task ends, and for how long
+    # an identical deterministic task may reuse it (0: no cache).
+    async_result_ttl_s: int = 600
+    async_cache_s: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +311,8 @@ def parse_snapshot(raw: bytes) -> Policy:
             ),
             guardrail_failure=entry.get("guardrail_failure", "closed"),
             record=_record_policy(entry.get("record", DEFAULT_RECORD_POLICY)),
+            async_result_ttl_s=int(entry.get("async_tasks", {}).get("result_ttl_s", 600)),
+            async_cache_s=int(entry.get("async_tasks", {}).get("cache_s", 0)),
         )
         for use_case_id, entry in document.get("use_cases", {}).items()
     }

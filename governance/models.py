@@ -238,6 +238,20 @@ class UseCase(models.Model):
         default=False,
         help_text="Suspends the deletion of this use case's interaction records while set",
     )
+    async_result_ttl_seconds = models.PositiveIntegerField(
+        "async result lifetime (seconds)",
+        default=600,
+        validators=[MinValueValidator(10), MaxValueValidator(86_400)],
+        help_text="How long an async task's result stays readable after it ends "
+        "(GET /v1/tasks/{id}); then it is gone",
+    )
+    async_cache_seconds = models.PositiveIntegerField(
+        "async result cache (seconds)",
+        default=0,
+        validators=[MaxValueValidator(86_400)],
+        help_text="Reuse the result of an identical deterministic async task (embeddings, "
+        "temperature 0) for this long; 0: no cache",
+    )
     webhook_url = models.URLField(
         blank=True,
         max_length=500,

@@ -108,6 +108,11 @@ def _use_cases() -> dict[str, UseCaseEntry]:
                 "guardrail_failure": use_case.guardrail_failure,
                 # What the gateway captures of each request (issue 12).
                 "record": use_case.record_policy,
+                # How long async results live and whether they are cached (docs/async.md).
+                "async_tasks": {
+                    "result_ttl_s": use_case.async_result_ttl_seconds,
+                    "cache_s": use_case.async_cache_seconds,
+                },
             },
         )
     return entries

@@ -1,0 +1,1 @@
+"""The async task API: submit, poll, and its contract with the batcher (layout)."""
