@@ -64,6 +64,7 @@ class GuardrailEntry(TypedDict):
 class AsyncTasksEntry(TypedDict):
     result_ttl_s: int
     cache_s: int
+    signed_callbacks: NotRequired[bool]
 
 
 class UseCaseEntry(TypedDict):
@@ -210,6 +211,9 @@ class UseCase:
     # an identical deterministic task may reuse it (0: no cache).
     async_result_ttl_s: int = 600
     async_cache_s: int = 0
+    # Whether the use case has a webhook signing secret: a task's ``callback_url`` is signed
+    # with it (Standard Webhooks, scheduler/webhooks.py), so a task may ask for one only then.
+    async_signed_callbacks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +317,9 @@ def parse_snapshot(raw: bytes) -> Policy:
             record=_record_policy(entry.get("record", DEFAULT_RECORD_POLICY)),
             async_result_ttl_s=int(entry.get("async_tasks", {}).get("result_ttl_s", 600)),
             async_cache_s=int(entry.get("async_tasks", {}).get("cache_s", 0)),
+            async_signed_callbacks=bool(
+                entry.get("async_tasks", {}).get("signed_callbacks", False)
+            ),
         )
         for use_case_id, entry in document.get("use_cases", {}).items()
     }

@@ -112,6 +112,8 @@ def _use_cases() -> dict[str, UseCaseEntry]:
                 "async_tasks": {
                     "result_ttl_s": use_case.async_result_ttl_seconds,
                     "cache_s": use_case.async_cache_seconds,
+                    # Whether a signing secret is set: a task's callback_url needs one.
+                    "signed_callbacks": bool(use_case.webhook_secret_sealed),
                 },
             },
         )
