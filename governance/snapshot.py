@@ -169,17 +169,26 @@ def _service_accounts(matrix: dict[tuple[str, str], str]) -> dict[str, ServiceAc
         .prefetch_related("allowed_models")
     )
     return {
-        use_case.service_account_client_id: {
-            "tenant": use_case.tenant.slug,
-            "tenant_id": use_case.tenant_id,
-            "environment": use_case.tenant.environment,
-            "use_case": use_case.slug,
-            "use_case_id": use_case.pk,
-            "namespace": use_case.namespace,
-            "models": sorted(m.public_id for m in use_case.allowed_models.all()),
-            "priority_class": matrix.get((use_case.tenant.environment, use_case.namespace)),
-        }
+        use_case.service_account_client_id: cast(
+            ServiceAccountEntry,
+            _caller(use_case, matrix.get((use_case.tenant.environment, use_case.namespace))),
+        )
         for use_case in bound
+    }
+
+
+def _caller(use_case: UseCase, priority_class: str | None) -> dict[str, object]:
+    """What every principal of a use case carries (keys, service accounts, job keys): who it
+    acts as, what it may call, the class it is queued at."""
+    return {
+        "tenant": use_case.tenant.slug,
+        "tenant_id": use_case.tenant_id,
+        "environment": use_case.tenant.environment,
+        "use_case": use_case.slug,
+        "use_case_id": use_case.pk,
+        "namespace": use_case.namespace,
+        "models": sorted(m.public_id for m in use_case.allowed_models.all()),
+        "priority_class": priority_class,
     }
 
 
@@ -225,19 +234,15 @@ def _default_job_keys(priority_classes: Mapping[str, PriorityClassEntry]) -> dic
 
 def _job_key_entry(use_case: UseCase, class_name: str, priority_class: str) -> KeyEntry:
     """A job key's principal: the use case, no key id, the class it runs at."""
-    return {
-        "key_id": None,
-        "prefix": job_key_prefix(class_name),
-        "tenant": use_case.tenant.slug,
-        "tenant_id": use_case.tenant_id,
-        "environment": use_case.tenant.environment,
-        "use_case": use_case.slug,
-        "use_case_id": use_case.pk,
-        "namespace": use_case.namespace,
-        "models": sorted(m.public_id for m in use_case.allowed_models.all()),
-        "expires_at": None,
-        "priority_class": priority_class,
-    }
+    return cast(
+        KeyEntry,
+        {
+            "key_id": None,
+            "prefix": job_key_prefix(class_name),
+            "expires_at": None,
+            **_caller(use_case, priority_class),
+        },
+    )
 
 
 def snapshot_build(*, version: int) -> SnapshotDocument:
@@ -257,19 +262,15 @@ def snapshot_build(*, version: int) -> SnapshotDocument:
     for key in live_keys:
         use_case = key.use_case
         assert key.key_hash is not None
-        keys[key.key_hash] = {
-            "key_id": key.pk,
-            "prefix": key.prefix,
-            "tenant": use_case.tenant.slug,
-            "tenant_id": use_case.tenant_id,
-            "environment": use_case.tenant.environment,
-            "use_case": use_case.slug,
-            "use_case_id": use_case.pk,
-            "namespace": use_case.namespace,
-            "models": sorted(m.public_id for m in use_case.allowed_models.all()),
-            "expires_at": key.expires_at.timestamp() if key.expires_at else None,
-            "priority_class": matrix.get((use_case.tenant.environment, use_case.namespace)),
-        }
+        keys[key.key_hash] = cast(
+            KeyEntry,
+            {
+                "key_id": key.pk,
+                "prefix": key.prefix,
+                "expires_at": key.expires_at.timestamp() if key.expires_at else None,
+                **_caller(use_case, matrix.get((use_case.tenant.environment, use_case.namespace))),
+            },
+        )
     keys.update(_job_keys(priority_classes))
     return {
         "schema": SCHEMA,
