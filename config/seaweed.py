@@ -118,6 +118,23 @@ class SeaweedServer:
     def endpoint_url(self) -> str:
         return f"http://{self.host}:{self.ports.s3}"
 
+    def storage(self, bucket: str) -> dict[str, object]:
+        """A ``STORAGES`` entry (django-storages' S3 backend) for ``bucket`` on this server:
+        what the files and records storages are pointed at in the tests."""
+        return {
+            "BACKEND": "storages.backends.s3.S3Storage",
+            "OPTIONS": {
+                "bucket_name": bucket,
+                "endpoint_url": self.endpoint_url,
+                "access_key": self.access_key,
+                "secret_key": self.secret_key,
+                "region_name": "us-east-1",
+                "file_overwrite": True,
+                "addressing_style": "path",
+                "signature_version": "s3v4",
+            },
+        }
+
     def command(self) -> list[str]:
         config = self.data_dir / "s3.json"
         ports = self.ports

@@ -118,17 +118,7 @@ def records_store(seaweed: SeaweedServer, request: pytest.FixtureRequest) -> Ite
 
     slug = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:30].strip("-")
     store = RecordsStore(seaweed, f"t-{slug}-{uuid.uuid4().hex[:8]}")
-    options: dict[str, object] = {
-        "bucket_name": store.bucket,
-        "endpoint_url": seaweed.endpoint_url,
-        "access_key": seaweed.access_key,
-        "secret_key": seaweed.secret_key,
-        "region_name": "us-east-1",
-    }
-    storages = {
-        **settings.STORAGES,
-        "records": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": options},
-    }
+    storages = {**settings.STORAGES, "records": seaweed.storage(store.bucket)}
     with override_settings(STORAGES=storages, RECORDS_BUCKET=store.bucket):
         yield store
 

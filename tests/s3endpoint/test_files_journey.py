@@ -58,22 +58,7 @@ def world(
     settings.FILES_BUCKET = s3_endpoint.files_bucket
     settings.S3_ENDPOINT_PUBLIC_URL = s3_endpoint.url
     # This process reads what the endpoint wrote, and writes the outputs beside it.
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "files": {
-            "BACKEND": "storages.backends.s3.S3Storage",
-            "OPTIONS": {
-                "bucket_name": s3_endpoint.files_bucket,
-                "endpoint_url": seaweed.endpoint_url,
-                "access_key": seaweed.access_key,
-                "secret_key": seaweed.secret_key,
-                "region_name": "us-east-1",
-                "file_overwrite": True,
-                "addressing_style": "path",
-                "signature_version": "s3v4",
-            },
-        },
-    }
+    settings.STORAGES = {**settings.STORAGES, "files": seaweed.storage(s3_endpoint.files_bucket)}
     whisper_sim = start_simulator("whisper", "--kind", "transcription", "--time-scale", "0")
     whisper = make_model("whisper", [whisper_sim.base_url], capabilities=["transcription"])
     acme = make_tenant("acme")

@@ -60,19 +60,6 @@ def files_bucket(seaweed: Any) -> Iterator[FilesBucket]:
         aws_secret_access_key=seaweed.secret_key,
         region_name="us-east-1",
     ).create_bucket(Bucket=bucket)
-    options: dict[str, object] = {
-        "bucket_name": bucket,
-        "endpoint_url": seaweed.endpoint_url,
-        "access_key": seaweed.access_key,
-        "secret_key": seaweed.secret_key,
-        "region_name": "us-east-1",
-        "file_overwrite": True,
-        "addressing_style": "path",
-        "signature_version": "s3v4",
-    }
-    storages = {
-        **settings.STORAGES,
-        "files": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": options},
-    }
+    storages = {**settings.STORAGES, "files": seaweed.storage(bucket)}
     with override_settings(STORAGES=storages, FILES_BUCKET=bucket):
         yield FilesBucket(seaweed.endpoint_url, seaweed.access_key, seaweed.secret_key, bucket)
