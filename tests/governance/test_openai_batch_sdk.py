@@ -32,7 +32,8 @@ from tests.conftest import (
     database_url,
 )
 from tests.factories import make_key, make_model, make_tenant, make_use_case
-from tests.support.openai_batch import chat_line, jsonl, running_web, sdk_client
+from tests.support.openai_batch import chat_line, jsonl, sdk_client
+from tests.support.web_process import running_web
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,10 +21,11 @@ import httpx
 import orjson
 import pytest
 
-from config.processes import PYTHON, REPO_ROOT, ManagedProcess, free_port, http_ready, wait_until
+from config.processes import PYTHON, REPO_ROOT, wait_until
 from tests.conftest import RecordsStore
 from tests.factories import PASSWORD
 from tests.support.records import chat_response
+from tests.support.web_process import running_web
 
 RECORDS = 30_000
 
@@ -67,18 +68,8 @@ def web(tmp_path: Path, records_store: RecordsStore) -> Iterator[str]:
             check=False,
         )
         assert done.returncode == 0, done.stderr
-    port = free_port()
-    process = ManagedProcess(
-        f"web-{port}",
-        [PYTHON, "-m", "uvicorn", "config.asgi:application", "--port", str(port)],
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    process.start(ready=http_ready(f"{url}/accounts/login/", expect=200), timeout=60)
-    try:
+    with running_web(env) as url:
         yield url
-    finally:
-        process.stop()
 
 
 def _environ() -> dict[str, str]:

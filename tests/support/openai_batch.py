@@ -3,14 +3,10 @@ pointed at a gateway (the lead's round-trip tests build their client with ``sdk_
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 from openai import OpenAI
-
-from config.processes import PYTHON, ManagedProcess, free_port, http_ready
 
 
 def chat_line(
@@ -32,21 +28,3 @@ def jsonl(lines: list[dict[str, Any]]) -> bytes:
 def sdk_client(gateway_url: str, api_key: str) -> OpenAI:
     """The OpenAI SDK against a Switchyard gateway, with no retries (a test sees every answer)."""
     return OpenAI(base_url=f"{gateway_url}/v1", api_key=api_key, max_retries=0, timeout=30)
-
-
-@contextlib.contextmanager
-def running_web(env: dict[str, str]) -> Iterator[str]:
-    """A real web process (uvicorn serving config.asgi) with ``env`` (database, Valkey, object
-    storage); yields its base URL, for a gateway's ``SWITCHYARD_CONTROL_URL``."""
-    port = free_port()
-    web = ManagedProcess(
-        f"web-{port}",
-        [PYTHON, "-m", "uvicorn", "config.asgi:application", "--port", str(port)],
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    web.start(ready=http_ready(f"{url}/accounts/login/", expect=200), timeout=60)
-    try:
-        yield url
-    finally:
-        web.stop()
