@@ -77,12 +77,19 @@ def test_a_worker_killed_between_the_object_write_and_the_commit_loses_nothing(
     first = start_records_worker(KEYS)
     persist_records.delay(batch_size=len(record_ids))
 
-    # WHEN it is killed as soon as the batch's first object is in the bucket
+    # WHEN it is killed once the batch's first object is in the bucket. The worker runs in
+    # slices of a few milliseconds and is frozen (SIGSTOP) while the bucket is looked at, so
+    # that neither the listing's own latency nor a busy machine lets it write the rest and
+    # commit between the look and the kill.
     deadline = time.monotonic() + 60
-    while not bucket_keys(records_store):
+    while True:
         assert time.monotonic() < deadline, first.log_tail()
         assert first.alive(), first.log_tail()
-        time.sleep(0.005)
+        first.signal(signal.SIGSTOP)
+        if bucket_keys(records_store):
+            break
+        first.signal(signal.SIGCONT)
+        time.sleep(0.003)
     first.signal(signal.SIGKILL)
     assert first.proc is not None
     first.proc.wait(10)
