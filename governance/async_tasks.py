@@ -31,12 +31,14 @@ from governance.audit import Actor, audit_record
 from governance.errors import Conflict, NotFound
 from governance.files import valkey_client
 from governance.models import UseCase
-from governance.roles import can_govern, can_read_everything
+from governance.roles import AnyUser, can_govern, can_read_everything
 from governance.selectors import use_cases_visible
 
 MAX_PAGE: Final = 200
-# A stream entry id, "<ms>-<seq>"; anything else cannot name a dead letter.
-_ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
+# A stream entry id, "<ms>-<seq>", each part an unsigned 64-bit number; anything else cannot
+# name a dead letter (and Valkey would refuse it as a range bound).
+_ENTRY_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+_U64_MAX: Final = 2**64 - 1
 # How many entries a scoped listing reads per round trip while it looks for visible ones.
 _SCAN_CHUNK: Final = 200
 # What XRANGE answers: (id, fields) pairs, bytes as stored.
@@ -126,7 +128,13 @@ def _letter(entry_id: bytes | str, raw: dict[bytes, bytes]) -> DeadLetter:
     )
 
 
-def _visible_use_case_ids(user: Any) -> set[int] | None:
+def is_entry_id(value: str) -> bool:
+    """Whether ``value`` can be a stream entry's id (a dead letter's, a page cursor)."""
+    parts = _ENTRY_ID.fullmatch(value)
+    return parts is not None and all(int(part) <= _U64_MAX for part in parts.groups())
+
+
+def _visible_use_case_ids(user: AnyUser | None) -> set[int] | None:
     """None: every dead letter; else the use cases whose dead letters the person may see."""
     if user is None or can_read_everything(user):
         return None
@@ -139,7 +147,7 @@ def _sees(visible: set[int] | None, letter: DeadLetter) -> bool:
 
 def dead_letters_list(
     *,
-    user: Any,
+    user: AnyUser | None,
     count: int = 50,
     before: str | None = None,
     client: valkey.Valkey | None = None,
@@ -148,8 +156,10 @@ def dead_letters_list(
     ``before`` (an entry id from the previous page's ``next_before``)."""
     if not 1 <= count <= MAX_PAGE:
         raise ValueError(f"count must be between 1 and {MAX_PAGE}")
-    if before is not None and not _ENTRY_ID.fullmatch(before):
+    if before is not None and not is_entry_id(before):
         raise ValueError("before must be a dead letter's id, such as 1732700000000-0")
+    if before == "0-0":
+        return DeadLetterPage(letters=[], next_before=None)  # nothing is older than the first id
     client = client or valkey_client()
     visible = _visible_use_case_ids(user)
     found: list[DeadLetter] = []
@@ -174,9 +184,11 @@ def dead_letters_list(
     return DeadLetterPage(letters=page, next_before=page[-1].entry_id if more else None)
 
 
-def dead_letter_get(*, user: Any, entry_id: str, client: valkey.Valkey | None = None) -> DeadLetter:
+def dead_letter_get(
+    *, user: AnyUser | None, entry_id: str, client: valkey.Valkey | None = None
+) -> DeadLetter:
     """One dead letter the person may see; NotFound for one that is gone or not theirs."""
-    if not _ENTRY_ID.fullmatch(entry_id):
+    if not is_entry_id(entry_id):
         raise NotFound(f"No dead letter {entry_id!r}.")
     client = client or valkey_client()
     found = cast(Entries, client.xrange(layout.dead_letters(), min=entry_id, max=entry_id))

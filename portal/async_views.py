@@ -8,7 +8,6 @@ with the review queue.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from governance.async_tasks import (
     dead_letter_discard,
     dead_letter_replay,
     dead_letters_list,
+    is_entry_id,
 )
 from governance.audit import Actor
 from governance.errors import GovernanceError
@@ -35,7 +35,6 @@ from governance.models import UseCase
 from governance.roles import can_govern, can_read_everything
 
 DEAD_LETTERS_PER_PAGE = 50
-_CURSOR = re.compile(r"\d{1,20}-\d{1,20}")
 _UNREACHABLE = "The task store (Valkey) cannot be reached; nothing was changed. Try again shortly."
 
 
@@ -45,7 +44,7 @@ def _require_reader(request: HttpRequest) -> None:
 
 
 def _cursor(value: str | None) -> str | None:
-    return value if value and _CURSOR.fullmatch(value) else None
+    return value if value and is_entry_id(value) else None
 
 
 def _list_url(before: str | None) -> str:

@@ -24,6 +24,7 @@ from governance.async_tasks import (
     dead_letter_discard,
     dead_letter_replay,
     dead_letters_list,
+    is_entry_id,
 )
 from governance.audit import Actor
 
@@ -64,6 +65,13 @@ class _ListQuery(serializers.Serializer[Any]):
         required=False,
         help_text="Dead letters older than this entry id (the previous page's last)",
     )
+
+    def validate_before(self, value: str) -> str:
+        if not is_entry_id(value):
+            raise serializers.ValidationError(
+                "Not a dead letter's id: each part is at most 2^64-1."
+            )
+        return value
 
 
 class DeadLetterListView(APIView):

@@ -136,10 +136,25 @@ def test_the_list_pages_by_entry_id_newest_first(
 
 
 def test_a_bad_page_query_is_a_400_naming_the_field(world: World) -> None:
-    for query, field in (({"before": "yesterday"}, "before"), ({"count": 0}, "count")):
+    too_big = f"{2**64}-0"  # the id's shape, but no stream id can be this large
+    for query, field in (
+        ({"before": "yesterday"}, "before"),
+        ({"before": too_big}, "before"),
+        ({"count": 0}, "count"),
+        ({"count": 201}, "count"),
+    ):
         response = world.olivia.get(LIST, query)
-        assert response.status_code == 400
+        assert response.status_code == 400, query
         assert field in response.json()
+
+
+def test_nothing_is_older_than_the_first_possible_id(
+    world: World, valkey_client: valkey.Valkey
+) -> None:
+    dead_letter(valkey_client, world.acme_search)
+    response = world.olivia.get(LIST, {"before": "0-0"})
+    assert _tasks(response) == []
+    assert response.json()["next"] is None
 
 
 def test_developers_see_their_own_tenants_dead_letters_only_and_auditors_all(
@@ -335,6 +350,9 @@ def test_an_unknown_or_malformed_id_is_a_404(world: World, valkey_client: valkey
     assert missing.status_code == 404
     assert "No dead letter 1-0" in missing.json()["detail"]
     assert world.olivia.post(f"{LIST}not-an-id/replay/").status_code == 404
+    too_big = world.olivia.post(replay_url(f"{2**64}-0"))  # no Valkey error, just not found
+    assert too_big.status_code == 404
+    assert "No dead letter" in too_big.json()["detail"]
     assert world.olivia.post(discard_url("1-0")).status_code == 404
 
 
