@@ -242,7 +242,7 @@ def _audit(actor: Actor, action: str, letter: DeadLetter, **extra: Any) -> None:
 
 
 @lru_cache(maxsize=1)
-def _replay_source() -> str:
+def replay_lua_source() -> str:
     return _REPLAY_LUA.read_text()
 
 
@@ -265,7 +265,7 @@ def dead_letter_replay(
     stream = letter.stream
     if not stream:
         raise Conflict("The dead letter does not name its stream; it cannot be replayed.")
-    script = client.register_script(_replay_source())
+    script = client.register_script(replay_lua_source())
     now_ms = int(datetime.now(tz=UTC).timestamp() * 1000)
     answer = script(
         keys=[

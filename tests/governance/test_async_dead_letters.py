@@ -16,7 +16,7 @@ from django.test import Client
 
 from config.processes import free_port
 from gateway.async_tasks import layout
-from governance.async_tasks import dead_letter_replay, dead_letters_list
+from governance.async_tasks import dead_letter_replay, dead_letters_list, replay_lua_source
 from governance.audit import Actor
 from governance.errors import NotFound
 from governance.models import AuditEvent, UseCase
@@ -406,3 +406,34 @@ def test_the_platform_lists_every_dead_letter_and_a_bad_cursor_is_refused(
         dead_letters_list(user=None, before="latest", client=valkey_client)
     with pytest.raises(ValueError, match="count must be"):
         dead_letters_list(user=None, count=1000, client=valkey_client)
+
+
+def test_a_dead_letter_without_its_stream_is_not_replayed_409(
+    world: World, valkey_client: valkey.Valkey
+) -> None:
+    entry_id, task_id, _ = dead_letter(valkey_client, world.acme_search, stream="")
+
+    response = world.olivia.post(replay_url(entry_id))
+
+    assert response.status_code == 409
+    assert "does not name its stream" in response.json()["detail"]
+    assert status_of(valkey_client, task_id) == "failed"
+    assert valkey_client.xlen(layout.dead_letters()) == 1
+
+
+def test_the_replay_script_refuses_a_stream_other_than_the_entrys(
+    world: World, valkey_client: valkey.Valkey
+) -> None:
+    """The script declares every key it writes; it writes only the stream the entry names."""
+    entry_id, task_id, fields = dead_letter(valkey_client, world.acme_search)
+    script = valkey_client.register_script(replay_lua_source())
+    elsewhere = layout.stream("embed", 99)
+
+    answer = script(
+        keys=[layout.dead_letters(), elsewhere, layout.task(task_id), layout.depth("embed")],
+        args=[entry_id, now_ms(), 60_000, 600, *layout.ENTRY_FIELDS],
+    )
+
+    assert answer == [b"conflict", b"stream"]
+    assert valkey_client.exists(elsewhere, fields["stream"]) == 0
+    assert valkey_client.xlen(layout.dead_letters()) == 1
