@@ -220,6 +220,11 @@ else:
 # gateway's) are kept this long; a use case's own record_retention_days applies otherwise.
 RECORD_RETENTION_DAYS = env_int("SWITCHYARD_RECORD_RETENTION_DAYS", 90, minimum=1)
 
+# --- Async tasks (docs/async.md) -------------------------------------------------------------
+# How long a queued task may wait before it is dropped: the gateway's own variable, read here
+# too because a replayed dead letter starts a fresh queue lifetime (governance/async_tasks.py).
+ASYNC_QUEUE_TTL_SECONDS = env_int("SWITCHYARD_ASYNC_QUEUE_TTL_SECONDS", 3600, minimum=1)
+
 # --- File work: the feasibility model (docs/files.md) ----------------------------------------
 # The share of a model's measured capacity batch (file) work may be promised.
 BATCH_CAPACITY_SHARE = env_float("SWITCHYARD_BATCH_CAPACITY_SHARE", 0.3, minimum=0.01)

@@ -13,3 +13,8 @@ class GovernanceError(Exception):
 
 class Conflict(GovernanceError):
     """The action does not fit the record's current state (e.g. revealing a key twice)."""
+
+
+class NotFound(GovernanceError):
+    """A record kept outside the database (a Valkey stream entry) is gone, or not the
+    person's to see: the two read the same, so that its existence does not leak."""

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import path, re_path
 
-from portal import files_views, records_views, views
+from portal import async_views, files_views, records_views, views
 
 app_name = "portal"
 
@@ -25,6 +25,18 @@ urlpatterns = [
     path("files/<int:pk>/cancel/", files_views.file_cancel_view, name="file_cancel"),
     path("files/<int:pk>/original/", files_views.file_original, name="file_original"),
     path("files/<int:pk>/outputs/<str:name>/", files_views.file_output, name="file_output"),
+    # Async tasks' dead letters (docs/async.md "Dead letters"): replay or discard, audited.
+    path("async/dead-letters/", async_views.dead_letters, name="async_dead_letters"),
+    re_path(
+        r"^async/dead-letters/(?P<entry_id>[0-9]{1,20}-[0-9]{1,20})/replay/$",
+        async_views.dead_letter_replay_view,
+        name="async_dead_letter_replay",
+    ),
+    re_path(
+        r"^async/dead-letters/(?P<entry_id>[0-9]{1,20}-[0-9]{1,20})/discard/$",
+        async_views.dead_letter_discard_view,
+        name="async_dead_letter_discard",
+    ),
     path("use-cases/<int:pk>/", views.use_case_detail, name="use_case_detail"),
     path(
         "use-cases/<int:pk>/transition/",

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
-from governance.errors import Conflict
+from governance.errors import Conflict, NotFound
 
 # Enough to act on; the count says how many more there are.
 MAX_REFERENCES = 20
@@ -56,6 +56,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.ValidationError(detail)
     elif isinstance(exc, Conflict):
         exc = ConflictError(str(exc))
+    elif isinstance(exc, NotFound):
+        exc = exceptions.NotFound(str(exc))
     elif isinstance(exc, ProtectedError | RestrictedError):
         set_rollback()  # as DRF does for its own errors: nothing half-deleted stays
         return _protected(exc)

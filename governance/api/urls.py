@@ -3,7 +3,16 @@ from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from governance.api import decisions, files, findings, records, s3_credentials, sla_classes, views
+from governance.api import (
+    async_tasks,
+    decisions,
+    files,
+    findings,
+    records,
+    s3_credentials,
+    sla_classes,
+    views,
+)
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -44,6 +53,21 @@ urlpatterns = [
             SpectacularSwaggerSplitView.as_view(url_name="schema")
         ),
         name="api-docs",
+    ),
+    path(
+        "async/dead-letters/",
+        async_tasks.DeadLetterListView.as_view(),
+        name="async-dead-letters",
+    ),
+    re_path(
+        rf"^async/dead-letters/(?P<entry_id>{async_tasks.ENTRY_ID_PATTERN})/replay/$",
+        async_tasks.DeadLetterReplayView.as_view(),
+        name="async-dead-letter-replay",
+    ),
+    re_path(
+        rf"^async/dead-letters/(?P<entry_id>{async_tasks.ENTRY_ID_PATTERN})/discard/$",
+        async_tasks.DeadLetterDiscardView.as_view(),
+        name="async-dead-letter-discard",
     ),
     re_path(
         r"^use-cases/(?P<pk>[^/.]+)/s3-credentials/$",

@@ -53,6 +53,7 @@ def portal_nav(context: template.Context) -> Nav:
     if may_search_records(user):
         wanted.append(("Records", reverse("portal:records"), None))
     if can_read_everything(user):
+        wanted.append(("Dead letters", reverse("portal:async_dead_letters"), None))
         wanted.append(("Audit trail", reverse("portal:audit_trail"), None))
     if getattr(user, "is_staff", False):
         wanted.append(("Admin", reverse("admin:index"), None))

@@ -35,6 +35,7 @@ from governance.models import (
 from governance.roles import Role
 from scheduler.models import GuardrailFinding
 from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from tests.support.dead_letters import dead_letter
 from tests.support.records import make_record
 
 pytestmark = pytest.mark.django_db
@@ -140,10 +141,14 @@ def wsgi_in_transaction() -> Iterator[None]:
 
 @pytest.fixture
 def sessions(
-    wsgi_in_transaction: None, company_guardrails: Any
+    wsgi_in_transaction: None,
+    company_guardrails: Any,
+    live_valkey_settings: Any,
+    valkey_client: Any,
 ) -> Iterator[list[tuple[str, dict[str, str]]]]:
     """Two tenants with use cases, keys, guardrails (a company's own, so that their settings
-    are validated for real), findings and limits; a signed-in session per role."""
+    are validated for real), findings, limits and dead-lettered async tasks (on the test's
+    Valkey); a signed-in session per role."""
     acme, globex = make_tenant("acme"), make_tenant("globex")
     llama = make_model("llama")
     chatbot = make_use_case(acme, "chatbot", models=(llama,))
@@ -196,6 +201,8 @@ def sessions(
             "rate-limit-policies": [limit.pk],
             "sla-classes": [sla.pk],
             "usernames": [username for username, _role in ROLES],
+            # Replayed or discarded by the first officer's case, a 404 for the rest.
+            "async": [dead_letter(valkey_client, chatbot)[0] for _ in range(3)],
         }
     )
     result = []
