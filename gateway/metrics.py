@@ -13,7 +13,7 @@ tenant's limit name.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, TypeVar
 
 from prometheus_client import (
@@ -255,6 +255,12 @@ class GatewayMetrics:
             )
         )
 
+        self._async_waiting = Gauge(
+            PREFIX + "async_long_polls_waiting",
+            "Long polls waiting for their task to end now.",
+            registry=r,
+        )
+
     # --- the request path -----------------------------------------------------------------
     def request_finished(
         self,
@@ -317,6 +323,10 @@ class GatewayMetrics:
 
     def async_polled(self, *, found: bool, waited: bool) -> None:
         self._async_polls[("found" if found else "not_found", "yes" if waited else "no")].inc()
+
+    def watch_long_polls(self, waiting: Callable[[], float]) -> None:
+        """Read the long polls waiting from ``waiting`` at scrape time."""
+        self._async_waiting.set_function(waiting)
 
     def async_waited(self, outcome: AsyncWaitOutcome, seconds: float) -> None:
         self._async_waits[(outcome,)].observe(seconds)

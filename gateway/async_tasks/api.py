@@ -79,6 +79,7 @@ class AsyncTasks:
             backlog_retry_after_s=settings.async_backlog_retry_after_s,
         )
         self.waiters = DoneWaiters(gateway.valkey)
+        self._metrics.watch_long_polls(self.waiters.waiting)
 
     def start(self) -> None:
         self.waiters.start()
