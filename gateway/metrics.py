@@ -223,17 +223,10 @@ class GatewayMetrics:
                 registry=r,
             )
         )
-        self._async_tasks = _Children(
-            Counter(
-                PREFIX + "async_tasks_submitted",
-                "Async tasks in submit calls, by the call's outcome.",
-                ["outcome"],
-                registry=r,
-            )
-        )
         self._async_bulk = Histogram(
             PREFIX + "async_submit_tasks",
-            "Tasks per accepted async submit call (1 for a single submit).",
+            "Tasks per accepted async submit call (1 for a single submit); its sum is the "
+            "tasks accepted.",
             buckets=ASYNC_BULK_BUCKETS,
             registry=r,
         )
@@ -317,7 +310,6 @@ class GatewayMetrics:
     def async_submitted(self, outcome: AsyncSubmitOutcome, tasks: int) -> None:
         """One async submit call of ``tasks`` bodies and how it ended."""
         self._async_submits[(outcome,)].inc()
-        self._async_tasks[(outcome,)].inc(tasks)
         if outcome == "accepted":
             self._async_bulk.observe(tasks)
 

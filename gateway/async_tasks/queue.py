@@ -17,21 +17,22 @@ from pathlib import Path
 
 from gateway.admission.limits import Limit, limit_args
 from gateway.async_tasks import layout
-from gateway.autopipeline import Arg, AutoPipeline, pack_values
+from gateway.autopipeline import AutoPipeline, bulk, pack_values
 from gateway.scheduling.errors import MAX_RETRY_AFTER_S, RateLimited
 from gateway.scheduling.keys import KEY_PREFIX
 
 _HERE = Path(__file__).resolve().parent
-_SCHEDULING = _HERE.parent / "scheduling"
 SCRIPT = "async_submit"
 # A drain rate older than this says nothing about now (the batchers may be gone).
 DRAIN_RATE_FRESH_MS = 60_000
+_PER_TASK = 2 + len(layout.ENTRY_FIELDS)  # task key, stream key, the entry's values
 
 
 def lua_source() -> str:
-    """submit.lua as loaded: limits.lua and common.lua first, as the scheduler's scripts."""
+    """submit.lua as loaded: limits.lua first, as for the scheduler's scripts. Not common.lua:
+    submit.lua needs none of the queue's functions, and defining them all on every call
+    cost Valkey about a fifth of a submit's time (measured)."""
     libraries = (_HERE.parent / "admission" / "limits.lua").read_text()
-    libraries += "\n" + (_SCHEDULING / "common.lua").read_text()
     return f"{libraries}\n{(_HERE / 'submit.lua').read_text()}"
 
 
@@ -132,12 +133,32 @@ class TaskQueue:
         self._partitions = partitions
         self._fallback_s = backlog_retry_after_s
         self._prefix = prefix
-        self._keys: list[Arg] = [prefix]
         # model -> the partition count its registry entry holds, once it turned out not to be
         # this gateway's setting (an operator changed it; batchers follow the registry).
         self._registered: dict[str, int] = {}
-        self._fields = pack_values([len(layout.ENTRY_FIELDS), *layout.ENTRY_FIELDS])
-        self._registry = layout.partitions_registry(prefix=prefix)
+        # The call's values that never change, packed once (a submit is on the hot path).
+        self._numkeys_and_key = pack_values((1, prefix))
+        self._backlog_and_ttl = pack_values((max_backlog, self._ttl_ms))
+        self._registry_and_fields = pack_values(
+            (layout.partitions_registry(prefix=prefix), len(layout.ENTRY_FIELDS),
+             *layout.ENTRY_FIELDS)
+        )  # fmt: skip
+        # numkeys, key, now, max_backlog, ttl, result_ttl, registry, F, names, M, T
+        self._fixed_count = 10 + len(layout.ENTRY_FIELDS)
+        self._models: dict[tuple[str, int], tuple[bytes, bytes]] = {}
+
+    def _model_part(self, model: str, count: int) -> bytes:
+        """A model's five values: name, depth key, task count, partitions, drain-rate key."""
+        partitions = self._registered.get(model, self._partitions)
+        found = self._models.get((model, partitions))
+        if found is None:
+            if len(self._models) > 10_000:  # bounded by the policy's models in practice
+                self._models.clear()
+            found = self._models[(model, partitions)] = (
+                pack_values((model, layout.depth(model, prefix=self._prefix))),
+                pack_values((partitions, layout.drain_rate(model, prefix=self._prefix))),
+            )
+        return b"%s%s%s" % (found[0], bulk(count), found[1])
 
     async def submit(
         self,
@@ -156,54 +177,53 @@ class TaskQueue:
             counts: dict[str, int] = {}
             for task in tasks:
                 counts[task.model] = counts.get(task.model, 0) + 1
-            head: list[Arg] = [now, self._max_backlog, self._ttl_ms, result_ttl_s, self._registry]
-            models: list[Arg] = [len(counts)]
+            parts = [
+                self._numkeys_and_key,
+                bulk(now),
+                self._backlog_and_ttl,
+                bulk(result_ttl_s),
+                self._registry_and_fields,
+                bulk(len(counts)),
+            ]
             for model, count in counts.items():
-                models += [
-                    model,
-                    layout.depth(model, prefix=self._prefix),
-                    count,
-                    self._registered.get(model, self._partitions),
-                    layout.drain_rate(model, prefix=self._prefix),
-                ]
-            entries: list[Arg] = [len(tasks)]
+                parts.append(self._model_part(model, count))
+            parts.append(bulk(len(tasks)))
             queued: list[QueuedTask] = []
             for task in tasks:
                 task_id = new_task_id()
                 partitions = self._registered.get(task.model, self._partitions)
-                entries += [
-                    layout.task(task_id, prefix=self._prefix),
-                    layout.stream(
-                        task.model,
-                        layout.partition_of(task_id, partitions),
-                        prefix=self._prefix,
-                    ),
-                    # layout.ENTRY_FIELDS, in its order
-                    task_id,
-                    task.endpoint,
-                    task.model,
-                    use_case_id,
-                    tenant,
-                    priority_class,
-                    task.estimate,
-                    now,
-                    task.deadline_ms,
-                    expires,
-                    task.callback_url,
-                    task.body,
-                ]
+                parts.append(
+                    pack_values(
+                        (
+                            layout.task(task_id, prefix=self._prefix),
+                            layout.stream(
+                                task.model,
+                                layout.partition_of(task_id, partitions),
+                                prefix=self._prefix,
+                            ),
+                            # layout.ENTRY_FIELDS, in its order
+                            task_id,
+                            task.endpoint,
+                            task.model,
+                            use_case_id,
+                            tenant,
+                            priority_class,
+                            task.estimate,
+                            now,
+                            task.deadline_ms,
+                            expires,
+                            task.callback_url,
+                            task.body,
+                        )
+                    )
+                )
                 queued.append(
                     QueuedTask(task_id, task.model, task.endpoint, now, task.deadline_ms, expires)
                 )
-            call = b"".join(
-                (
-                    pack_values([1, self._prefix, *head]),
-                    self._fields,
-                    pack_values([*models, *entries, *limit_args(limits)]),
-                )
-            )
-            count = 2 + len(head) + 1 + len(layout.ENTRY_FIELDS) + len(models) + len(entries)
-            count += 5 * len(limits)
+            if limits:
+                parts.append(pack_values(limit_args(limits)))
+            call = b"".join(parts)
+            count = self._fixed_count + 5 * len(counts) + len(tasks) * _PER_TASK + 5 * len(limits)
             reply = await (await self._pipe.send_packed_script(SCRIPT, call, count))
             status = int(reply[0])
             if status == 1:
