@@ -49,7 +49,7 @@ from gateway.policy import SCHEMA, SnapshotDocument, snapshot_write
 
 SECTION = "## Async tasks — submit throughput"
 MODEL = "bench-embed"
-BODY = {"model": MODEL, "input": "The quick brown fox jumps over the lazy dog."}
+BODY: dict[str, object] = {"model": MODEL, "input": "The quick brown fox jumps over the lazy dog."}
 TARGET = 10_000
 
 
@@ -93,15 +93,28 @@ def _publish(client: valkey.Valkey, replica: str) -> str:
             }
         },
         "use_cases": {
-            "1": {"tenant": "bench", "slug": "async-bench", "limits": GENEROUS_LIMITS,
-                  "guardrails": []},
-        },  # fmt: skip
+            "1": {
+                "tenant": "bench",
+                "slug": "async-bench",
+                "limits": GENEROUS_LIMITS,
+                "guardrails": [],
+            },
+        },
         "priority_classes": {
-            "interactive": {"rank": 0, "vllm_priority": 0, "queue_timeout_s": 30.0,
-                            "max_queue_length": 10_000},
-            "batch": {"rank": 5, "vllm_priority": 5, "queue_timeout_s": 300.0,
-                      "max_queue_length": 100_000, "max_pool_share": 0.5},
-        },  # fmt: skip
+            "interactive": {
+                "rank": 0,
+                "vllm_priority": 0,
+                "queue_timeout_s": 30.0,
+                "max_queue_length": 10_000,
+            },
+            "batch": {
+                "rank": 5,
+                "vllm_priority": 5,
+                "queue_timeout_s": 300.0,
+                "max_queue_length": 100_000,
+                "max_pool_share": 0.5,
+            },
+        },
     }
     snapshot_write(client, document)
     return plaintext
@@ -176,7 +189,8 @@ class Run:
 
 
 def _queued(client: valkey.Valkey) -> int:
-    return int(client.get(layout.depth(MODEL)) or 0)
+    depth = cast(bytes | None, client.get(layout.depth(MODEL)))
+    return int(depth or 0)
 
 
 def measure(stack: Stack, script: Path, path: str, args: argparse.Namespace) -> Run:
@@ -220,7 +234,7 @@ def report(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         "",
         "| path | requests/s | p50 | p99 | errors | tasks queued | gateway CPU/req | "
         "Valkey CPU/req | gateway | valkey | wrk | machine | other |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- " + "| ---: " * 12 + "|",
     ]
     for run in runs:
         lines.append(
@@ -235,7 +249,7 @@ def report(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         )
     lines += [
         "",
-        "CPU columns are cores (CPU seconds per wall second); \"other\" is what processes not",
+        'CPU columns are cores (CPU seconds per wall second); "other" is what processes not',
         "ours took meanwhile. \"Tasks queued\" is the model's depth counter's growth during the",
         "measured seconds (warm-up excluded): every accepted submit is one queued task. The",
         f"synchronous figure is {sync.wrk.requests_per_s / max(1.0, submit.wrk.requests_per_s):.0%}"
@@ -258,7 +272,10 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="switchyard-async-bench-") as tmp,
         running_stack(Path(tmp)) as stack,
     ):
-        headers = {"Authorization": f"Bearer {stack.api_key}", "Content-Type": "application/json"}
+        headers = {
+            "Authorization": f"Bearer {stack.api_key}",
+            "Content-Type": "application/json",
+        }
         script = write_script(Path(tmp) / "embed.lua", BODY, headers)
         runs = [
             measure(stack, script, "/v1/async/embeddings", args),

@@ -126,7 +126,11 @@ def _same_use_case_key(policy: PolicyBuilder, like: str) -> str:
 def _async_settings(policy: PolicyBuilder, key: str, **settings: Any) -> None:
     """The key's use case's async settings (result TTL, signed callbacks)."""
     use_case = policy._use_case(key)
-    use_case["async_tasks"] = {"result_ttl_s": 600, "cache_s": 0, **settings}
+    use_case["async_tasks"] = {
+        "result_ttl_s": settings.get("result_ttl_s", 600),
+        "cache_s": 0,
+        "signed_callbacks": settings.get("signed_callbacks", False),
+    }
 
 
 @dataclass

@@ -60,7 +60,8 @@ def _submit(queue: TaskQueue, tasks: list[NewTask], limits: list[Limit]) -> Awai
 
 
 def _written(client: valkey.Valkey) -> list[bytes]:
-    return sorted(client.keys("sy:{sy}:*"))
+    keys: list[bytes] = client.keys("sy:{sy}:*")  # type: ignore[assignment]
+    return sorted(keys)
 
 
 def test_a_full_backlog_of_one_model_queues_nothing_for_the_others(
