@@ -44,6 +44,7 @@ from gateway.async_tasks.documents import (
 from gateway.async_tasks.queue import BacklogFull, NewTask, QueuedTask, TaskQueue, merged_limits
 from gateway.async_tasks.waiters import DoneWaiters
 from gateway.errors import GatewayError
+from gateway.guardrails import GuardPlan
 from gateway.http import ClientGone, Receive, Scope, Send, read_body, send_response
 from gateway.metrics import AsyncSubmitOutcome, AsyncWaitOutcome
 from gateway.policy import Policy, Principal
@@ -106,8 +107,8 @@ class AsyncTasks:
             raise
         guard = policy.guarded.get(principal.use_case_id)
         if guard is not None and guard.request is not None:
-            await self._check_requests(path, tasks, bulk, policy, principal, request_id)
-        queued = await self._queue(path, tasks, policy, principal, request_id)
+            await self._check_requests(path, tasks, bulk, guard, policy, principal, request_id)
+        queued = await self._queue(path, tasks, policy, principal)
         self._metrics.async_submitted("accepted", count)
         headers = [(b"x-request-id", request_id)]
         if bulk:
@@ -148,6 +149,7 @@ class AsyncTasks:
         path: str,
         tasks: list[TaskBody],
         bulk: bool,
+        guard: GuardPlan,
         policy: Policy,
         principal: Principal,
         request_id: bytes,
@@ -155,7 +157,6 @@ class AsyncTasks:
         """The use case's request guardrails on every body, as the synchronous path runs
         them (Gateway._check_request): a block refuses the whole call (400), a redaction
         rewrites the body that is queued, a flag is recorded."""
-        guard = policy.guarded[principal.use_case_id]
         for index, task in enumerate(tasks):
             record_id = _minted_id()
             call = Call(
@@ -190,7 +191,6 @@ class AsyncTasks:
         tasks: list[TaskBody],
         policy: Policy,
         principal: Principal,
-        request_id: bytes,
     ) -> list[QueuedTask]:
         per_task = []
         new = []
