@@ -50,6 +50,7 @@ for i, model in ipairs(models) do
   if registered and registered ~= model.partitions then
     return {-3, "partitions", i, registered}
   end
+  model.registered = registered
 end
 
 local refused, state = limits_check(now, ARGV, limits_at)
@@ -68,7 +69,9 @@ end
 limits_commit(state)
 for _, model in ipairs(models) do
   redis.call("INCRBY", model.depth, model.count)
-  redis.call("HSETNX", registry, model.name, model.partitions)
+  if not model.registered then
+    redis.call("HSETNX", registry, model.name, model.partitions)
+  end
 end
 
 local fields = {}
