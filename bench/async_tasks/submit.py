@@ -12,7 +12,7 @@ stream with its hash: submit.lua's whole work), then to ``/v1/embeddings`` for c
     .venv/bin/python -m bench.async_tasks.submit            # writes bench/RESULTS.md
     .venv/bin/python -m bench.async_tasks.submit --no-write
 
-Bounded: about 1–2 minutes with the defaults. Stops everything it started.
+Bounded: under 3 minutes with the defaults (about 40 s on a quiet machine). Stops everything it started.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def measure(stack: Stack, script: Path, path: str, args: argparse.Namespace) -> 
     for _ in range(args.slices):
         best: tuple[WrkResult, CpuUsage, int] | None = None
         for _attempt in range(2):
-            wait_for_quiet(stack.pids, max_wait_s=10, threshold_cores=QUIET_CORES)
+            wait_for_quiet(stack.pids, max_wait_s=5, threshold_cores=QUIET_CORES)
             before = _queued(stack.valkey)
             meter = CpuMeter(stack.pids)
             result = run_wrk(
