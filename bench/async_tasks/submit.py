@@ -12,7 +12,8 @@ stream with its hash: submit.lua's whole work), then to ``/v1/embeddings`` for c
     .venv/bin/python -m bench.async_tasks.submit            # writes bench/RESULTS.md
     .venv/bin/python -m bench.async_tasks.submit --no-write
 
-Bounded: under 3 minutes with the defaults (about 40 s on a quiet machine). Stops everything it started.
+Bounded: under 3 minutes with the defaults (about 40 s on a quiet machine). Stops everything
+it started.
 """
 
 from __future__ import annotations
@@ -274,6 +275,17 @@ def report(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
             f"{run.cpu.cores('wrk'):.2f} | {run.cpu.machine_cores:.2f} | "
             f"{run.cpu.other_cores:.2f} |"
         )
+    per_task_us = sum(submit.cpu_per_request_us(name) for name in ("gateway", "valkey", "wrk"))
+    cores = int(machine["nproc"])
+    lines += [
+        "",
+        f"What bounds it: each accepted task cost {per_task_us:.0f} µs of CPU across the gateway "
+        f"({submit.cpu_per_request_us('gateway'):.0f} µs), Valkey "
+        f"({submit.cpu_per_request_us('valkey'):.0f} µs) and wrk: {cores} cores, with nothing "
+        f"else running, could accept at most {cores / per_task_us * 1e6:,.0f} tasks/s; the "
+        "gateway process alone, with a core to itself, "
+        f"{1e6 / max(1.0, submit.cpu_per_request_us('gateway')):,.0f}/s.",
+    ]
     lines += [
         "",
         'CPU columns are cores (CPU seconds per wall second); "other" is what processes not',
