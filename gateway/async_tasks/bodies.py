@@ -29,6 +29,8 @@ CAPABILITY = {
     "/v1/embeddings": "embeddings",
 }
 MAX_CALLBACK_URL_CHARS = 2048
+# 9999-12-31T23:59:59Z: what ISO 8601 can write; a larger number is no time either.
+_LATEST_DEADLINE_S = 253_402_300_799
 
 
 @dataclass(slots=True)
@@ -118,7 +120,7 @@ def parse_deadline(value: object, now_s: float) -> int:
             seconds = moment.timestamp()
     else:
         seconds = math.nan
-    if not math.isfinite(seconds):
+    if not math.isfinite(seconds) or seconds > _LATEST_DEADLINE_S:
         raise errors.bad_request(
             "'deadline' must be a time: epoch seconds or ISO 8601 (e.g. 2026-01-31T20:00:00Z).",
             param="deadline",

@@ -286,6 +286,7 @@ def test_bad_bodies_are_refused_with_an_openai_error_and_nothing_is_queued(async
         ("/v1/async/chat/completions", {**chat, "stream": True}, "stream", None),
         ("/v1/async/embeddings", {**good, "deadline": "next tuesday"}, "deadline", None),
         ("/v1/async/embeddings", {**good, "deadline": True}, "deadline", None),
+        ("/v1/async/embeddings", {**good, "deadline": 1e308}, "deadline", "invalid_deadline"),
         ("/v1/async/embeddings", {**good, "deadline": time.time() - 5}, "deadline", None),
         (
             "/v1/async/embeddings",
@@ -331,7 +332,7 @@ def test_bad_bodies_are_refused_with_an_openai_error_and_nothing_is_queued(async
     assert forbidden.json()["error"]["param"] == "[0].model"
     assert world.nothing_queued()
     metrics = world.metrics()
-    assert 'switchyard_gateway_async_submits_total{outcome="invalid"} 18.0' in metrics
+    assert 'switchyard_gateway_async_submits_total{outcome="invalid"} 19.0' in metrics
     assert 'outcome="accepted"' not in metrics
 
 
