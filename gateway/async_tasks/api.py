@@ -18,6 +18,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
@@ -25,6 +26,7 @@ import orjson
 import valkey
 
 from gateway import errors
+from gateway.admission.limits import Limit
 from gateway.app import (
     Call,
     _admission_unavailable,
@@ -41,14 +43,21 @@ from gateway.async_tasks.documents import (
     queued_document,
     task_document,
 )
-from gateway.async_tasks.queue import BacklogFull, NewTask, QueuedTask, TaskQueue, merged_limits
+from gateway.async_tasks.queue import (
+    BacklogFull,
+    LimitPlans,
+    NewTask,
+    QueuedTask,
+    TaskQueue,
+    merged_limits,
+)
 from gateway.async_tasks.waiters import DoneWaiters
 from gateway.errors import GatewayError
 from gateway.guardrails import GuardPlan
 from gateway.http import ClientGone, Receive, Scope, Send, read_body, send_response
 from gateway.metrics import AsyncSubmitOutcome, AsyncWaitOutcome
 from gateway.policy import Policy, Principal
-from gateway.scheduling import RateLimited, TicketPlans
+from gateway.scheduling import RateLimited
 from gateway.scheduling.tickets import priority_class_for
 
 if TYPE_CHECKING:
@@ -69,7 +78,7 @@ class AsyncTasks:
         settings = gateway.settings
         self._settings = settings
         self._metrics = gateway.metrics
-        self._plans = TicketPlans()
+        self._plans = LimitPlans()
         self._pipe = gateway.scheduler.pipe
         self.queue = TaskQueue(
             gateway.scheduler.pipe,
@@ -192,28 +201,35 @@ class AsyncTasks:
         policy: Policy,
         principal: Principal,
     ) -> list[QueuedTask]:
-        per_task = []
-        new = []
-        for task in tasks:
-            ticket = self._plans.plan(policy, principal, task.model).ticket(
-                request_id="async", cost=task.estimate.total
+        new = [
+            NewTask(
+                model=task.model.public_id,
+                endpoint=path,
+                estimate=task.estimate.total,
+                deadline_ms=task.deadline_ms,
+                callback_url=task.callback_url,
+                body=task.body,
             )
-            per_task.append(ticket.limits)
-            new.append(
-                NewTask(
-                    model=task.model.public_id,
-                    endpoint=path,
-                    estimate=task.estimate.total,
-                    deadline_ms=task.deadline_ms,
-                    callback_url=task.callback_url,
-                    body=task.body,
-                )
+            for task in tasks
+        ]
+        packed: bytes | None = None
+        if len(tasks) == 1:
+            plan = self._plans.plan(policy, principal, new[0].model)
+            limits: Sequence[Limit] = plan.limits
+            packed = plan.packed(new[0].estimate)
+        else:
+            limits = merged_limits(
+                [
+                    self._plans.plan(policy, principal, task.model).charged(task.estimate)
+                    for task in new
+                ]
             )
         use_case = policy.use_cases.get(principal.use_case_id)
         try:
             return await self.queue.submit(
                 new,
-                merged_limits(per_task),
+                limits,
+                packed_limits=packed,
                 use_case_id=principal.use_case_id,
                 tenant=principal.tenant,
                 priority_class=self._priority_class(policy, principal),

@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.admission.limits import Limit, limit_args
+from gateway.admission.limits import Limit, limit_args, limits_for
 from gateway.async_tasks import layout
 from gateway.autopipeline import AutoPipeline, bulk, pack_values
+from gateway.policy import Policy, Principal
 from gateway.scheduling.errors import MAX_RETRY_AFTER_S, RateLimited
 from gateway.scheduling.keys import KEY_PREFIX
 
@@ -96,6 +97,64 @@ def merged_limits(per_task: Sequence[Sequence[Limit]]) -> list[Limit]:
     return list(merged.values())
 
 
+class LimitPlan:
+    """The rate limits of one principal on one model, and their submit.lua values packed
+    once: a submit only splices in its token estimate (``limits_for`` and packing cost more
+    than the rest of admitting a task)."""
+
+    __slots__ = ("limits", "parts")
+
+    def __init__(self, limits: Sequence[Limit]) -> None:
+        self.limits = tuple(limits)  # costs: a request window 1, a token window 0
+        parts: list[bytes] = []
+        current = b""
+        for limit in self.limits:
+            current += pack_values((limit.id, limit.kind, limit.window_ms, limit.limit))
+            if limit.kind == "req":
+                current += bulk(1)
+            else:
+                parts.append(current)
+                current = b""
+        parts.append(current)
+        self.parts = tuple(parts)
+
+    def packed(self, tokens: int) -> bytes:
+        """One task's limits as submit.lua takes them, ``tokens`` charged on token windows."""
+        return bulk(tokens).join(self.parts)
+
+    def charged(self, tokens: int) -> list[Limit]:
+        return [
+            limit
+            if limit.kind == "req"
+            else Limit(limit.id, "tok", limit.window_ms, limit.limit, tokens, limit.name)
+            for limit in self.limits
+        ]
+
+
+class LimitPlans:
+    """The plans of one policy snapshot, made on first use (as scheduling's TicketPlans):
+    keyed by the principal object itself, which lives as long as its snapshot."""
+
+    def __init__(self, max_plans: int = 10_000) -> None:
+        self._policy: Policy | None = None
+        self._plans: dict[tuple[int, str], tuple[Principal, LimitPlan]] = {}
+        self._max = max_plans
+
+    def plan(self, policy: Policy, principal: Principal, model: str) -> LimitPlan:
+        if policy is not self._policy:
+            self._policy = policy
+            self._plans = {}
+        key = (id(principal), model)
+        found = self._plans.get(key)
+        if found is not None and found[0] is principal:
+            return found[1]
+        if len(self._plans) >= self._max:
+            self._plans = {}
+        plan = LimitPlan(limits_for(policy, principal, model, 0))
+        self._plans[key] = (principal, plan)
+        return plan
+
+
 def backlog_retry_after_s(
     *, excess: int, rate: bytes | str, at_ms: bytes | str, now_ms: int, fallback_s: int
 ) -> int:
@@ -169,8 +228,12 @@ class TaskQueue:
         tenant: str,
         priority_class: str,
         result_ttl_s: int,
+        packed_limits: bytes | None = None,
     ) -> list[QueuedTask]:
-        """Queue ``tasks``, all or none. Raises RateLimited, BacklogFull, or a Valkey error."""
+        """Queue ``tasks``, all or none. Raises RateLimited, BacklogFull, or a Valkey error.
+
+        ``limits`` are the call's charges; ``packed_limits``, when given, the same already
+        packed (LimitPlan.packed)."""
         for _ in range(2):
             now = self._clock()
             expires = now + self._ttl_ms
@@ -220,7 +283,9 @@ class TaskQueue:
                 queued.append(
                     QueuedTask(task_id, task.model, task.endpoint, now, task.deadline_ms, expires)
                 )
-            if limits:
+            if packed_limits is not None:
+                parts.append(packed_limits)
+            elif limits:
                 parts.append(pack_values(limit_args(limits)))
             call = b"".join(parts)
             count = self._fixed_count + 5 * len(counts) + len(tasks) * _PER_TASK + 5 * len(limits)

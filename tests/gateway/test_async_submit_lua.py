@@ -11,16 +11,17 @@ import pytest
 import valkey
 import valkey.asyncio as avalkey
 
-from gateway.admission.limits import Limit
+from gateway.admission.limits import Limit, limit_args
 from gateway.async_tasks import layout
 from gateway.async_tasks.queue import (
     BacklogFull,
+    LimitPlan,
     NewTask,
     TaskQueue,
     backlog_retry_after_s,
     merged_limits,
 )
-from gateway.autopipeline import AutoPipeline
+from gateway.autopipeline import AutoPipeline, pack_values
 from gateway.scheduling import RateLimited
 
 NOW = 1_767_225_600_000
@@ -124,3 +125,18 @@ def test_the_backlog_retry_after_follows_a_fresh_drain_rate_only() -> None:
         )
         == 3600
     )
+
+
+def test_a_limit_plans_packed_limits_are_the_charged_limits_packed() -> None:
+    """The pre-packed form the single-submit path sends is byte for byte what packing the
+    charged limits gives (submit.lua reads them as limits.lua's five values each)."""
+    limits = [
+        Limit("global:rpm", "req", 60_000, 1000, 1, "global requests per minute"),
+        Limit("uc:7:tpm", "tok", 60_000, 10**6, 0, "use case x tokens per minute"),
+        Limit("uc:7:rpm", "req", 60_000, 50, 1, "use case x requests per minute"),
+        Limit("uc:7:tpd", "tok", 86_400_000, 10**9, 0, "use case x tokens per day"),
+    ]
+    plan = LimitPlan(limits)
+    for tokens in (1, 37, 123_456):
+        assert plan.packed(tokens) == pack_values(limit_args(plan.charged(tokens)))
+    assert LimitPlan([]).packed(5) == b""
