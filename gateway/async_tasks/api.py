@@ -140,15 +140,12 @@ class AsyncTasks:
         principal: Principal,
     ) -> list[TaskBody]:
         now_s = time.time()
-        if not bulk:
-            return [read_task(path, documents[0], body, policy=policy, principal=principal,
-                              now_s=now_s)]  # fmt: skip
+        if not bulk:  # the body is the one document: queued as sent unless it changes
+            return [read_task(path, documents[0], body, policy, principal, now_s)]
         tasks = []
         for index, document in enumerate(documents):
             try:
-                tasks.append(
-                    read_task(path, document, None, policy=policy, principal=principal, now_s=now_s)
-                )
+                tasks.append(read_task(path, document, None, policy, principal, now_s))
             except GatewayError as exc:
                 raise at_index(exc, index) from None
         return tasks

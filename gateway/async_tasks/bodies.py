@@ -72,7 +72,6 @@ def read_task(
     path: str,
     document: object,
     raw: bytes | None,
-    *,
     policy: Policy,
     principal: Principal,
     now_s: float,
