@@ -27,6 +27,7 @@ import valkey.asyncio as avalkey
 from gateway import control_proxy, errors
 from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
+from gateway.async_tasks import layout as async_layout
 from gateway.autopipeline import Arg
 from gateway.costs import (
     Estimate,
@@ -295,6 +296,11 @@ class Gateway:
             max_body_bytes=settings.control_max_body_bytes,
             timeout_s=settings.control_timeout_s,
         )
+        # The async task API (gateway/async_tasks/), which builds on this class: imported here
+        # because its module imports this one.
+        from gateway.async_tasks.api import AsyncTasks
+
+        self.async_tasks = AsyncTasks(self)
         self._background: list[asyncio.Task[None]] = []
         self._routes: dict[
             tuple[str, str], Callable[[Scope, Receive, Send, bytes], Awaitable[None]]
@@ -307,6 +313,8 @@ class Gateway:
             ("GET", "/healthz"): self.health,
             ("GET", "/metrics"): self.prometheus,
         }
+        for path in async_layout.ENDPOINTS:
+            self._routes[("POST", path)] = self.async_tasks.submit
         self._paths = {path for _, path in self._routes}
 
     # --- ASGI ---------------------------------------------------------------------------
@@ -331,6 +339,7 @@ class Gateway:
         await self.upstream.start()
         await self.scheduler.start()
         await self.accounting.start()
+        self.async_tasks.start()
         if self.tokens is not None:
             await self.tokens.start()
         try:
@@ -353,6 +362,7 @@ class Gateway:
             await asyncio.wait(self._background, timeout=self.settings.policy_refresh_s + 2)
         if self.tokens is not None:
             await self.tokens.close()
+        await self.async_tasks.close()
         await self.accounting.close()
         await self.scheduler.close()
         await self.upstream.close()
@@ -368,6 +378,13 @@ class Gateway:
         try:
             if handler is None:
                 # Only paths with no route of their own reach this: it costs the hot path nothing.
+                if path.startswith(async_layout.TASKS_PATH_PREFIX):
+                    if scope["method"] != "GET":
+                        raise GatewayError(
+                            405, f"Method {scope['method']} is not allowed on {path}."
+                        )
+                    await self.async_tasks.poll(scope, receive, send, request_id)
+                    return
                 if control_proxy.handles(path):
                     await self.control.forward(scope, receive, send, request_id)
                     return

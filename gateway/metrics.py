@@ -13,7 +13,7 @@ tenant's limit name.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, TypeVar
 
 from prometheus_client import (
@@ -45,12 +45,23 @@ QUEUE_WAIT_BUCKETS = (
     300.0,
 )  # fmt: skip
 
+# Tasks in one async submit call: a single one, or a bulk call of up to 1000 by default.
+ASYNC_BULK_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000)  # fmt: skip
+# Seconds a long poll waited (``?wait=`` is at most 60).
+ASYNC_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+
 # Seconds: a regex check takes a millisecond with its round trip, a spaCy pass hundreds.
 GUARDRAIL_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 
 Decision = Literal["admitted", "queued", "rejected", "shed"]
+# How an async submit call ended (gateway/async_tasks/api.py).
+AsyncSubmitOutcome = Literal[
+    "accepted", "invalid", "blocked", "rate_limited", "backlog_full", "unavailable"
+]
+# How a long poll's wait ended: the task ended, the wait ran out, or the client left.
+AsyncWaitOutcome = Literal["done", "timeout", "gone"]
 
 _Child = TypeVar("_Child", Counter, Gauge, Histogram)
 
@@ -203,6 +214,46 @@ class GatewayMetrics:
             )
         )
 
+        self._async_submits = _Children(
+            Counter(
+                PREFIX + "async_submits",
+                "Async submit calls, by outcome (accepted, invalid, blocked, rate_limited, "
+                "backlog_full, unavailable).",
+                ["outcome"],
+                registry=r,
+            )
+        )
+        self._async_bulk = Histogram(
+            PREFIX + "async_submit_tasks",
+            "Tasks per accepted async submit call (1 for a single submit); its sum is the "
+            "tasks accepted.",
+            buckets=ASYNC_BULK_BUCKETS,
+            registry=r,
+        )
+        self._async_polls = _Children(
+            Counter(
+                PREFIX + "async_polls",
+                "Task polls, by what they found (found, not_found) and whether they waited.",
+                ["result", "wait"],
+                registry=r,
+            )
+        )
+        self._async_waits = _Children(
+            Histogram(
+                PREFIX + "async_long_poll_wait_seconds",
+                "How long long polls waited, by how the wait ended (done, timeout, gone).",
+                ["outcome"],
+                buckets=ASYNC_WAIT_BUCKETS,
+                registry=r,
+            )
+        )
+
+        self._async_waiting = Gauge(
+            PREFIX + "async_long_polls_waiting",
+            "Long polls waiting for their task to end now.",
+            registry=r,
+        )
+
     # --- the request path -----------------------------------------------------------------
     def request_finished(
         self,
@@ -255,6 +306,22 @@ class GatewayMetrics:
 
     def records_content_dropped(self, reason: str) -> None:
         self._content_dropped[(reason,)].inc()
+
+    def async_submitted(self, outcome: AsyncSubmitOutcome, tasks: int) -> None:
+        """One async submit call of ``tasks`` bodies and how it ended."""
+        self._async_submits[(outcome,)].inc()
+        if outcome == "accepted":
+            self._async_bulk.observe(tasks)
+
+    def async_polled(self, *, found: bool, waited: bool) -> None:
+        self._async_polls[("found" if found else "not_found", "yes" if waited else "no")].inc()
+
+    def watch_long_polls(self, waiting: Callable[[], float]) -> None:
+        """Read the long polls waiting from ``waiting`` at scrape time."""
+        self._async_waiting.set_function(waiting)
+
+    def async_waited(self, outcome: AsyncWaitOutcome, seconds: float) -> None:
+        self._async_waits[(outcome,)].observe(seconds)
 
     # --- exposition -----------------------------------------------------------------------
     def render(self, accept: str | None = None) -> tuple[bytes, str]:

@@ -68,6 +68,18 @@ class GatewaySettings:
     control_url: str = ""
     control_max_body_bytes: int = 200 * 1024 * 1024 + 1024 * 1024
     control_timeout_s: float = 300.0
+    # Async tasks (docs/async.md): the most bodies one bulk submit may hold, the most tasks a
+    # model may have queued or running (past it: 503 async_backlog_full), how long a queued
+    # task waits to be run before it expires, how many stream partitions a model's tasks are
+    # spread over (the first submit for a model registers it), the priority class their
+    # upstream calls queue at (when the policy has it), and the Retry-After of a full
+    # backlog while no batcher has reported a drain rate.
+    async_max_bulk: int = 1000
+    async_max_backlog: int = 100_000
+    async_queue_ttl_s: int = 3600
+    async_partitions: int = 4
+    async_priority_class: str = "batch"
+    async_backlog_retry_after_s: int = 30
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -123,4 +135,12 @@ class GatewaySettings:
                 "SWITCHYARD_CONTROL_MAX_BODY_BYTES", 201 * 1024 * 1024, minimum=1024
             ),
             control_timeout_s=env_float("SWITCHYARD_CONTROL_TIMEOUT_SECONDS", 300.0, minimum=1.0),
+            async_max_bulk=env_int("SWITCHYARD_ASYNC_MAX_BULK", 1000, minimum=1),
+            async_max_backlog=env_int("SWITCHYARD_ASYNC_MAX_BACKLOG", 100_000, minimum=1),
+            async_queue_ttl_s=env_int("SWITCHYARD_ASYNC_QUEUE_TTL_SECONDS", 3600, minimum=1),
+            async_partitions=env_int("SWITCHYARD_ASYNC_PARTITIONS", 4, minimum=1),
+            async_priority_class=env_str("SWITCHYARD_ASYNC_PRIORITY_CLASS", "batch"),
+            async_backlog_retry_after_s=env_int(
+                "SWITCHYARD_ASYNC_BACKLOG_RETRY_AFTER_SECONDS", 30, minimum=1
+            ),
         )

