@@ -102,8 +102,15 @@ class AsyncTasks:
 
     def get(self, task_id: str, *, wait: float = 0) -> Task:
         """The task now; with ``wait``, as soon as it ends or after that many seconds."""
-        options: dict[str, Any] = {"params": {"wait": wait}} if wait else {}
-        reply = self._client.get(f"/tasks/{task_id}", cast_to=object, options=options)
+        if wait:
+            # The request outlives the wait: the client's own timeout may be shorter.
+            reply = self._client.get(
+                f"/tasks/{task_id}",
+                cast_to=object,
+                options={"params": {"wait": wait}, "timeout": wait + 10.0},
+            )
+        else:
+            reply = self._client.get(f"/tasks/{task_id}", cast_to=object)
         return Task.from_json(cast(Mapping[str, Any], reply))
 
     def wait(self, task_id: str, *, timeout: float = 600.0, raise_on_failure: bool = True) -> Task:
