@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass
+from typing import cast
 
 import httpx
 import orjson
@@ -21,7 +22,7 @@ from gateway.accounting import USAGE_STREAM
 from gateway.async_tasks import layout
 from scheduler.batcher import dead_letters
 from tests.conftest import BatcherFactory, RunningSimulator, SimulatorFactory
-from tests.support.async_tasks import now_ms, submit, view, wait_ended
+from tests.support.async_tasks import depth, now_ms, status, submit, view, wait_ended
 from tests.support.policy import PolicyBuilder
 
 EMBED = "/v1/embeddings"
@@ -135,8 +136,8 @@ def test_64_identical_embeddings_go_upstream_as_one_input(
     assert all(v["collapsed"] == "1" for v in views)
     assert all(v["result"]["data"][0]["index"] == 0 for v in views)
     # Per the contract: ended tasks leave the stream and the depth.
-    assert int(world.client.get(layout.depth("embed")) or 0) == 0
-    assert sum(world.client.xlen(layout.stream("embed", p)) for p in range(2)) == 0
+    assert depth(world.client, "embed") == 0
+    assert sum(cast(int, world.client.xlen(layout.stream("embed", p))) for p in range(2)) == 0
 
 
 def test_a_full_batch_is_one_upstream_call_and_each_task_gets_its_own_slice(
@@ -157,9 +158,7 @@ def test_a_full_batch_is_one_upstream_call_and_each_task_gets_its_own_slice(
     inputs.append(["first of a pair", "second of the pair, longer than the first"])
     ids = [world.submit(EMBED, {"input": value}) for value in inputs]
     # Five tasks (six inputs, but five tasks): not yet a full batch of six tasks.
-    assert not wait_until(
-        lambda: world.client.hget(layout.task(ids[0]), "status") == b"done", timeout=1.0
-    )
+    assert not wait_until(lambda: status(world.client, ids[0]) == "done", timeout=1.0)
     ids.append(world.submit(EMBED, {"input": "the sixth task"}))
     views = wait_ended(world.client, ids)
     assert {v["status"] for v in views} == {"done"}
@@ -248,7 +247,7 @@ def test_usage_records_are_written_per_task(world: World, start_batcher: Batcher
 
     def records() -> dict[str, dict[str, str]]:
         found = {}
-        for _, fields in world.client.xrange(USAGE_STREAM):  # type: ignore[union-attr]
+        for _, fields in world.client.xrange(USAGE_STREAM):
             record = {k.decode(): v.decode() for k, v in fields.items()}
             found[record["request_id"]] = record
         return found
@@ -319,7 +318,7 @@ def test_three_failures_dead_letter_the_task_and_a_replay_runs_it(
     assert letter.attempts == layout.MAX_ATTEMPTS
     assert letter.stream.startswith(layout.stream("embed", 0)[:-1])
     assert "fault" in letter.error["message"].lower()
-    assert int(world.client.get(layout.depth("embed")) or 0) == 0
+    assert depth(world.client, "embed") == 0
 
     set_faults(world.embed, error_rate=0.0)
     assert dead_letters.replay(world.client, letter.entry_id) == task_id
@@ -346,15 +345,17 @@ def test_a_batcher_killed_mid_batch_loses_nothing(
         lambda: all(view(world.client, t).get("status") == "running" for t in ids), timeout=10
     )
     first.signal(signal.SIGKILL)
-    first.proc.wait(5)  # type: ignore[union-attr]
+    first.proc.wait(5)
     set_faults(world.embed, slow_first_byte_ms=0)
     second = start_batcher(**fast_claim)
     views = wait_ended(world.client, ids, timeout=30)
     assert {v["status"] for v in views} == {"done"}
     assert re.search(r"batcher_reclaimed stream=\S+ entries=\d+", second.log_text())
-    assert int(world.client.get(layout.depth("embed")) or 0) == 0
+    assert depth(world.client, "embed") == 0
     pending = sum(
-        world.client.xpending(layout.stream("embed", p), layout.GROUP)["pending"]  # type: ignore[index]
+        cast(dict[str, int], world.client.xpending(layout.stream("embed", p), layout.GROUP))[
+            "pending"
+        ]
         for p in range(2)
     )
     assert pending == 0

@@ -19,7 +19,7 @@ from scheduler.batcher.payloads import (
 
 
 def entry(endpoint: str, body: dict[str, object], task: str = "task_1") -> Task:
-    fields = {
+    fields: dict[str, str | bytes] = {
         "task": task, "endpoint": endpoint, "model": "m", "use_case_id": "7", "tenant": "acme",
         "priority_class": "async", "estimate": "12", "created_ms": "1000", "deadline_ms": "0",
         "expires_ms": "9000", "callback_url": "", "body": orjson.dumps({"model": "m", **body}),
@@ -34,6 +34,7 @@ def test_input_items_keep_token_lists_whole() -> None:
     assert input_items(["a", "b"]) == ["a", "b"]
     assert input_items([1, 2, 3]) == [[1, 2, 3]]
     assert input_items([[1, 2], [3]]) == [[1, 2], [3]]
+    bad: object
     for bad in ([], [1, "a"], 3, None, [[]]):
         with pytest.raises(MalformedTask):
             input_items(bad)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import valkey
@@ -46,7 +46,7 @@ def submit(
     expires = created + int(queue_ttl_s * 1000)
     partition = layout.partition_of(task_id, partitions)
     with client.pipeline(transaction=True) as pipe:
-        pipe.hsetnx(layout.partitions_registry(), model, partitions)
+        pipe.hsetnx(layout.partitions_registry(), model, str(partitions))
         pipe.hset(
             layout.task(task_id),
             mapping={
@@ -63,36 +63,44 @@ def submit(
             },
         )
         pipe.pexpire(layout.task(task_id), int(queue_ttl_s * 1000) + 60_000)
-        pipe.xadd(
-            layout.stream(model, partition),
-            {
-                "task": task_id,
-                "endpoint": endpoint,
-                "model": model,
-                "use_case_id": use_case_id,
-                "tenant": tenant,
-                "priority_class": priority_class,
-                "estimate": estimate,
-                "created_ms": created,
-                "deadline_ms": deadline_ms,
-                "expires_ms": expires,
-                "callback_url": callback_url,
-                "body": orjson.dumps({"model": model, **body}),
-            },
-        )
+        entry: dict[str, str | int | bytes] = {
+            "task": task_id,
+            "endpoint": endpoint,
+            "model": model,
+            "use_case_id": use_case_id,
+            "tenant": tenant,
+            "priority_class": priority_class,
+            "estimate": estimate,
+            "created_ms": created,
+            "deadline_ms": deadline_ms,
+            "expires_ms": expires,
+            "callback_url": callback_url,
+            "body": orjson.dumps({"model": model, **body}),
+        }
+        pipe.xadd(layout.stream(model, partition), entry)  # type: ignore[type-var]
         pipe.incr(layout.depth(model))
-        pipe.execute()  # type: ignore[no-untyped-call]
+        pipe.execute()
     return task_id
 
 
 def view(client: valkey.Valkey, task_id: str) -> dict[str, Any]:
     """The task's hash as text, ``result`` and ``error`` parsed; {} when gone."""
     raw = client.hgetall(layout.task(task_id))
-    fields: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}  # type: ignore[union-attr]
+    fields: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}
     for name in ("result", "error"):
         if fields.get(name):
             fields[name] = orjson.loads(fields[name])
     return fields
+
+
+def status(client: valkey.Valkey, task_id: str) -> str | None:
+    raw = cast(bytes | None, client.hget(layout.task(task_id), "status"))
+    return raw.decode() if raw is not None else None
+
+
+def depth(client: valkey.Valkey, model: str) -> int:
+    """The model's backlog counter (tasks submitted and not yet ended)."""
+    return int(cast(bytes | None, client.get(layout.depth(model))) or 0)
 
 
 def wait_ended(
@@ -101,10 +109,7 @@ def wait_ended(
     """Every task's view once all have ended; AssertionError naming those that did not."""
 
     def ended() -> bool:
-        return all(
-            client.hget(layout.task(t), "status") in (b"done", b"failed", b"expired")
-            for t in task_ids
-        )
+        return all(status(client, t) in layout.TERMINAL for t in task_ids)
 
     if not wait_until(ended, timeout=timeout, interval=0.05):
         pending = {
