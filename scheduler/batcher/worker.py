@@ -53,6 +53,7 @@ from gateway.scheduling.keys import MAX_RANK
 from gateway.scheduling.tickets import DEFAULT_MAX_QUEUE_LENGTH, DEFAULT_QUEUE_TIMEOUT_S
 from gateway.upstream import ReplicaUnreachable, Upstream, UpstreamError
 from scheduler.batcher import payloads
+from scheduler.batcher.callbacks import Callbacks
 from scheduler.batcher.metrics import BatcherMetrics
 from scheduler.batcher.payloads import MalformedTask, Task
 from scheduler.batcher.settings import BatcherSettings
@@ -171,6 +172,7 @@ class Batcher:
         )
         self.accounting = Accounting(self.client, pipe=self.scheduler.pipe)
         self.metrics = metrics or BatcherMetrics()
+        self.callbacks = Callbacks(settings.valkey_url)
         self.streams: list[str] = []
         self.buffers: dict[tuple[str, str, str, str], Buffer] = {}
         self.held: dict[str, set[str]] = {}  # stream → entry ids this batcher holds
@@ -744,6 +746,8 @@ class Batcher:
                 state = str(ending.fields.get("status", ""))
                 self.metrics.ended.labels(task.model, state).inc()
                 self._ended[task.model] = self._ended.get(task.model, 0) + 1
+                if task.callback_url:
+                    self.callbacks.send(task, ending.fields)
 
     def _usage(
         self,
