@@ -72,8 +72,9 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def mono_ms() -> float:
-    return time.monotonic() * 1000.0
+def now_ms() -> float:
+    """Wall-clock milliseconds, as a float: comparable with the tasks' submit times."""
+    return time.time() * 1000.0
 
 
 class Retryable(Exception):
@@ -284,7 +285,7 @@ class Batcher:
 
     async def take(self, entries: Iterable[tuple[str, str, dict[bytes, bytes]]]) -> None:
         """Entries into their buffers (those this batcher already holds are skipped)."""
-        now = mono_ms()
+        now = now_ms()
         bad: list[Ending] = []
         for stream, entry_id, fields in entries:
             ids = self.held.setdefault(stream, set())
@@ -343,12 +344,12 @@ class Batcher:
 
     async def _timer_forever(self) -> None:
         while not self._stopping:
-            now = mono_ms()
+            now = now_ms()
             next_due = float("inf")
             for buffer in list(self.buffers.values()):
                 if not buffer.tasks:
                     continue
-                due = buffer.tasks[0].read_ms + buffer.window_ms
+                due = self._due(buffer)
                 if due <= now:
                     self._flush(buffer, "window")
                 else:
@@ -358,6 +359,15 @@ class Batcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
+    def _due(self, buffer: Buffer) -> float:
+        """When the buffer flushes unless it fills first: its oldest task has waited the
+        window since it was submitted — but at least the minimum window since this batcher
+        read it, so that a backlog read in bursts still fills its batches."""
+        oldest = buffer.tasks[0]
+        return max(
+            oldest.created_ms + buffer.window_ms, oldest.read_ms + self.settings.min_window_ms
+        )
+
     def _flush(self, buffer: Buffer, reason: str) -> None:
         while buffer.tasks:
             tasks, buffer.tasks = buffer.tasks[: buffer.size], buffer.tasks[buffer.size :]
@@ -366,7 +376,7 @@ class Batcher:
             self.metrics.batch_size.labels(model).observe(len(tasks))
             self.metrics.fill_ratio.labels(model).observe(len(tasks) / buffer.size)
             self.metrics.window.labels(model).observe(buffer.window_ms / 1000)
-            now = mono_ms()
+            now = now_ms()
             for task in tasks:
                 self.metrics.wait.labels(model).observe(max(now - task.read_ms, 0) / 1000)
             batch = asyncio.create_task(self._run_batch(tasks))
@@ -682,7 +692,7 @@ class Batcher:
         delay_s = self.settings.retry_backoff_ms * (2 ** max(attempts - 1, 0)) / 1000
 
         def again() -> None:
-            now = mono_ms()
+            now = now_ms()
             for task in tasks:
                 task.read_ms = now
                 self._buffer(task)
