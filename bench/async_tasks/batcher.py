@@ -239,11 +239,12 @@ def main() -> None:
     batches, fill = f"{sat['batches']:,.0f}", f"{sat['fill']:.1%}"
     text = f"""{SECTION}
 
-`.venv/bin/python -m bench.async_tasks.batcher` — {datetime.date.today().isoformat()}, \
+`.venv/bin/python -m bench.async_tasks.batcher` — {datetime.date.today().isoformat()},
 {os.cpu_count()} cores, Python {platform.python_version()}. One batcher process, one embedding
 simulator replica at `--time-scale 0`, Valkey, a fleet watcher, all on this machine (the load
 generator too); defaults (batch 64, window 50 ms, min 5, max 100); distinct inputs (nothing
-collapses); tasks written into the streams by the contract.
+collapses); tasks written into the streams by the contract. The saturation run's clock starts
+with the backlog's first write (written in chunks of 2,000 while the batcher drains).
 
 | measure | result | target |
 | --- | --- | --- |

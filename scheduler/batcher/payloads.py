@@ -62,6 +62,7 @@ class Task:
     body: dict[str, Any]
     fields: dict[str, str]
     attempts: int = 0
+    buffered: bool = False  # waiting in a buffer now
     read_ms: float = 0.0  # when this batcher took it (wall-clock ms), or took it back to retry
     buffer_key: tuple[str, str, str, str] = ("", "", "", "")
     payload_sha: str = ""  # set for deterministic payloads only

@@ -325,6 +325,7 @@ class Batcher:
             size = self.settings.batch_size(task.model)
             buffer = self.buffers[task.buffer_key] = Buffer(task.buffer_key, size)
         buffer.tasks.append(task)
+        task.buffered = True
         buffer.rate.arrived(float(task.created_ms))
         if len(buffer.tasks) >= buffer.size:
             self._flush(buffer, "full")
@@ -371,6 +372,8 @@ class Batcher:
     def _flush(self, buffer: Buffer, reason: str) -> None:
         while buffer.tasks:
             tasks, buffer.tasks = buffer.tasks[: buffer.size], buffer.tasks[buffer.size :]
+            for task in tasks:
+                task.buffered = False
             model = buffer.key[0]
             self.metrics.flushes.labels(model, reason).inc()
             self.metrics.batch_size.labels(model).observe(len(tasks))
@@ -694,6 +697,10 @@ class Batcher:
         def again() -> None:
             now = now_ms()
             for task in tasks:
+                # Only tasks still held and not already waiting in a buffer (a batch that
+                # failed after scheduling some of its tasks' retries must not double them).
+                if task.buffered or task.entry_id not in self.held.get(task.stream, ()):
+                    continue
                 task.read_ms = now
                 self._buffer(task)
 

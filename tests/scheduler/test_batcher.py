@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -101,6 +101,12 @@ def _sample(text: str, name: str, labels: dict[str, str]) -> float:
 def embedded_inputs(sim: RunningSimulator) -> float:
     """Inputs the embedding replica has pooled (each input is one finished sequence)."""
     return sim_metric(sim, "vllm:request_success_total", finished_reason="stop")
+
+
+def usage_records(client: valkey.Valkey) -> list[dict[str, str]]:
+    """Every record on the gateway's usage stream, as text."""
+    entries = cast(list[Any], client.xrange(USAGE_STREAM))
+    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
 
 
 def batcher_metric(port: int, name: str, **labels: str) -> float:
@@ -246,13 +252,14 @@ def test_usage_records_are_written_per_task(world: World, start_batcher: Batcher
     wait_ended(world.client, ids)
 
     def records() -> dict[str, dict[str, str]]:
-        found = {}
-        for _, fields in world.client.xrange(USAGE_STREAM):
-            record = {k.decode(): v.decode() for k, v in fields.items()}
-            found[record["request_id"]] = record
-        return found
+        return {record["request_id"]: record for record in usage_records(world.client)}
 
     assert wait_until(lambda: set(ids) <= set(records()), timeout=5)
+    # The batchers' drain rate, what the gateway's Retry-After is computed from.
+    assert wait_until(lambda: world.client.exists(layout.drain_rate("embed")) == 1, timeout=5)
+    rate = cast(dict[bytes, bytes], world.client.hgetall(layout.drain_rate("embed")))
+    assert float(rate[b"tasks_per_s"]) > 0
+    assert abs(int(rate[b"at_ms"]) - now_ms()) < 60_000
     for task_id in ids:
         record = records()[task_id]
         assert record["endpoint"] == EMBED
@@ -306,7 +313,10 @@ def test_three_failures_dead_letter_the_task_and_a_replay_runs_it(
     attempts it is failed, dead-lettered with its error; WHEN the replica recovers and an
     officer replays the letter THEN the same task id ends done."""
     set_faults(world.embed, error_rate=1.0)
-    start_batcher(SWITCHYARD_BATCHER_RETRY_BACKOFF_MS="20")
+    port = free_port()
+    start_batcher(
+        SWITCHYARD_BATCHER_RETRY_BACKOFF_MS="20", SWITCHYARD_BATCHER_METRICS_PORT=str(port)
+    )
     task_id = world.submit(EMBED, {"input": "doomed at first"})
     (failed,) = wait_ended(world.client, [task_id])
     assert failed["status"] == "failed"
@@ -359,3 +369,49 @@ def test_a_batcher_killed_mid_batch_loses_nothing(
         for p in range(2)
     )
     assert pending == 0
+
+
+def test_two_batchers_share_the_partitions_and_run_each_task_once(
+    world: World, start_batcher: BatcherFactory
+) -> None:
+    """GIVEN two batchers in the consumer group WHEN 200 tasks arrive THEN both take some
+    (no global lock), and every task ends done exactly once."""
+    start_batcher()
+    start_batcher()
+    ids = [world.submit(EMBED, {"input": f"shared work {i}"}) for i in range(200)]
+    views = wait_ended(world.client, ids)
+    assert {v["status"] for v in views} == {"done"}
+    assert depth(world.client, "embed") == 0
+    consumers: dict[str, int] = {}
+    for p in range(2):
+        for consumer in world.client.xinfo_consumers(layout.stream("embed", p), layout.GROUP):
+            name = consumer["name"].decode()
+            consumers[name] = consumers.get(name, 0) + 1
+    assert len(consumers) == 2
+    assert wait_until(lambda: len(usage_records(world.client)) >= 200, timeout=5)
+    usage = [record["request_id"] for record in usage_records(world.client)]
+    assert sorted(usage) == sorted(ids)  # one record each: nothing ran twice
+
+
+def test_an_entry_that_breaks_the_contract_fails_with_a_clear_error(
+    world: World, start_batcher: BatcherFactory
+) -> None:
+    """GIVEN a stream entry whose body is not JSON WHEN read THEN its task fails at once with
+    invalid_task, and is acknowledged (not retried, not dead-lettered)."""
+    task_id = world.submit(EMBED, {"input": "fine"})
+    stream = next(
+        layout.stream("embed", p) for p in range(2) if world.client.xlen(layout.stream("embed", p))
+    )
+    ((entry_id, fields),) = cast(list[Any], world.client.xrange(stream))
+    broken = {k.decode(): v for k, v in fields.items()}
+    broken["body"] = b"{not json"
+    world.client.xdel(stream, entry_id)
+    world.client.xadd(stream, broken)
+    start_batcher()
+    (failed,) = wait_ended(world.client, [task_id])
+    assert failed["status"] == "failed"
+    assert failed["status_code"] == "400"
+    assert failed["error"]["code"] == "invalid_task"
+    assert "JSON" in failed["error"]["message"]
+    assert world.client.xlen(layout.dead_letters()) == 0
+    assert depth(world.client, "embed") == 0
