@@ -449,7 +449,9 @@ class Batcher:
         endings: list[Ending] = []
         cache_s: dict[str, int] = {}
         for task in tasks:
-            use_case = policy.use_cases.get(int(task.use_case_id or 0))
+            use_case = (
+                policy.use_cases.get(int(task.use_case_id)) if task.use_case_id.isdigit() else None
+            )
             cache_s[task.task_id] = use_case.async_cache_s if use_case is not None else 0
         cacheable = [t for t in tasks if t.deterministic and cache_s[t.task_id] > 0]
         hits = await self.store.cached(
