@@ -119,6 +119,17 @@ class TaskStore:
             await self.client.xack(stream, layout.GROUP, *deleted)
         return [(_b(entry_id), fields) for entry_id, fields in claimed if fields]
 
+    async def forget_consumers(self, stream: str, *, idle_ms: int) -> int:
+        """Delete the group's consumers idle past ``idle_ms`` with nothing pending (never this
+        one); returns how many."""
+        forgotten = 0
+        for consumer in await self.client.xinfo_consumers(stream, layout.GROUP):
+            name = _b(consumer["name"])
+            if name != self.consumer and consumer["pending"] == 0 and consumer["idle"] > idle_ms:
+                await self.client.xgroup_delconsumer(stream, layout.GROUP, name)
+                forgotten += 1
+        return forgotten
+
     async def touch(self, held: dict[str, list[str]]) -> None:
         """Reset the idle time of entries this batcher still holds (buffered, running or
         waiting to retry), so that no other batcher reclaims live work."""

@@ -66,6 +66,7 @@ READ_BLOCK_MS = 200  # XREADGROUP's block: how soon a stop or a new stream is se
 READ_COUNT = 1024
 GAUGES_S = 2.0
 DRAIN_REPORT_S = 0.5
+FORGET_AFTER_CLAIMS = 10  # a consumer idle this many claim timeouts, with nothing pending
 
 
 def wall_ms() -> int:
@@ -263,7 +264,10 @@ class Batcher:
                 continue
             try:
                 entries = await self.store.read(
-                    self.streams, count=min(room, READ_COUNT), block_ms=READ_BLOCK_MS
+                    # COUNT applies per stream: what all of them may return stays in ``room``.
+                    self.streams,
+                    count=max(min(room, READ_COUNT) // len(self.streams), 1),
+                    block_ms=READ_BLOCK_MS,
                 )
             except (valkey.ValkeyError, OSError) as exc:
                 logger.warning("batcher_read_failed error=%r", exc)
@@ -279,6 +283,11 @@ class Batcher:
             if claimed:
                 logger.info("batcher_reclaimed stream=%s entries=%d", stream, len(claimed))
                 await self.take((stream, entry_id, fields) for entry_id, fields in claimed)
+            # Consumers of batchers long gone, with nothing pending: every restart adds a
+            # "<host>-<pid>", and the group would keep them for ever.
+            await self.store.forget_consumers(
+                stream, idle_ms=self.settings.claim_idle_ms * FORGET_AFTER_CLAIMS
+            )
 
     async def touch(self) -> None:
         await self.store.touch({s: list(ids) for s, ids in self.held.items() if ids})

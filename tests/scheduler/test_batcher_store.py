@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, cast
 
 import orjson
@@ -142,3 +143,23 @@ def test_a_replay_of_a_task_whose_result_expired_makes_it_again(
     with pytest.raises(dead_letters.DeadLetterNotFound):
         dead_letters.replay(valkey_client, entry_id)
     assert valkey_client.xlen(stream) == 1
+
+
+def test_consumers_long_idle_with_nothing_pending_are_forgotten(
+    valkey_client: valkey.Valkey, valkey_url: str
+) -> None:
+    """GIVEN a group with a consumer that holds an entry, one that holds none, and this
+    batcher WHEN consumers idle past the bound are forgotten THEN only the empty one goes."""
+    submit(
+        valkey_client, model="embed", endpoint="/v1/embeddings", body={"input": "x"},
+        use_case_id=1, partitions=1,
+    )  # fmt: skip
+    stream = layout.stream("embed", 0)
+    valkey_client.xgroup_create(stream, layout.GROUP, id="0")
+    valkey_client.xreadgroup(layout.GROUP, "holder", {stream: ">"}, count=1)
+    valkey_client.xreadgroup(layout.GROUP, "empty", {stream: ">"}, count=1)
+    valkey_client.xreadgroup(layout.GROUP, "t", {stream: ">"}, count=1)
+    time.sleep(0.02)
+    assert run(valkey_url, lambda store: store.forget_consumers(stream, idle_ms=5)) == 1
+    left = cast(list[Any], valkey_client.xinfo_consumers(stream, layout.GROUP))
+    assert sorted(c["name"].decode() for c in left) == ["holder", "t"]
