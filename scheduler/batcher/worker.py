@@ -90,6 +90,16 @@ class Retryable(Exception):
         self.counts = counts
 
 
+# The error of an attempt whose batcher died (or whose batch crashed) before it ended.
+INTERRUPTED = Retryable(
+    500,
+    error_object(
+        "The task's attempts were interrupted (the batcher running it stopped).",
+        code="batcher_interrupted",
+    ),
+)
+
+
 @dataclass(slots=True)
 class Outcome:
     """One upstream call's answer: a 2xx body, or a final error (a 4xx)."""
@@ -436,6 +446,9 @@ class Batcher:
                     # A duplicate delivery of an ended task, or a task whose hash expired:
                     # acknowledge it, run nothing.
                     endings.append(Ending(task, {}))
+                elif status == "running" and attempts >= layout.MAX_ATTEMPTS:
+                    # Its attempts died with their batchers (start.lua counted them).
+                    endings.append(self._dead_letter(task, INTERRUPTED, attempts))
                 else:
                     running.append(task)
             live = running

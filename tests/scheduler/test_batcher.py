@@ -361,6 +361,8 @@ def test_a_batcher_killed_mid_batch_loses_nothing(
     views = wait_ended(world.client, ids, timeout=30)
     assert {v["status"] for v in views} == {"done"}
     assert re.search(r"batcher_reclaimed stream=\S+ entries=\d+", second.log_text())
+    # The attempt that died with the first batcher is counted.
+    assert {v["attempts"] for v in views} == {"1"}
     assert depth(world.client, "embed") == 0
     pending = sum(
         cast(dict[str, int], world.client.xpending(layout.stream("embed", p), layout.GROUP))[
@@ -415,3 +417,22 @@ def test_an_entry_that_breaks_the_contract_fails_with_a_clear_error(
     assert "JSON" in failed["error"]["message"]
     assert world.client.xlen(layout.dead_letters()) == 0
     assert depth(world.client, "embed") == 0
+
+
+def test_a_task_whose_attempts_keep_dying_is_dead_lettered(
+    world: World, start_batcher: BatcherFactory
+) -> None:
+    """GIVEN a task left running by two batchers that died (attempts 2) WHEN a third reads
+    it THEN that counts its third interrupted attempt: dead-lettered, never run again."""
+    task_id = world.submit(EMBED, {"input": "kills batchers"})
+    world.client.hset(layout.task(task_id), mapping={"status": "running", "attempts": 2})
+    before = embedded_inputs(world.embed)
+    start_batcher()
+    (failed,) = wait_ended(world.client, [task_id])
+    assert failed["status"] == "failed"
+    assert failed["dead_lettered"] == "1"
+    assert failed["error"]["code"] == "batcher_interrupted"
+    assert failed["attempts"] == "3"
+    (letter,) = dead_letters.list_dead_letters(world.client, count=10)
+    assert letter.task_id == task_id
+    assert embedded_inputs(world.embed) == before

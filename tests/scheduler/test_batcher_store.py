@@ -94,12 +94,15 @@ def test_failed_attempts_count_up_and_show_the_task_queued(
     task = read_one(valkey_client)
     assert run(valkey_url, lambda store: store.start([task], now_ms())) == [("queued", 0)]
     assert view(valkey_client, task_id)["status"] == "running"
+    # Found running again: the attempt that started it never ended, and counts as failed.
+    assert run(valkey_url, lambda store: store.start([task], now_ms())) == [("running", 1)]
     error = {"message": "boom", "type": "api_error", "param": None, "code": None}
-    assert run(valkey_url, lambda store: store.attempt_failed(task, error)) == 1
     assert run(valkey_url, lambda store: store.attempt_failed(task, error)) == 2
     shown = view(valkey_client, task_id)
     assert shown["status"] == "queued"
     assert shown["error"] == error
+    # Tried again after a failure it was told of: nothing more to count.
+    assert run(valkey_url, lambda store: store.start([task], now_ms())) == [("queued", 2)]
 
 
 def letter(client: valkey.Valkey, n: int, *, stream: str, task_id: str = "") -> str:
