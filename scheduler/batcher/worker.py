@@ -66,6 +66,7 @@ READ_BLOCK_MS = 200  # XREADGROUP's block: how soon a stop or a new stream is se
 READ_COUNT = 1024
 GAUGES_S = 2.0
 DRAIN_REPORT_S = 0.5
+BUFFER_IDLE_MS = 60_000
 FORGET_AFTER_CLAIMS = 10  # a consumer idle this many claim timeouts, with nothing pending
 
 
@@ -119,6 +120,7 @@ class Buffer:
     tasks: list[Task] = field(default_factory=list)
     rate: ArrivalRate = field(default_factory=ArrivalRate)
     window_ms: float = 0.0  # the window as of the last arrival
+    last_ms: float = 0.0  # the last arrival (wall clock): an empty buffer idle long is dropped
 
 
 def service_class(policy: Policy, name: str) -> PriorityClass:
@@ -313,8 +315,9 @@ class Batcher:
             try:
                 task = payloads.parse_entry(stream, entry_id, fields)
             except MalformedTask as exc:
-                if exc.task is None:
+                if exc.task is None:  # not even a task id: nothing to end, nobody to tell
                     await self.client.xack(stream, layout.GROUP, entry_id)
+                    await self.client.xdel(stream, entry_id)
                     continue
                 self._hold(exc.task)
                 bad.append(self._failed(exc.task, 400, error_object(
@@ -344,6 +347,7 @@ class Batcher:
             size = self.settings.batch_size(task.model)
             buffer = self.buffers[task.buffer_key] = Buffer(task.buffer_key, size)
         buffer.tasks.append(task)
+        buffer.last_ms = now_ms()
         task.buffered = True
         buffer.rate.arrived(float(task.created_ms))
         if len(buffer.tasks) >= buffer.size:
@@ -368,14 +372,19 @@ class Batcher:
             next_due = float("inf")
             for buffer in list(self.buffers.values()):
                 if not buffer.tasks:
+                    # Kept while traffic may come back (its arrival rate is what the next
+                    # window is made from); dropped once idle, so that one-off parameter
+                    # sets do not pile up.
+                    if now - buffer.last_ms > BUFFER_IDLE_MS:
+                        del self.buffers[buffer.key]
                     continue
-                due = self._due(buffer)
-                if due <= now:
+                if self._due(buffer) <= now:
                     self._flush(buffer, "window")
-                else:
-                    next_due = min(next_due, due)
+                if buffer.tasks:  # not due yet, or what a window flush left
+                    next_due = min(next_due, self._due(buffer))
             self._wake.clear()
-            timeout = None if next_due == float("inf") else (next_due - now) / 1000
+            # Woken by arrivals, by the next window, and now and then to drop idle buffers.
+            timeout = (min(next_due - now, BUFFER_IDLE_MS)) / 1000
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
@@ -406,8 +415,6 @@ class Batcher:
             batch.add_done_callback(self._batches.discard)
             if reason == "window":
                 break  # the rest (if any) waits a window of its own
-        if not buffer.tasks:
-            self.buffers.pop(buffer.key, None)
 
     # --- a batch ------------------------------------------------------------------------
     async def _run_batch(self, tasks: list[Task]) -> None:
