@@ -9,8 +9,12 @@ times), ``free`` the slots left in the batch, and the three settings ``min`` ≤
 
 - ``r · base < 1``: fewer than one more task is expected within the default window, so
   there is no one to wait for: the window is ``min``.
-- ``free / r ≤ max``: the batch fills within the bound at this rate: wait for it, the window
-  is the time to fill it, ``clamp(1000 · free / r, min, max)``; a full batch flushes at once.
+- ``free / r ≤ max``: the rest of the batch arrives within the bound at this rate: the window
+  is the time it takes, ``clamp(1000 · free / r, min, max)``. The worker counts the window
+  from the oldest task's submit and recomputes it at each arrival, so a batch leaves when its
+  oldest task has waited as long as the rest of the batch would still take: no task waits
+  longer for company than the company would take to come. At a steady rate that is about
+  half a batch after half a batch's time; a backlog fills whole batches at once.
 - otherwise the batch will not fill within ``max``: waiting longer only adds latency, so the
   window is the default ``base`` (a partial batch, its wait bounded).
 """
