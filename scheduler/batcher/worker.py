@@ -527,12 +527,18 @@ class Batcher:
                     task, outcome, *((prompt, completion) if index == 0 else (0, 0)),
                     usage_at, policy,
                 )  # fmt: skip
-            head = group[0]
-            seconds = cache_s[head.task_id]
-            if head.deterministic and seconds > 0 and outcome.status == 200:
-                to_cache.append(
-                    (layout.result_cache(head.use_case_id, head.payload_sha), body, seconds)
-                )
+            if outcome.status == 200:
+                # Each use case of the group that keeps a cache gets the result in its own.
+                cached_for = {
+                    t.use_case_id: cache_s[t.task_id]
+                    for t in group
+                    if t.deterministic and cache_s[t.task_id] > 0
+                }
+                head = group[0]
+                to_cache += [
+                    (layout.result_cache(use_case, head.payload_sha), body, seconds)
+                    for use_case, seconds in cached_for.items()
+                ]
         with contextlib.suppress(valkey.ValkeyError, OSError):
             await self.store.cache(to_cache)
         return endings
@@ -551,7 +557,13 @@ class Batcher:
             except Retryable as failed:
                 return [failed] * len(tasks)
             if outcome.result is None:
-                return [outcome] * len(tasks)
+                if len(tasks) == 1:
+                    return [outcome]
+                # Refused as a whole: which task's input was it? Each on its own, so that one
+                # bad input (too long for the context, say) fails only its own task.
+                self.metrics.upstream_calls.labels(model.public_id, endpoint, "split").inc()
+                alone = await asyncio.gather(*(self._call([t], model, policy) for t in tasks))
+                return [outcomes[0] for outcomes in alone]
             sliced = payloads.slice_results(endpoint, outcome.result, call)
             return [
                 Outcome(outcome.status, result, None, outcome.replica, outcome.queued_ms,

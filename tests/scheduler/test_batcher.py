@@ -306,6 +306,34 @@ def test_a_bad_request_fails_at_once_with_the_upstream_error(
     assert world.client.xlen(layout.dead_letters()) == 0
 
 
+def test_one_bad_input_in_a_batch_fails_only_its_own_task(
+    world: World, start_batcher: BatcherFactory
+) -> None:
+    """GIVEN a batch where one task's input is longer than the model's context WHEN the
+    replica refuses the batch (400) THEN each task is tried on its own: the long one fails
+    with the replica's error, the others are done."""
+    port = free_port()
+    start_batcher(
+        SWITCHYARD_BATCHER_MAX_BATCH="3",  # the three in one batch, whatever their timing
+        SWITCHYARD_BATCHER_MIN_WINDOW_MS="20000",
+        SWITCHYARD_BATCHER_WINDOW_MS="20000",
+        SWITCHYARD_BATCHER_MAX_WINDOW_MS="20000",
+        SWITCHYARD_BATCHER_METRICS_PORT=str(port),
+    )
+    fine = [world.submit(EMBED, {"input": f"short {i}"}) for i in range(2)]
+    too_long = world.submit(EMBED, {"input": [7] * 9000})  # token ids, counted exactly
+    views = wait_ended(world.client, [*fine, too_long])
+    assert [v["status"] for v in views] == ["done", "done", "failed"]
+    assert views[2]["status_code"] == "400"
+    assert "maximum context length" in views[2]["error"]["message"]
+    assert "dead_lettered" not in views[2]
+    calls = {
+        outcome: batcher_metric(port, "switchyard_batcher_upstream_calls_total", outcome=outcome)
+        for outcome in ("split", "ok", "refused_4xx")
+    }
+    assert calls == {"split": 1, "ok": 2, "refused_4xx": 2}  # the batch, then the long one
+
+
 def test_three_failures_dead_letter_the_task_and_a_replay_runs_it(
     world: World, start_batcher: BatcherFactory
 ) -> None:
