@@ -369,6 +369,24 @@ def test_three_failures_dead_letter_the_task_and_a_replay_runs_it(
         dead_letters.replay(world.client, letter.entry_id)
 
 
+def test_a_replica_that_hangs_times_out_each_attempt_then_dead_letters(
+    world: World, start_batcher: BatcherFactory
+) -> None:
+    """GIVEN a model with a 1 s timeout and a replica that never answers WHEN a task runs
+    THEN each attempt times out (504, upstream_timeout) and the third dead-letters it."""
+    world.builder.models["embed"]["timeout_s"] = 1.0
+    world.builder.publish(world.client)
+    set_faults(world.embed, hang_rate=1.0)
+    start_batcher(SWITCHYARD_BATCHER_RETRY_BACKOFF_MS="20")
+    task_id = world.submit(EMBED, {"input": "never answered"})
+    (failed,) = wait_ended(world.client, [task_id], timeout=30)
+    assert failed["status"] == "failed"
+    assert failed["status_code"] == "504"
+    assert failed["error"]["code"] == "upstream_timeout"
+    assert failed["dead_lettered"] == "1"
+    assert failed["attempts"] == str(layout.MAX_ATTEMPTS)
+
+
 def test_a_batcher_killed_mid_batch_loses_nothing(
     world: World, start_batcher: BatcherFactory
 ) -> None:
