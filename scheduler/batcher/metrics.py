@@ -22,7 +22,7 @@ class BatcherMetrics:
             buckets=_RATIOS, registry=r,
         )  # fmt: skip
         self.flushes = Counter(
-            "switchyard_batcher_flushes", "Batches flushed, by why: full or window.",
+            "switchyard_batcher_flushes", "Batches flushed, by why: full, window or stop.",
             ["model", "reason"], registry=r,
         )  # fmt: skip
         self.window = Histogram(

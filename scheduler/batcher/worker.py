@@ -227,14 +227,18 @@ class Batcher:
         )
 
     async def stop(self) -> None:
-        """Stop reading; let batches in flight end (bounded); what is still buffered stays
-        pending in the streams and is reclaimed by another batcher after claim_idle_ms."""
+        """Stop reading; flush what is buffered and let the batches in flight end (bounded).
+        Tasks waiting out a retry's backoff stay pending in the streams: another batcher
+        reclaims them after claim_idle_ms."""
         self._stopping = True
         self.policy.stop()
         for loop in self._loops:
             loop.cancel()
         if self._loops:
             await asyncio.wait(self._loops, timeout=2.0)
+        for buffer in list(self.buffers.values()):
+            if buffer.tasks:
+                self._flush(buffer, "stop")
         if self._batches:
             await asyncio.wait(self._batches, timeout=10.0)
         with contextlib.suppress(valkey.ValkeyError, OSError):

@@ -483,3 +483,34 @@ def test_a_task_whose_attempts_keep_dying_is_dead_lettered(
     (letter,) = dead_letters.list_dead_letters(world.client, count=10)
     assert letter.task_id == task_id
     assert embedded_inputs(world.embed) == before
+
+
+def test_a_batcher_stopped_gracefully_runs_what_it_buffered(
+    world: World, start_batcher: BatcherFactory
+) -> None:
+    """GIVEN tasks read into a buffer with a long window WHEN the batcher gets SIGTERM THEN
+    it flushes them before it exits: they end done, none left pending."""
+    batcher = start_batcher(
+        SWITCHYARD_BATCHER_WINDOW_MS="20000",
+        SWITCHYARD_BATCHER_MIN_WINDOW_MS="20000",
+        SWITCHYARD_BATCHER_MAX_WINDOW_MS="20000",
+    )
+    ids = [world.submit(EMBED, {"input": f"before the stop {i}"}) for i in range(3)]
+
+    def pending() -> int:
+        """Entries read and not yet acknowledged, over both partitions."""
+        total = 0
+        for p in range(2):
+            try:
+                reply = world.client.xpending(layout.stream("embed", p), layout.GROUP)
+            except valkey.ResponseError:  # no such stream or group yet: nothing pending
+                continue
+            total += cast(dict[str, int], reply)["pending"]
+        return total
+
+    assert wait_until(lambda: pending() == 3, timeout=10)
+    assert {status(world.client, t) for t in ids} == {"queued"}
+    assert batcher.stop() == 0
+    views = [view(world.client, t) for t in ids]
+    assert {v["status"] for v in views} == {"done"}
+    assert pending() == 0
