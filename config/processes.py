@@ -49,6 +49,17 @@ def s3_endpoint_command(host: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
+def batcher_command() -> list[str]:
+    """How every batcher process is started (the stack, the tests, the benchmarks): it runs
+    on uvloop itself (scheduler/batcher/__main__.py)."""
+    return [PYTHON, "-m", "scheduler.batcher"]
+
+
+def batcher_ready(process: ManagedProcess) -> Callable[[], bool]:
+    """A batcher is ready once it has joined the groups of every stream it found."""
+    return lambda: "batcher_started" in process.log_text()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

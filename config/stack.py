@@ -27,6 +27,8 @@ from config.processes import (
     PYTHON,
     REPO_ROOT,
     ManagedProcess,
+    batcher_command,
+    batcher_ready,
     gateway_command,
     http_ready,
     port_bindable,
@@ -297,6 +299,9 @@ class Stack:
         # Before the gateway: its workers load their models (seconds) while the rest starts.
         guardrails = self._child("guardrails", [PYTHON, "-m", "guardrails.service"])
         gateway = self._child("gateway", gateway_command(config.host, config.gateway_port))
+        # After the gateway: it consumes the async tasks the gateway's submit queues, through
+        # the same scheduler (docs/async.md, "The batcher").
+        batcher = self._child("batcher", batcher_command())
         s3_endpoint = self._child(
             "s3-endpoint", s3_endpoint_command(config.host, config.s3_endpoint_port)
         )
@@ -346,6 +351,7 @@ class Stack:
             http_ready(self.s3_endpoint_url + "/healthz", expect=200), timeout=30
         )
         _wait_for_log(worker, "ready.", timeout=60)
+        batcher.wait_ready(batcher_ready(batcher), timeout=30)
         return {
             "api_key": seed["api_key"],
             "admin_username": seed["admin_username"],

@@ -108,3 +108,25 @@ def deliver_webhook(self: Any, registration_id: int, event_type: str, message_id
             logger.warning("webhook_gave_up registration=%s why=%s", registration_id, exc)
             return "gave_up"
         raise self.retry(countdown=min(3600, 2**self.request.retries), exc=exc) from exc
+
+
+@shared_task(name="scheduler.deliver_task_webhook", bind=True, ignore_result=True, max_retries=None)
+def deliver_task_webhook(
+    self: Any,
+    use_case_id: int,
+    callback_url: str,
+    event_type: str,
+    message_id: str,
+    data: dict[str, Any],
+) -> str:
+    """POST an async task's end to its callback URL, signed; retried with backoff. Enqueued
+    by the batcher (scheduler/batcher), which sends it by name without importing Django."""
+    from scheduler.webhooks import WebhookRetry, task_webhook_deliver
+
+    try:
+        return task_webhook_deliver(use_case_id, callback_url, event_type, message_id, data)
+    except WebhookRetry as exc:
+        if self.request.retries + 1 >= settings.WEBHOOK_ATTEMPTS:
+            logger.warning("task_webhook_gave_up task=%s why=%s", data.get("id"), exc)
+            return "gave_up"
+        raise self.retry(countdown=min(3600, 2**self.request.retries), exc=exc) from exc

@@ -143,3 +143,58 @@ def webhook_deliver(registration_id: int, event_type: str, message_id: str) -> s
         raise WebhookRetry(f"answered {answer.status_code}")
     logger.info("webhook_delivered registration=%s type=%s", registration_id, event_type)
     return "delivered"
+
+
+# --- Async tasks' callbacks (scheduler/batcher) ------------------------------------------------
+TASK_EVENT_TYPES = ("task.done", "task.failed", "task.expired")
+
+
+def task_event_body(event_type: str, timestamp: int, data: dict[str, Any]) -> bytes:
+    return orjson.dumps({"type": event_type, "timestamp": timestamp, "data": data})
+
+
+def task_webhook_deliver(
+    use_case_id: int, callback_url: str, event_type: str, message_id: str, data: dict[str, Any]
+) -> str:
+    """One delivery of an async task's end to the ``callback_url`` it was submitted with,
+    signed with its use case's webhook secret; raises WebhookRetry to be tried again.
+
+    ``data`` is the task's poll view without the result body (the receiver polls for it)."""
+    from governance.models import UseCase
+
+    if event_type not in TASK_EVENT_TYPES:
+        raise ValueError(f"not a task event: {event_type!r}")
+    use_case = UseCase.objects.filter(pk=use_case_id).only("webhook_secret_sealed").first()
+    if use_case is None or not use_case.webhook_secret_sealed:
+        # Submit accepts a callback only from a use case with a secret: it was taken away.
+        logger.warning("task_webhook_unsigned task=%s use_case=%s", data.get("id"), use_case_id)
+        return "no_secret"
+    try:
+        url = check_url(callback_url)
+    except WebhookRefused:
+        logger.warning("task_webhook_refused task=%s", data.get("id"))
+        return "refused"
+    secret = unseal(base64.b64decode(use_case.webhook_secret_sealed)).decode()
+    timestamp = int(time.time())
+    body = task_event_body(event_type, timestamp, data)
+    headers = {
+        "content-type": "application/json",
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(secret, message_id, timestamp, body),
+        "user-agent": "Switchyard-Webhooks/1",
+    }
+    try:
+        answer = requests.post(
+            url,
+            data=body,
+            headers=headers,
+            timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
+            allow_redirects=False,
+        )
+    except requests.RequestException as exc:
+        raise WebhookRetry(f"no answer: {type(exc).__name__}") from exc
+    if not 200 <= answer.status_code < 300:
+        raise WebhookRetry(f"answered {answer.status_code}")
+    logger.info("task_webhook_delivered task=%s type=%s", data.get("id"), event_type)
+    return "delivered"

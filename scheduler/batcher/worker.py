@@ -1,0 +1,871 @@
+"""The batcher: consume the task streams, batch wait-or-full, run each batch through the
+gateway's own admission and priority queue, and end every task per the contract.
+
+One asyncio process; its loops:
+
+- discover: the partitions registry, every ``discover_s`` (a new model's streams and group);
+- read: XREADGROUP on every partition stream into per-(model, endpoint, class, compatibility)
+  buffers; a buffer that reaches its batch size flushes at once;
+- timer: flushes a buffer whose oldest task has waited its window (window.py);
+- reclaim: XAUTOCLAIM of entries idle past ``claim_idle_ms`` (a dead batcher's), and a touch
+  (XCLAIM JUSTID) of the entries this batcher holds, so that live work is never taken over;
+- gauges and the drain rate.
+
+A batch: expired tasks end ``expired`` unrun; the rest are marked running; cached results
+and identical deterministic payloads are answered once; the distinct rest go upstream in one
+call (embeddings, completions) or concurrent calls (chat), each call acquired from the
+Scheduler at the tasks' class and released after. A 5xx, a timeout or no reachable replica
+is a failed attempt (retried with backoff; after MAX_ATTEMPTS dead-lettered); a 4xx fails
+the task at once with the upstream's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import valkey
+import valkey.asyncio as avalkey
+
+from gateway.accounting import Accounting, Usage
+from gateway.async_tasks import layout
+from gateway.errors import GatewayError
+from gateway.policy import Model, Policy, PriorityClass
+from gateway.policy_store import PolicyStore
+from gateway.scheduling import (
+    UNCLASSIFIED,
+    MaxConcurrent,
+    QueueFull,
+    QueueTimeout,
+    RateLimited,
+    Scheduler,
+    Ticket,
+    saturated_entry,
+    write_fleet,
+)
+from gateway.scheduling.keys import MAX_RANK
+from gateway.scheduling.tickets import DEFAULT_MAX_QUEUE_LENGTH, DEFAULT_QUEUE_TIMEOUT_S
+from gateway.upstream import ReplicaUnreachable, Upstream, UpstreamError
+from scheduler.batcher import payloads
+from scheduler.batcher.callbacks import Callbacks
+from scheduler.batcher.metrics import BatcherMetrics
+from scheduler.batcher.payloads import MalformedTask, Task
+from scheduler.batcher.settings import BatcherSettings
+from scheduler.batcher.store import Ending, TaskStore, error_object
+from scheduler.batcher.window import ArrivalRate, window_ms
+
+logger = logging.getLogger("scheduler.batcher")
+
+READ_BLOCK_MS = 200  # XREADGROUP's block: how soon a stop or a new stream is seen
+READ_COUNT = 1024
+GAUGES_S = 2.0
+DRAIN_REPORT_S = 0.5
+BUFFER_IDLE_MS = 60_000
+FORGET_AFTER_CLAIMS = 10  # a consumer idle this many claim timeouts, with nothing pending
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def now_ms() -> float:
+    """Wall-clock milliseconds, as a float: comparable with the tasks' submit times."""
+    return time.time() * 1000.0
+
+
+class Retryable(Exception):
+    """A failed attempt worth another: a 5xx, a timeout, no replica reachable."""
+
+    def __init__(self, status: int, error: dict[str, Any], *, counts: bool = True) -> None:
+        super().__init__(error.get("message", ""))
+        self.status = status
+        self.error = error
+        # False: the fleet was busy (queue full or timed out), not failing: tried again
+        # without counting an attempt (the task's deadline and TTL still bound it).
+        self.counts = counts
+
+
+# The error of an attempt whose batcher died (or whose batch crashed) before it ended.
+INTERRUPTED = Retryable(
+    500,
+    error_object(
+        "The task's attempts were interrupted (the batcher running it stopped).",
+        code="batcher_interrupted",
+    ),
+)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One upstream call's answer: a 2xx body, or a final error (a 4xx)."""
+
+    status: int
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    replica: str | None = None
+    queued_ms: float = 0.0
+    upstream_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class Buffer:
+    key: tuple[str, str, str, str]
+    size: int
+    tasks: list[Task] = field(default_factory=list)
+    rate: ArrivalRate = field(default_factory=ArrivalRate)
+    window_ms: float = 0.0  # the window as of the last arrival
+    last_ms: float = 0.0  # the last arrival (wall clock): an empty buffer idle long is dropped
+
+
+def service_class(policy: Policy, name: str) -> PriorityClass:
+    """The task's class from the snapshot, or the unclassified one behind all the others
+    (as tickets.priority_class_for does for a principal)."""
+    found = policy.priority_classes.get(name)
+    if found is not None:
+        return found
+    classes = policy.priority_classes.values()
+    return PriorityClass(
+        name=UNCLASSIFIED,
+        rank=min(MAX_RANK, max((c.rank for c in classes), default=-1) + 1),
+        vllm_priority=max((c.vllm_priority for c in classes), default=-1) + 1,
+        queue_timeout_s=DEFAULT_QUEUE_TIMEOUT_S,
+        max_queue_length=DEFAULT_MAX_QUEUE_LENGTH,
+    )
+
+
+def _error_from(body: bytes, status: int) -> dict[str, Any]:
+    """The upstream's OpenAI error object, or one made from its status."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        document = None
+    if isinstance(document, dict):
+        inner = document.get("error")
+        if isinstance(inner, dict) and "message" in inner:
+            return {
+                "message": str(inner.get("message")),
+                "type": str(inner.get("type") or "invalid_request_error"),
+                "param": inner.get("param"),
+                "code": inner.get("code"),
+            }
+        if "message" in document:  # vLLM's older flat shape
+            return error_object(
+                str(document["message"]), type=str(document.get("type") or "api_error")
+            )
+    kind = "invalid_request_error" if status < 500 else "api_error"
+    return error_object(f"The replica answered {status}.", type=kind, code="upstream_error")
+
+
+class Batcher:
+    def __init__(self, settings: BatcherSettings, *, metrics: BatcherMetrics | None = None) -> None:
+        self.settings = settings
+        self.client = avalkey.Valkey.from_url(settings.valkey_url)
+        self.store = TaskStore(self.client)
+        self.policy = PolicyStore(
+            self.client,
+            refresh_s=settings.policy_refresh_s,
+            max_staleness_s=settings.policy_max_staleness_s,
+        )
+        self.scheduler = Scheduler(
+            self.client,
+            gateway_id=f"batcher-{self.store.consumer}",
+            lease_ms=int(settings.lease_s * 1000),
+            heartbeat_ms=int(settings.heartbeat_s * 1000),
+            stale_ms=int(settings.fleet_stale_s * 1000),
+            waiting_threshold=settings.backpressure_waiting,
+        )
+        self.upstream = Upstream(
+            connect_timeout_s=settings.upstream_connect_timeout_s,
+            max_connections=settings.upstream_max_connections,
+        )
+        self.accounting = Accounting(self.client, pipe=self.scheduler.pipe)
+        self.metrics = metrics or BatcherMetrics()
+        self.callbacks = Callbacks(settings.valkey_url)
+        self.streams: list[str] = []
+        self.buffers: dict[tuple[str, str, str, str], Buffer] = {}
+        self.held: dict[str, set[str]] = {}  # stream → entry ids this batcher holds
+        self._held_count = 0
+        self._room = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._batches: set[asyncio.Task[None]] = set()
+        self._ended: dict[str, int] = {}  # model → tasks ended since the last drain report
+        self._stopping = False
+        self._loops: list[asyncio.Task[None]] = []
+
+    # --- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.upstream.start()
+        await self.scheduler.start()
+        await self.accounting.start()
+        try:
+            await self.policy.refresh()
+        except (valkey.ValkeyError, OSError, ValueError) as exc:
+            logger.warning("policy_initial_load_failed error=%r", exc)
+        await self.discover()
+        self._loops = [
+            asyncio.create_task(self.policy.run(), name="batcher-policy"),
+            asyncio.create_task(self._forever(self.discover, self.settings.discover_s)),
+            asyncio.create_task(self._read_forever(), name="batcher-read"),
+            asyncio.create_task(self._timer_forever(), name="batcher-timer"),
+            asyncio.create_task(self._forever(self.reclaim, self._reclaim_every_s())),
+            asyncio.create_task(self._forever(self.touch, self._reclaim_every_s())),
+            asyncio.create_task(self._forever(self.gauges, GAUGES_S)),
+            asyncio.create_task(self._forever(self.report_drain, DRAIN_REPORT_S)),
+        ]
+        logger.info(
+            "batcher_started consumer=%s streams=%d max_batch=%d window_ms=%s",
+            self.store.consumer,
+            len(self.streams),
+            self.settings.max_batch,
+            self.settings.window_ms,
+        )
+
+    async def stop(self) -> None:
+        """Stop reading; flush what is buffered and let the batches in flight end (bounded).
+        Tasks waiting out a retry's backoff stay pending in the streams: another batcher
+        reclaims them after claim_idle_ms."""
+        self._stopping = True
+        self.policy.stop()
+        for loop in self._loops:
+            loop.cancel()
+        if self._loops:
+            await asyncio.wait(self._loops, timeout=2.0)
+        for buffer in list(self.buffers.values()):
+            if buffer.tasks:
+                self._flush(buffer, "stop")
+        if self._batches:
+            await asyncio.wait(self._batches, timeout=10.0)
+        with contextlib.suppress(valkey.ValkeyError, OSError):
+            await self.report_drain()
+        await self.accounting.close()
+        await self.scheduler.close()
+        await self.upstream.close()
+        await self.client.aclose()
+        logger.info("batcher_stopped")
+
+    def _reclaim_every_s(self) -> float:
+        return max(min(self.settings.claim_idle_ms / 3000.0, 5.0), 0.05)
+
+    async def _forever(self, work: Any, every_s: float) -> None:
+        while not self._stopping:
+            try:
+                await work()
+            except (valkey.ValkeyError, OSError) as exc:
+                logger.warning("batcher_loop_failed work=%s error=%r", work.__name__, exc)
+            except Exception:
+                logger.exception("batcher_loop_crashed work=%s", work.__name__)
+            await asyncio.sleep(every_s)
+
+    # --- consuming ----------------------------------------------------------------------
+    async def discover(self) -> None:
+        found = [stream for _, stream in await self.store.streams()]
+        for stream in found:
+            await self.store.ensure_group(stream)
+        if found != self.streams:
+            self.streams = found
+
+    async def _read_forever(self) -> None:
+        while not self._stopping:
+            room = self.settings.max_held - self._held_count
+            if room <= 0 or not self.streams:
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), READ_BLOCK_MS / 1000)
+                continue
+            try:
+                entries = await self.store.read(
+                    # COUNT applies per stream: what all of them may return stays in ``room``.
+                    self.streams,
+                    count=max(min(room, READ_COUNT) // len(self.streams), 1),
+                    block_ms=READ_BLOCK_MS,
+                )
+            except (valkey.ValkeyError, OSError) as exc:
+                logger.warning("batcher_read_failed error=%r", exc)
+                await asyncio.sleep(0.5)
+                continue
+            if entries:
+                await self.take((stream, entry_id, fields) for stream, entry_id, fields in entries)
+
+    async def reclaim(self) -> None:
+        """Take over entries a dead batcher left pending."""
+        for stream in list(self.streams):
+            claimed = await self.store.reclaim(stream, min_idle_ms=self.settings.claim_idle_ms)
+            if claimed:
+                logger.info("batcher_reclaimed stream=%s entries=%d", stream, len(claimed))
+                await self.take((stream, entry_id, fields) for entry_id, fields in claimed)
+            # Consumers of batchers long gone, with nothing pending: every restart adds a
+            # "<host>-<pid>", and the group would keep them for ever.
+            await self.store.forget_consumers(
+                stream, idle_ms=self.settings.claim_idle_ms * FORGET_AFTER_CLAIMS
+            )
+
+    async def touch(self) -> None:
+        await self.store.touch({s: list(ids) for s, ids in self.held.items() if ids})
+
+    async def take(self, entries: Iterable[tuple[str, str, dict[bytes, bytes]]]) -> None:
+        """Entries into their buffers (those this batcher already holds are skipped)."""
+        now = now_ms()
+        bad: list[Ending] = []
+        for stream, entry_id, fields in entries:
+            ids = self.held.setdefault(stream, set())
+            if entry_id in ids:
+                continue
+            try:
+                task = payloads.parse_entry(stream, entry_id, fields)
+            except MalformedTask as exc:
+                if exc.task is None:  # not even a task id: nothing to end, nobody to tell
+                    await self.client.xack(stream, layout.GROUP, entry_id)
+                    await self.client.xdel(stream, entry_id)
+                    continue
+                self._hold(exc.task)
+                bad.append(self._failed(exc.task, 400, error_object(
+                    str(exc), type="invalid_request_error", code="invalid_task"
+                )))  # fmt: skip
+                continue
+            task.read_ms = now
+            self._hold(task)
+            self._buffer(task)
+        if bad:
+            await self._end(bad)
+
+    def _hold(self, task: Task) -> None:
+        self.held.setdefault(task.stream, set()).add(task.entry_id)
+        self._held_count += 1
+
+    def _release(self, task: Task) -> None:
+        ids = self.held.get(task.stream)
+        if ids is not None and task.entry_id in ids:
+            ids.discard(task.entry_id)
+            self._held_count -= 1
+            self._room.set()
+
+    def _buffer(self, task: Task) -> None:
+        buffer = self.buffers.get(task.buffer_key)
+        if buffer is None:
+            size = self.settings.batch_size(task.model)
+            buffer = self.buffers[task.buffer_key] = Buffer(task.buffer_key, size)
+        buffer.tasks.append(task)
+        buffer.last_ms = now_ms()
+        task.buffered = True
+        buffer.rate.arrived(float(task.created_ms))
+        if len(buffer.tasks) >= buffer.size:
+            self._flush(buffer, "full")
+        else:
+            buffer.window_ms = self._window(buffer)
+            self._wake.set()
+
+    def _window(self, buffer: Buffer) -> float:
+        s = self.settings
+        return window_ms(
+            buffer.rate.per_second(float(wall_ms())),
+            buffer.size - len(buffer.tasks),
+            base_ms=s.window_ms,
+            min_ms=s.min_window_ms,
+            max_ms=s.max_window_ms,
+        )
+
+    async def _timer_forever(self) -> None:
+        while not self._stopping:
+            now = now_ms()
+            next_due = float("inf")
+            for buffer in list(self.buffers.values()):
+                if not buffer.tasks:
+                    # Kept while traffic may come back (its arrival rate is what the next
+                    # window is made from); dropped once idle, so that one-off parameter
+                    # sets do not pile up.
+                    if now - buffer.last_ms > BUFFER_IDLE_MS:
+                        del self.buffers[buffer.key]
+                    continue
+                if self._due(buffer) <= now:
+                    self._flush(buffer, "window")
+                if buffer.tasks:  # not due yet, or what a window flush left
+                    next_due = min(next_due, self._due(buffer))
+            self._wake.clear()
+            # Woken by arrivals, by the next window, and now and then to drop idle buffers.
+            timeout = (min(next_due - now, BUFFER_IDLE_MS)) / 1000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _due(self, buffer: Buffer) -> float:
+        """When the buffer flushes unless it fills first: its oldest task has waited the
+        window since it was submitted — but at least the minimum window since this batcher
+        read it, so that a backlog read in bursts still fills its batches."""
+        oldest = buffer.tasks[0]
+        return max(
+            oldest.created_ms + buffer.window_ms, oldest.read_ms + self.settings.min_window_ms
+        )
+
+    def _flush(self, buffer: Buffer, reason: str) -> None:
+        while buffer.tasks:
+            tasks, buffer.tasks = buffer.tasks[: buffer.size], buffer.tasks[buffer.size :]
+            for task in tasks:
+                task.buffered = False
+            model = buffer.key[0]
+            self.metrics.flushes.labels(model, reason).inc()
+            self.metrics.batch_size.labels(model).observe(len(tasks))
+            self.metrics.fill_ratio.labels(model).observe(len(tasks) / buffer.size)
+            self.metrics.window.labels(model).observe(buffer.window_ms / 1000)
+            now = now_ms()
+            for task in tasks:
+                self.metrics.wait.labels(model).observe(max(now - task.read_ms, 0) / 1000)
+            batch = asyncio.create_task(self._run_batch(tasks))
+            self._batches.add(batch)
+            batch.add_done_callback(self._batches.discard)
+            if reason == "window":
+                break  # the rest (if any) waits a window of its own
+
+    # --- a batch ------------------------------------------------------------------------
+    async def _run_batch(self, tasks: list[Task]) -> None:
+        try:
+            await self._run(tasks)
+        except (valkey.ValkeyError, OSError) as exc:
+            # Nothing ended: the entries stay pending here; they are tried again after a
+            # backoff, or reclaimed by another batcher if this one dies.
+            logger.warning("batch_valkey_failed tasks=%d error=%r", len(tasks), exc)
+            self._retry_later(tasks, 1)
+        except Exception:
+            logger.exception("batch_crashed tasks=%d", len(tasks))
+            self._retry_later(tasks, 1)
+
+    async def _run(self, tasks: list[Task]) -> None:
+        now = wall_ms()
+        endings: list[Ending] = []
+        live: list[Task] = []
+        for task in tasks:
+            if task.past_due(now):
+                endings.append(self._expired(task, now))
+            else:
+                live.append(task)
+        try:
+            policy = self.policy.current()
+        except GatewayError:
+            await self._end(endings)
+            self._retry_later(live, 1)
+            return
+        if live:
+            started = await self.store.start(live, now)
+            running: list[Task] = []
+            for task, (status, attempts) in zip(live, started, strict=True):
+                task.attempts = attempts
+                if status == "gone" or status in layout.TERMINAL:
+                    # A duplicate delivery of an ended task, or a task whose hash expired:
+                    # acknowledge it, run nothing.
+                    endings.append(Ending(task, {}))
+                elif status == "running" and attempts >= layout.MAX_ATTEMPTS:
+                    # Its attempts died with their batchers (start.lua counted them).
+                    endings.append(self._dead_letter(task, INTERRUPTED, attempts))
+                else:
+                    running.append(task)
+            live = running
+        model = policy.models.get(live[0].model) if live else None
+        if live and model is None:
+            error = error_object(
+                f"The model '{live[0].model}' is not served any more.",
+                type="invalid_request_error",
+                code="model_not_found",
+            )
+            endings += [self._failed(t, 404, error) for t in live]
+            live = []
+        if live:
+            assert model is not None
+            endings += await self._answer(live, model, policy)
+        await self._end(endings)
+
+    async def _answer(self, tasks: list[Task], model: Model, policy: Policy) -> list[Ending]:
+        """Cache, collapse, call; the endings of every task (retries are scheduled here)."""
+        endings: list[Ending] = []
+        cache_s: dict[str, int] = {}
+        for task in tasks:
+            use_case = (
+                policy.use_cases.get(int(task.use_case_id)) if task.use_case_id.isdigit() else None
+            )
+            cache_s[task.task_id] = use_case.async_cache_s if use_case is not None else 0
+        cacheable = [t for t in tasks if t.deterministic and cache_s[t.task_id] > 0]
+        hits = await self.store.cached(
+            [layout.result_cache(t.use_case_id, t.payload_sha) for t in cacheable]
+        )
+        hit_ids: set[str] = set()
+        for task, body in zip(cacheable, hits, strict=True):
+            if body is not None:
+                hit_ids.add(task.task_id)
+                endings.append(self._done(task, body, collapsed=True))
+                self.metrics.collapsed.labels(task.model, "cache").inc()
+        groups: dict[str, list[Task]] = {}
+        for task in tasks:
+            if task.task_id in hit_ids:
+                continue
+            groups.setdefault(task.payload_sha if task.deterministic else task.task_id, []).append(
+                task
+            )
+        if not groups:
+            return endings
+        representatives = [group[0] for group in groups.values()]
+        outcomes = await self._call(representatives, model, policy)
+        to_cache: list[tuple[str, bytes, int]] = []
+        usage_at = wall_ms()
+        for group, outcome in zip(groups.values(), outcomes, strict=True):
+            if isinstance(outcome, Retryable):
+                endings += await self._attempt_failed(group, outcome)
+                continue
+            shared = len(group) > 1
+            if shared:
+                self.metrics.collapsed.labels(group[0].model, "batch").inc(len(group) - 1)
+            if outcome.result is None:
+                assert outcome.error is not None
+                for task in group:
+                    endings.append(self._failed(task, outcome.status, outcome.error))
+                    self._usage(task, outcome, 0, 0, usage_at, policy)
+                continue
+            body = orjson.dumps(outcome.result)
+            prompt, completion = payloads.tokens_of(outcome.result)
+            for index, task in enumerate(group):
+                endings.append(self._done(task, body, collapsed=shared, status=outcome.status))
+                # Usage counts GPU work: the task that ran carries its tokens, copies none.
+                self._usage(
+                    task, outcome, *((prompt, completion) if index == 0 else (0, 0)),
+                    usage_at, policy,
+                )  # fmt: skip
+            if outcome.status == 200:
+                # Each use case of the group that keeps a cache gets the result in its own.
+                cached_for = {
+                    t.use_case_id: cache_s[t.task_id]
+                    for t in group
+                    if t.deterministic and cache_s[t.task_id] > 0
+                }
+                head = group[0]
+                to_cache += [
+                    (layout.result_cache(use_case, head.payload_sha), body, seconds)
+                    for use_case, seconds in cached_for.items()
+                ]
+        with contextlib.suppress(valkey.ValkeyError, OSError):
+            await self.store.cache(to_cache)
+        return endings
+
+    async def _call(
+        self, tasks: list[Task], model: Model, policy: Policy
+    ) -> list[Outcome | Retryable]:
+        """Each task's outcome: one call for a batchable endpoint, else one call each."""
+        endpoint = tasks[0].endpoint
+        klass = service_class(policy, tasks[0].priority_class)
+        if endpoint in payloads.INPUT_MEMBER:
+            call = payloads.batch_call(tasks, model.served_name, model.max_tokens)
+            cost = sum(t.estimate for t in tasks)
+            try:
+                outcome = await self._post(tasks[0], model, klass, endpoint, call.body, cost)
+            except Retryable as failed:
+                return [failed] * len(tasks)
+            if outcome.result is None:
+                if len(tasks) == 1:
+                    return [outcome]
+                # Refused as a whole: which task's input was it? Each on its own, so that one
+                # bad input (too long for the context, say) fails only its own task.
+                self.metrics.upstream_calls.labels(model.public_id, endpoint, "split").inc()
+                alone = await asyncio.gather(*(self._call([t], model, policy) for t in tasks))
+                return [outcomes[0] for outcomes in alone]
+            sliced = payloads.slice_results(endpoint, outcome.result, call)
+            return [
+                Outcome(outcome.status, result, None, outcome.replica, outcome.queued_ms,
+                        outcome.upstream_ms)
+                for result in sliced
+            ]  # fmt: skip
+
+        async def one(task: Task) -> Outcome | Retryable:
+            document = payloads.upstream_document(task, model.served_name, model.max_tokens)
+            try:
+                return await self._post(task, model, klass, endpoint, document, task.estimate)
+            except Retryable as failed:
+                return failed
+
+        return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+    async def _post(
+        self,
+        head: Task,
+        model: Model,
+        klass: PriorityClass,
+        endpoint: str,
+        document: dict[str, Any],
+        cost: int,
+    ) -> Outcome:
+        """One upstream call through the scheduler: acquire at the class (no limits: they
+        were counted at submit), relay to the granted replica, release; an unreachable
+        replica is refunded and another tried. Raises Retryable."""
+        ticket = Ticket(
+            request_id=head.task_id,
+            model=model.public_id,
+            replicas=tuple((url, model.max_in_flight_per_replica) for url in model.replicas),
+            rank=min(klass.rank, MAX_RANK),
+            priority_class=klass.name,
+            queue_timeout_s=max(klass.queue_timeout_s, 0.001),
+            max_queue_length=klass.max_queue_length,
+            tenant=head.tenant,
+            use_case_id=int(head.use_case_id) if head.use_case_id.isdigit() else head.use_case_id,
+            cost=max(cost, 1),
+            vllm_priority=klass.vllm_priority,
+            pool_share=klass.pool_share_permille,
+        )
+        for _ in range(max(len(model.replicas), 1)):
+            try:
+                grant = await self.scheduler.acquire(ticket)
+            except (QueueFull, QueueTimeout, RateLimited, MaxConcurrent) as refused:
+                self.metrics.upstream_calls.labels(model.public_id, endpoint, "refused").inc()
+                raise Retryable(
+                    503,
+                    error_object(str(refused), type="service_unavailable", code=refused.code),
+                    counts=False,
+                ) from None
+            started = time.monotonic()
+            try:
+                async with self.scheduler.keep_alive(
+                    grant, wait_for_release=False, refund_on=(ReplicaUnreachable,)
+                ):
+                    document["model"] = model.served_name_for(grant.replica)
+                    document["priority"] = grant.vllm_priority
+                    body = orjson.dumps(document)
+                    headers = (
+                        (b"content-type", b"application/json"),
+                        (b"x-request-id", grant.lease_id.encode()),
+                    )
+                    status, answer = await self._exchange(
+                        grant.replica, endpoint, body, headers, model
+                    )
+            except ReplicaUnreachable as exc:
+                self.metrics.upstream_calls.labels(model.public_id, endpoint, "unreachable").inc()
+                with contextlib.suppress(valkey.ValkeyError, OSError):
+                    await write_fleet(
+                        self.client,
+                        model.public_id,
+                        {exc.replica: saturated_entry(scraped_at_ms=self.scheduler.now_ms())},
+                    )
+                continue
+            upstream_ms = (time.monotonic() - started) * 1000
+            outcome = Outcome(status, None, None, grant.replica, grant.queued_ms, upstream_ms)
+            if 200 <= status < 300:
+                try:
+                    parsed = orjson.loads(answer)
+                except orjson.JSONDecodeError:
+                    parsed = None
+                if isinstance(parsed, dict):
+                    self.metrics.upstream_calls.labels(model.public_id, endpoint, "ok").inc()
+                    outcome.result = parsed
+                    return outcome
+                status = 502
+            error = _error_from(answer, status)
+            if status >= 500 or status == 429:
+                self.metrics.upstream_calls.labels(model.public_id, endpoint, "error").inc()
+                raise Retryable(status, error)
+            self.metrics.upstream_calls.labels(model.public_id, endpoint, "refused_4xx").inc()
+            outcome.error = error
+            return outcome
+        raise Retryable(
+            502,
+            error_object(
+                f"No replica of model '{model.public_id}' could be reached.",
+                code="upstream_unavailable",
+            ),
+        )
+
+    async def _exchange(
+        self, replica: str, endpoint: str, body: bytes, headers: Any, model: Model
+    ) -> tuple[int, bytes]:
+        """POST and read the whole answer within the model's timeout."""
+        try:
+            async with asyncio.timeout(model.timeout_s):
+                response = await self.upstream.post(replica, endpoint, body, headers)
+                try:
+                    chunks = []
+                    while chunk := await response.read():
+                        chunks.append(chunk)
+                    return response.status, b"".join(chunks)
+                finally:
+                    response.close()
+        except ReplicaUnreachable:
+            raise
+        except TimeoutError:
+            self.metrics.upstream_calls.labels(model.public_id, endpoint, "timeout").inc()
+            raise Retryable(
+                504,
+                error_object(
+                    f"Model '{model.public_id}' did not answer within {model.timeout_s:g}s.",
+                    type="timeout_error",
+                    code="upstream_timeout",
+                ),
+            ) from None
+        except UpstreamError as exc:
+            self.metrics.upstream_calls.labels(model.public_id, endpoint, "broken").inc()
+            raise Retryable(
+                502,
+                error_object(
+                    f"The replica serving '{model.public_id}' failed: {exc.__class__.__name__}.",
+                    code="upstream_error",
+                ),
+            ) from None
+
+    # --- endings ------------------------------------------------------------------------
+    async def _attempt_failed(self, tasks: list[Task], failed: Retryable) -> list[Ending]:
+        """A failed attempt for each task: tried again after a backoff, or dead-lettered."""
+        endings: list[Ending] = []
+        later: list[Task] = []
+        for task in tasks:
+            if not failed.counts:
+                later.append(task)
+                continue
+            attempts = await self.store.attempt_failed(task, failed.error)
+            if attempts < 0:
+                endings.append(Ending(task, {}))  # gone or ended meanwhile: acknowledge
+            elif attempts >= layout.MAX_ATTEMPTS:
+                endings.append(self._dead_letter(task, failed, attempts))
+            else:
+                task.attempts = attempts
+                later.append(task)
+                self.metrics.retries.labels(task.model).inc()
+        if later:
+            logger.info(
+                "batch_attempt_failed tasks=%d status=%s code=%s",
+                len(later),
+                failed.status,
+                failed.error.get("code"),
+            )
+            self._retry_later(later, max((t.attempts for t in later), default=1))
+        return endings
+
+    def _retry_later(self, tasks: list[Task], attempts: int) -> None:
+        """Back into their buffers after base · 2^(attempts-1) ms; still pending here."""
+        if not tasks or self._stopping:
+            return
+        delay_s = self.settings.retry_backoff_ms * (2 ** max(attempts - 1, 0)) / 1000
+
+        def again() -> None:
+            now = now_ms()
+            for task in tasks:
+                # Only tasks still held and not already waiting in a buffer (a batch that
+                # failed after scheduling some of its tasks' retries must not double them).
+                if task.buffered or task.entry_id not in self.held.get(task.stream, ()):
+                    continue
+                task.read_ms = now
+                self._buffer(task)
+
+        asyncio.get_running_loop().call_later(delay_s, again)
+
+    def _done(self, task: Task, body: bytes, *, collapsed: bool, status: int = 200) -> Ending:
+        fields: dict[str, str | int] = {
+            "status": "done",
+            "result": body.decode(),
+            "status_code": status,
+            "finished_ms": wall_ms(),
+        }
+        if collapsed:
+            fields["collapsed"] = "1"
+        return Ending(task, fields)
+
+    def _failed(self, task: Task, status: int, error: dict[str, Any]) -> Ending:
+        return Ending(
+            task,
+            {
+                "status": "failed",
+                "error": orjson.dumps(error).decode(),
+                "status_code": status,
+                "finished_ms": wall_ms(),
+            },
+        )
+
+    def _expired(self, task: Task, now: int) -> Ending:
+        why = "deadline" if 0 < task.deadline_ms <= now else "queue time limit"
+        error = error_object(
+            f"The task passed its {why} before it could run; it was not run.",
+            type="invalid_request_error",
+            code="task_expired",
+        )
+        return Ending(
+            task,
+            {"status": "expired", "error": orjson.dumps(error).decode(), "finished_ms": now},
+        )
+
+    def _dead_letter(self, task: Task, failed: Retryable, attempts: int) -> Ending:
+        ending = self._failed(task, failed.status, failed.error)
+        ending.fields["dead_lettered"] = "1"
+        ending.dead_letter = {
+            **{name: task.fields.get(name, "") for name in layout.ENTRY_FIELDS},
+            "error": orjson.dumps(failed.error).decode(),
+            "attempts": str(attempts),
+            "failed_ms": str(wall_ms()),
+            "stream": task.stream,
+        }
+        return ending
+
+    async def _end(self, endings: list[Ending]) -> None:
+        if not endings:
+            return
+        ended = await self.store.end(endings)
+        for ending, did in zip(endings, ended, strict=True):
+            task = ending.task
+            self._release(task)
+            if did:
+                state = str(ending.fields.get("status", ""))
+                self.metrics.ended.labels(task.model, state).inc()
+                self._ended[task.model] = self._ended.get(task.model, 0) + 1
+                if task.callback_url:
+                    self.callbacks.send(task, ending.fields)
+
+    def _usage(
+        self,
+        task: Task,
+        outcome: Outcome,
+        prompt: int,
+        completion: int,
+        at_ms: int,
+        policy: Policy,
+    ) -> None:
+        """The task's usage record on the gateway's usage stream (buffered, flushed in
+        the background), as the gateway writes one per request, under the sync endpoint."""
+        self.accounting.append_usage(
+            Usage(
+                request_id=task.task_id,
+                at_ms=at_ms,
+                tenant=task.tenant,
+                use_case_id=int(task.use_case_id) if task.use_case_id.isdigit() else 0,
+                key_id=None,
+                model=task.model,
+                replica=outcome.replica,
+                status=outcome.status,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                queued_ms=outcome.queued_ms,
+                upstream_ms=outcome.upstream_ms,
+                total_ms=float(max(at_ms - task.created_ms, 0)),
+                policy_version=policy.version,
+                endpoint=task.endpoint,
+            )
+        )
+
+    # --- reporting ----------------------------------------------------------------------
+    async def report_drain(self) -> None:
+        ended, self._ended = self._ended, {}
+        now = wall_ms()
+        for model, count in ended.items():
+            await self.store.drained(model, count, now)
+
+    async def gauges(self) -> None:
+        now = wall_ms()
+        async with self.client.pipeline(transaction=False) as pipe:
+            for stream in self.streams:
+                pipe.xlen(stream)
+                pipe.xrange(stream, count=1)
+            pipe.xlen(layout.dead_letters())
+            replies = await pipe.execute()
+        for index, stream in enumerate(self.streams):
+            length, first = replies[2 * index], replies[2 * index + 1]
+            self.metrics.depth.labels(stream).set(int(length))
+            age = 0.0
+            if first:
+                entry_id = first[0][0]
+                entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                age = max(now - int(entry_id.split("-")[0]), 0) / 1000
+            self.metrics.oldest_age.labels(stream).set(age)
+        self.metrics.dlq_size.set(int(replies[-1]))

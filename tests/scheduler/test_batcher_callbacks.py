@@ -1,0 +1,69 @@
+"""An async task's end told to its callback URL: the batcher enqueues the delivery, a real
+Celery worker signs and POSTs it (scheduler.deliver_task_webhook), a real receiver verifies.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+import valkey
+
+from config.processes import wait_until
+from governance.audit import Actor
+from governance.webhooks import webhook_set
+from tests.conftest import BatcherFactory, CeleryWorkerFactory, SimulatorFactory
+from tests.factories import make_model, make_tenant, make_use_case
+from tests.scheduler.file_jobs_world import WebhookReceiver, verify_standard_webhook
+from tests.support.async_tasks import now_ms, submit, wait_ended
+from tests.support.policy import PolicyBuilder
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_task_that_ends_calls_back_signed_with_its_use_case_secret(
+    valkey_client: valkey.Valkey,
+    start_simulator: SimulatorFactory,
+    start_batcher: BatcherFactory,
+    start_celery_worker: CeleryWorkerFactory,
+) -> None:
+    """GIVEN acme's "search" use case with a webhook secret WHEN a task submitted with a
+    callback URL ends done, and another ends expired THEN each URL gets one event, signed
+    with the use case's secret, carrying the task's view without its result."""
+    embed = start_simulator("embed", "--kind", "embedding", "--time-scale", "0")
+    model = make_model("embed", capabilities=["embeddings"])
+    use_case = make_use_case(make_tenant("acme"), "search", models=(model,))
+    builder = PolicyBuilder().model("embed", [embed.base_url], capabilities=("embeddings",))
+    builder.publish(valkey_client)
+    with WebhookReceiver() as receiver:
+        secret = webhook_set(actor=Actor.system("tests"), use_case=use_case, url=receiver.url)
+        assert secret is not None
+        start_celery_worker()
+        start_batcher()
+        common = {"model": "embed", "endpoint": "/v1/embeddings", "use_case_id": use_case.pk}
+        done = submit(
+            valkey_client, body={"input": "call me"}, callback_url=receiver.url + "/done",
+            **common,  # type: ignore[arg-type]
+        )  # fmt: skip
+        late = submit(
+            valkey_client, body={"input": "too late"}, callback_url=receiver.url + "/late",
+            deadline_ms=now_ms() - 1, **common,  # type: ignore[arg-type]
+        )  # fmt: skip
+        views = wait_ended(valkey_client, [done, late])
+        assert [v["status"] for v in views] == ["done", "expired"]
+        assert wait_until(lambda: len(receiver.received) >= 2, timeout=30)
+    events = {}
+    for headers, body in receiver.received:
+        assert verify_standard_webhook(secret, headers, body)
+        event = orjson.loads(body)
+        events[event["data"]["id"]] = (headers, event)
+    assert set(events) == {done, late}
+    headers, event = events[done]
+    assert event["type"] == "task.done"
+    assert headers["webhook-id"] == f"msg_{done}_done"
+    assert event["data"]["status"] == "done"
+    assert event["data"]["status_code"] == 200
+    assert "result" not in event["data"]
+    _, expired = events[late]
+    assert expired["type"] == "task.expired"
+    assert expired["data"]["error"]["code"] == "task_expired"
+    assert len(receiver.received) == 2
