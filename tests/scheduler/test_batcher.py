@@ -20,7 +20,9 @@ import valkey
 from config.processes import free_port, wait_until
 from gateway.accounting import USAGE_STREAM
 from gateway.async_tasks import layout
-from scheduler.batcher import dead_letters
+from governance.async_tasks import dead_letter_replay, dead_letters_list
+from governance.audit import Actor
+from governance.errors import NotFound
 from tests.conftest import BatcherFactory, RunningSimulator, SimulatorFactory
 from tests.support.async_tasks import depth, now_ms, status, submit, view, wait_ended
 from tests.support.policy import PolicyBuilder
@@ -334,6 +336,7 @@ def test_one_bad_input_in_a_batch_fails_only_its_own_task(
     assert calls == {"split": 1, "ok": 2, "refused_4xx": 2}  # the batch, then the long one
 
 
+@pytest.mark.django_db  # the replay is audited
 def test_three_failures_dead_letter_the_task_and_a_replay_runs_it(
     world: World, start_batcher: BatcherFactory
 ) -> None:
@@ -351,22 +354,24 @@ def test_three_failures_dead_letter_the_task_and_a_replay_runs_it(
     assert failed["dead_lettered"] == "1"
     assert failed["attempts"] == str(layout.MAX_ATTEMPTS)
     assert failed["status_code"] == "500"
-    (letter,) = dead_letters.list_dead_letters(world.client, count=10)
+    (letter,) = dead_letters_list(user=None, count=10, client=world.client).letters
     assert letter.task_id == task_id
     assert letter.attempts == layout.MAX_ATTEMPTS
     assert letter.stream.startswith(layout.stream("embed", 0)[:-1])
-    assert "fault" in letter.error["message"].lower()
+    assert "fault" in letter.error.lower()
     assert depth(world.client, "embed") == 0
 
     set_faults(world.embed, error_rate=0.0)
-    assert dead_letters.replay(world.client, letter.entry_id) == task_id
+    officer = Actor.system("test")
+    replayed = dead_letter_replay(actor=officer, entry_id=letter.entry_id, client=world.client)
+    assert replayed.letter.task_id == task_id
     assert world.client.xlen(layout.dead_letters()) == 0
     (done,) = wait_ended(world.client, [task_id])
     assert done["status"] == "done"
     assert done["attempts"] == "0"
     assert "dead_lettered" not in done
-    with pytest.raises(dead_letters.DeadLetterNotFound):
-        dead_letters.replay(world.client, letter.entry_id)
+    with pytest.raises(NotFound):
+        dead_letter_replay(actor=officer, entry_id=letter.entry_id, client=world.client)
 
 
 def test_a_replica_that_hangs_times_out_each_attempt_then_dead_letters(
@@ -480,7 +485,7 @@ def test_a_task_whose_attempts_keep_dying_is_dead_lettered(
     assert failed["dead_lettered"] == "1"
     assert failed["error"]["code"] == "batcher_interrupted"
     assert failed["attempts"] == "3"
-    (letter,) = dead_letters.list_dead_letters(world.client, count=10)
+    (letter,) = dead_letters_list(user=None, count=10, client=world.client).letters
     assert letter.task_id == task_id
     assert embedded_inputs(world.embed) == before
 

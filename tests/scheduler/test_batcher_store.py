@@ -9,13 +9,10 @@ import contextlib
 import time
 from typing import Any, cast
 
-import orjson
-import pytest
 import valkey
 import valkey.asyncio as avalkey
 
 from gateway.async_tasks import layout
-from scheduler.batcher import dead_letters
 from scheduler.batcher.payloads import Task, parse_entry
 from scheduler.batcher.store import Ending, TaskStore
 from tests.support.async_tasks import depth, now_ms, submit, view
@@ -103,49 +100,6 @@ def test_failed_attempts_count_up_and_show_the_task_queued(
     assert shown["error"] == error
     # Tried again after a failure it was told of: nothing more to count.
     assert run(valkey_url, lambda store: store.start([task], now_ms())) == [("queued", 2)]
-
-
-def letter(client: valkey.Valkey, n: int, *, stream: str, task_id: str = "") -> str:
-    fields = {name: "" for name in layout.ENTRY_FIELDS}
-    fields.update(
-        task=task_id or f"task_{n}", model="embed", endpoint="/v1/embeddings",
-        use_case_id="1", tenant="acme", created_ms=str(now_ms() - 1000),
-        expires_ms=str(now_ms() + 59_000), deadline_ms="0",
-        body=orjson.dumps({"model": "embed", "input": "x"}).decode(),
-        error='{"message": "fault", "code": "upstream_error"}', attempts="3",
-        failed_ms=str(now_ms()), stream=stream,
-    )  # fmt: skip
-    return cast(bytes, client.xadd(layout.dead_letters(), fields)).decode()
-
-
-def test_dead_letters_page_oldest_first(valkey_client: valkey.Valkey) -> None:
-    ids = [letter(valkey_client, n, stream=layout.stream("embed", 0)) for n in range(3)]
-    page = dead_letters.list_dead_letters(valkey_client, count=2)
-    assert [d.entry_id for d in page] == ids[:2]
-    assert page[0].error == {"message": "fault", "code": "upstream_error"}
-    assert page[0].attempts == 3
-    rest = dead_letters.list_dead_letters(valkey_client, count=2, after=page[-1].entry_id)
-    assert [d.entry_id for d in rest] == ids[2:]
-
-
-def test_a_replay_of_a_task_whose_result_expired_makes_it_again(
-    valkey_client: valkey.Valkey,
-) -> None:
-    """GIVEN a letter whose task hash is gone WHEN replayed THEN the task is queued again
-    under its id (its owner can poll it), on its stream, counted in the depth; once only."""
-    stream = layout.stream("embed", 1)
-    entry_id = letter(valkey_client, 7, stream=stream, task_id="task_gone")
-    assert dead_letters.replay(valkey_client, entry_id) == "task_gone"
-    shown = view(valkey_client, "task_gone")
-    assert shown["status"] == "queued"
-    assert shown["attempts"] == "0"
-    assert shown["use_case_id"] == "1"
-    assert int(shown["expires_ms"]) > now_ms() + 50_000  # its queue time limit, from now
-    assert valkey_client.xlen(stream) == 1
-    assert depth(valkey_client, "embed") == 1
-    with pytest.raises(dead_letters.DeadLetterNotFound):
-        dead_letters.replay(valkey_client, entry_id)
-    assert valkey_client.xlen(stream) == 1
 
 
 def test_consumers_long_idle_with_nothing_pending_are_forgotten(
