@@ -233,3 +233,31 @@ def test_a_budget_smaller_than_the_batch_is_refused_like_vllm_does(
     assert not parse_args(
         ["--no-enable-chunked-prefill", "--max-num-seqs", "256", "--max-num-batched-tokens", "100"]
     ).enable_chunked_prefill
+
+
+def test_a_short_request_running_beside_a_whole_long_prefill_still_pays_for_it() -> None:
+    """Chunking spreads the stall, it does not remove it: every step pays for the prompt
+    tokens it carries (what docs/gateway-scheduling.md, "Long prompts", builds on)."""
+
+    def short_latency(*, with_long: bool, chunked: bool) -> float:
+        engine = make_engine(
+            prefill_tokens_per_s=RATE,
+            decode_step_ms=STEP_MS,
+            decode_step_ms_per_seq=0,
+            max_model_len=32_768,
+            enable_chunked_prefill=chunked,
+        )
+        short = seq(prompt=40, tokens=64)
+        engine.submit(short)
+        if with_long:
+            engine.submit(seq(prompt=THINKER, tokens=64))
+        run_until_done(engine, [short])
+        assert short.finished_at is not None
+        return short.finished_at - short.arrival
+
+    alone = short_latency(with_long=False, chunked=True)
+    assert alone == pytest.approx(40 / RATE + 64 * STEP_MS / 1000)
+    for chunked in (True, False):
+        assert short_latency(with_long=True, chunked=chunked) == pytest.approx(
+            alone + THINKER / RATE
+        )
