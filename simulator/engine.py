@@ -153,6 +153,9 @@ class Engine:
         self._waiting: list[tuple[int, int, Sequence]] = []  # heap; aborted entries linger
         self._num_waiting = 0
         self._running: dict[Sequence, None] = {}  # insertion-ordered: admission order
+        # Running, with prompt tokens still to prefill after their first step (chunked
+        # prefill), in admission order: kept apart so a step of pure decodes costs no scan.
+        self._partial: dict[Sequence, None] = {}
         self._just_prefilled: list[Sequence] = []
         self._chunked: list[Sequence] = []  # got a prompt chunk this step
         self._kv_used = 0
@@ -201,6 +204,7 @@ class Engine:
             return
         if seq.status is Status.RUNNING:
             del self._running[seq]
+            self._partial.pop(seq, None)
             self._kv_used -= seq.prompt_tokens + seq.generated
         elif seq.status is Status.WAITING:
             self._num_waiting -= 1  # its heap entry is skipped when it surfaces
@@ -255,19 +259,18 @@ class Engine:
         # Without chunked prefill there is no budget: the old model, one prompt in one step.
         budget = c.max_num_batched_tokens if c.enable_chunked_prefill else 1 << 62
         preempted = self._make_room()
-        decodes = sum(1 for seq in self._running if not seq.prefill_left)
+        decodes = len(self._running) - len(self._partial)
         budget -= decodes
         prefill_tokens = 0
         chunked = self._chunked
         # Prompts admitted in earlier steps and not yet prefilled go on, oldest first.
-        for seq in self._running:
+        for seq in self._partial:
             if budget <= 0:
                 break
-            if seq.prefill_left:
-                seq._chunk = min(seq.prefill_left, budget)
-                budget -= seq._chunk
-                prefill_tokens += seq._chunk
-                chunked.append(seq)
+            seq._chunk = min(seq.prefill_left, budget)
+            budget -= seq._chunk
+            prefill_tokens += seq._chunk
+            chunked.append(seq)
         if not preempted and budget > 0:
             prefill_tokens += self._admit(now, budget)
         if not self._running:
@@ -290,6 +293,7 @@ class Engine:
             else:
                 victim = next(reversed(self._running))
             del self._running[victim]
+            self._partial.pop(victim, None)
             self._kv_used -= victim.prompt_tokens + victim.generated
             victim.preemptions += 1
             self._push_waiting(victim)
@@ -349,7 +353,10 @@ class Engine:
         for seq in self._chunked:
             if seq.status is Status.RUNNING:  # not aborted during the step
                 seq.prefill_left -= seq._chunk
-                if not seq.prefill_left:
+                if seq.prefill_left:
+                    self._partial[seq] = None  # no-op when it already was
+                else:
+                    self._partial.pop(seq, None)
                     # Blocks become reusable once computed: after the prompt's last chunk.
                     self.prefix_cache.insert(seq.block_hashes)
             seq._chunk = 0
@@ -357,8 +364,9 @@ class Engine:
         finished: list[Sequence] = []
         prefilled = 0
         emitted = 0
+        partial = self._partial
         for seq in self._running:
-            if seq.prefill_left:  # still prefilling: no token yet
+            if partial and seq in partial:  # still prefilling: no token yet
                 continue
             emitted += 1
             seq.generated += 1

@@ -261,3 +261,26 @@ def test_a_short_request_running_beside_a_whole_long_prefill_still_pays_for_it()
         assert short_latency(with_long=True, chunked=chunked) == pytest.approx(
             alone + THINKER / RATE
         )
+
+
+def test_a_partly_prefilled_prompt_preempted_for_kv_starts_its_prefill_over() -> None:
+    engine = make_engine(
+        kv_cache_tokens=3000, max_model_len=3000, max_num_seqs=2, max_num_batched_tokens=100
+    )
+    older, newer = seq(prompt=80, tokens=60), seq(prompt=2900, tokens=2)
+    engine.submit(older)
+    step(engine)
+    engine.submit(newer)
+    step(engine, 10)
+    assert 0 < newer.prefill_left < 2900  # admitted, about a third prefilled
+
+    step(engine, 15)  # the older one's growth no longer fits beside the newer one
+
+    assert newer.preemptions == 1
+    assert status(newer) is Status.WAITING
+    assert newer.first_token_at is None
+    run_until_done(engine, [older, newer])
+    assert newer.generated == 2
+    assert metric(engine, "vllm:num_preemptions_total") == 1
+    assert metric(engine, "vllm:prompt_tokens_total") == 80 + 2900
+    assert engine.kv_used == 0
