@@ -26,7 +26,7 @@ between ``bank-prod`` and ``thinker`` against their max-min fair share at least 
 simulated GPU busy (running / max-num-seqs) at least 90% while the flood's backlog exists.
 Writes the "Scheduling — interactive first under a batch flood (chunked prefill)" section of
 bench/RESULTS.md (with the default chunked prefill only; other settings print). Bounded
-(about 3.5 minutes with the defaults); every process it started is stopped on the way out.
+(about 3 minutes with the defaults); every process it started is stopped on the way out.
 """
 
 from __future__ import annotations
