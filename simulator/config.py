@@ -45,6 +45,10 @@ class SimulatorConfig:
     kind: ModelKind = "chat"
     max_model_len: int = 8192
     max_num_seqs: int = 256
+    # vLLM V1's chunked prefill and its step token budget for `vllm serve` on a GPU of 70 GiB
+    # or more that is not an A100 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults).
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = 8192
     kv_cache_tokens: int = 400_000
     block_size: int = 16
     prefill_tokens_per_s: float = 20_000.0
@@ -64,9 +68,21 @@ class SimulatorConfig:
             raise ValueError(f"unknown kind {self.kind!r}")
         if self.scheduling_policy not in get_args(SchedulingPolicy):
             raise ValueError(f"unknown scheduling policy {self.scheduling_policy!r}")
-        for name in ("max_model_len", "max_num_seqs", "kv_cache_tokens", "block_size"):
+        for name in (
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "kv_cache_tokens",
+            "block_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        # vLLM's SchedulerConfig refuses the same: every running sequence's decode must fit.
+        if self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
         if self.prefill_tokens_per_s <= 0:
             raise ValueError("prefill_tokens_per_s must be > 0")
         if self.decode_step_ms < 0 or self.decode_step_ms_per_seq < 0 or self.time_scale < 0:
@@ -149,6 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=d.max_num_seqs,
         help="most sequences in the running batch",
+    )
+    add(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_chunked_prefill,
+        help=(
+            "prefill long prompts in chunks within each step's token budget, interleaved "
+            "with decodes (vLLM V1's default); off: a prompt is prefilled whole in one step "
+            "that stalls the batch"
+        ),
+    )
+    add(
+        "--max-num-batched-tokens",
+        type=_positive_int,
+        default=d.max_num_batched_tokens,
+        help="token budget of one engine step with chunked prefill (decodes + prefill chunks)",
     )
     add(
         "--kv-cache-tokens",
@@ -251,6 +283,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SimulatorConfig:
             kind=a.kind,
             max_model_len=a.max_model_len,
             max_num_seqs=a.max_num_seqs,
+            enable_chunked_prefill=a.enable_chunked_prefill,
+            max_num_batched_tokens=a.max_num_batched_tokens,
             kv_cache_tokens=a.kv_cache_tokens,
             block_size=a.block_size,
             prefill_tokens_per_s=a.prefill_tokens_per_s,

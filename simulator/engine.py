@@ -4,13 +4,19 @@ One engine task per process runs steps only while there is work. Each step:
 
 1. if the running batch would outgrow the KV cache this step, preempts the newest
    (FCFS) or least urgent (priority) running sequence back to the waiting queue;
-2. otherwise admits waiting sequences, FCFS or lowest ``priority`` first, while the batch
-   has fewer than ``max_num_seqs`` and the KV cache has room for their prompt — stopping at
-   the first that does not fit, as vLLM does (no skipping ahead);
-3. takes ``uncached prompt tokens / prefill_tokens_per_s`` for the admitted sequences plus
-   ``decode_step_ms + decode_step_ms_per_seq × batch``, all times ``time_scale``;
-4. emits one token for every running sequence; a sequence admitted in this step gets its
-   first token now, so its time to first token includes its own prefill.
+2. spends the step's token budget (``max_num_batched_tokens``, vLLM V1's chunked prefill):
+   one token for each running sequence whose prompt is prefilled (its decode), then chunks
+   of the prompts still being prefilled, oldest admission first, then admits waiting
+   sequences, FCFS or lowest ``priority`` first, while the budget lasts, the batch has
+   fewer than ``max_num_seqs`` and the KV cache has room for their prompt — stopping at the
+   first that does not fit, as vLLM does (no skipping ahead). The last one admitted may get
+   only a chunk of its prompt; it goes on in the next steps, interleaved with the decodes.
+   With chunked prefill off there is no budget: an admitted prompt is prefilled whole in
+   its first step, which stalls every decode of the batch meanwhile (the old model);
+3. takes ``prefill tokens in the step / prefill_tokens_per_s`` plus ``decode_step_ms +
+   decode_step_ms_per_seq × sequences that sample a token``, all times ``time_scale``;
+4. emits one token for every decoding sequence and for each whose prefill finished in this
+   step, so a sequence's time to first token includes its own prefill.
 
 The engine only counts tokens; which words they are is the HTTP layer's business.
 """
@@ -71,6 +77,7 @@ class Sequence:
     status: Status = Status.NEW
     generated: int = 0
     cached_tokens: int = 0  # prompt tokens served by the prefix cache on first admission
+    prefill_left: int = 0  # tokens to compute before it samples again (0: decoding)
     preemptions: int = 0
     finish_reason: str | None = None
     arrival: float = 0.0
@@ -79,6 +86,7 @@ class Sequence:
     last_token_at: float = 0.0
     finished_at: float | None = None
     _order: int = 0
+    _chunk: int = 0  # prompt tokens prefilled for it in the step being run
     _waiter: asyncio.Future[None] | None = field(default=None, repr=False)
 
     @property
@@ -113,6 +121,20 @@ async def wait_until(seqs: Seq[Sequence], ready: Callable[[], bool]) -> None:
         await waiter
 
 
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one engine step did and how long it took in simulated seconds (before
+    ``time_scale``): tests and benchmarks read the timing model from it."""
+
+    prefill_tokens: int  # prompt tokens computed in the step (chunks and whole prompts)
+    decodes: int  # sequences that were already decoding and got their next token
+    sampled: int  # sequences that got a token: the decodes plus prefills that finished
+    seconds: float
+
+
+IDLE_STEP = StepRecord(0, 0, 0, 0.0)
+
+
 class Engine:
     def __init__(
         self,
@@ -131,13 +153,18 @@ class Engine:
         self._waiting: list[tuple[int, int, Sequence]] = []  # heap; aborted entries linger
         self._num_waiting = 0
         self._running: dict[Sequence, None] = {}  # insertion-ordered: admission order
-        self._just_admitted: list[Sequence] = []
+        # Running, with prompt tokens still to prefill after their first step (chunked
+        # prefill), in admission order: kept apart so a step of pure decodes costs no scan.
+        self._partial: dict[Sequence, None] = {}
+        self._just_prefilled: list[Sequence] = []
+        self._chunked: list[Sequence] = []  # got a prompt chunk this step
         self._kv_used = 0
         self._order = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._autostart = autostart
         self.steps = 0
+        self.last_step = IDLE_STEP
         metrics.bind_scheduler_state(
             lambda: len(self._running), lambda: self._num_waiting, self.kv_usage
         )
@@ -177,6 +204,7 @@ class Engine:
             return
         if seq.status is Status.RUNNING:
             del self._running[seq]
+            self._partial.pop(seq, None)
             self._kv_used -= seq.prompt_tokens + seq.generated
         elif seq.status is Status.WAITING:
             self._num_waiting -= 1  # its heap entry is skipped when it surfaces
@@ -225,18 +253,36 @@ class Engine:
         self.steps += 1
 
     def _schedule(self, now: float) -> float:
-        """Preempt or admit for this step; returns its simulated duration in seconds."""
+        """Preempt, spend the step's token budget and admit; returns the step's simulated
+        duration in seconds."""
         c = self.config
+        # Without chunked prefill there is no budget: the old model, one prompt in one step.
+        budget = c.max_num_batched_tokens if c.enable_chunked_prefill else 1 << 62
+        preempted = self._make_room()
+        decodes = len(self._running) - len(self._partial)
+        budget -= decodes
         prefill_tokens = 0
-        if not self._make_room():
-            prefill_tokens = self._admit(now)
-        batch = len(self._running)
-        if not batch:
+        chunked = self._chunked
+        # Prompts admitted in earlier steps and not yet prefilled go on, oldest first.
+        for seq in self._partial:
+            if budget <= 0:
+                break
+            seq._chunk = min(seq.prefill_left, budget)
+            budget -= seq._chunk
+            prefill_tokens += seq._chunk
+            chunked.append(seq)
+        if not preempted and budget > 0:
+            prefill_tokens += self._admit(now, budget)
+        if not self._running:
+            self.last_step = IDLE_STEP
             return 0.0
-        return (
+        sampled = decodes + sum(1 for seq in chunked if seq._chunk == seq.prefill_left)
+        seconds = (
             prefill_tokens / c.prefill_tokens_per_s
-            + (c.decode_step_ms + c.decode_step_ms_per_seq * batch) / 1000.0
+            + (c.decode_step_ms + c.decode_step_ms_per_seq * sampled) / 1000.0
         )
+        self.last_step = StepRecord(prefill_tokens, decodes, sampled, seconds)
+        return seconds
 
     def _make_room(self) -> bool:
         """Preempt until every running sequence can store one more token's KV."""
@@ -247,6 +293,7 @@ class Engine:
             else:
                 victim = next(reversed(self._running))
             del self._running[victim]
+            self._partial.pop(victim, None)
             self._kv_used -= victim.prompt_tokens + victim.generated
             victim.preemptions += 1
             self._push_waiting(victim)
@@ -254,11 +301,13 @@ class Engine:
             preempted = True
         return preempted
 
-    def _admit(self, now: float) -> int:
+    def _admit(self, now: float, budget: int) -> int:
+        """Admit waiting sequences while ``budget`` tokens are left; returns the prompt
+        tokens prefilled for them in this step."""
         c = self.config
-        prefill_tokens = queried = cached_total = 0
+        prefill_tokens = computed = queried = cached_total = 0
         heap = self._waiting
-        while self._num_waiting and len(self._running) < c.max_num_seqs:
+        while self._num_waiting and len(self._running) < c.max_num_seqs and budget > 0:
             seq = heap[0][2]
             if seq.status is not Status.WAITING:  # aborted while waiting
                 heapq.heappop(heap)
@@ -274,7 +323,12 @@ class Engine:
             cached = min(hit_blocks * c.block_size, total - 1)
             queried += total
             cached_total += cached
-            prefill_tokens += total - cached
+            computed += total - cached
+            seq.prefill_left = total - cached
+            seq._chunk = min(seq.prefill_left, budget)
+            budget -= seq._chunk
+            prefill_tokens += seq._chunk
+            self._chunked.append(seq)
             if seq.admitted_at is None:
                 seq.admitted_at = now
                 seq.cached_tokens = cached
@@ -282,7 +336,6 @@ class Engine:
             seq.status = Status.RUNNING
             self._running[seq] = None
             self._kv_used += total
-            self._just_admitted.append(seq)
         if len(heap) > 2 * self._num_waiting + 64:
             self._compact_waiting()
         if queried:
@@ -292,19 +345,30 @@ class Engine:
             m.prefix_cache_hits.inc(cached_total)
             m.prompt_tokens_cached.inc(cached_total)
             m.prompt_tokens_from_cache.inc(cached_total)
-            m.prompt_tokens_computed.inc(prefill_tokens)
+            m.prompt_tokens_computed.inc(computed)
         return prefill_tokens
 
     def _emit(self, now: float) -> None:
         m = self.metrics
-        for seq in self._just_admitted:
-            # Blocks become reusable once computed, i.e. after the step that prefilled them.
-            if seq.status is not Status.FINISHED:
-                self.prefix_cache.insert(seq.block_hashes)
-        self._just_admitted.clear()
+        for seq in self._chunked:
+            if seq.status is Status.RUNNING:  # not aborted during the step
+                seq.prefill_left -= seq._chunk
+                if seq.prefill_left:
+                    self._partial[seq] = None  # no-op when it already was
+                else:
+                    self._partial.pop(seq, None)
+                    # Blocks become reusable once computed: after the prompt's last chunk.
+                    self.prefix_cache.insert(seq.block_hashes)
+            seq._chunk = 0
+        self._chunked.clear()
         finished: list[Sequence] = []
         prefilled = 0
+        emitted = 0
+        partial = self._partial
         for seq in self._running:
+            if partial and seq in partial:  # still prefilling: no token yet
+                continue
+            emitted += 1
             seq.generated += 1
             if seq.first_token_at is None:
                 seq.first_token_at = now
@@ -317,7 +381,6 @@ class Engine:
                 finished.append(seq)
             elif seq.stream:
                 seq._wake()
-        emitted = len(self._running)
         self._kv_used += emitted
         generated = emitted - sum(1 for s in finished if s.pooling)
         if generated:

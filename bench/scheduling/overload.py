@@ -718,6 +718,20 @@ def report(m: Measured, args: argparse.Namespace) -> str:
     offered = ", ".join(f"`{t}` {m.rates[t]:.1f}/s" for t in ORDER if m.rates[t] > 0)
     t = TIMING
     stall = THINKER_PROMPT_TOKENS / t.prefill_tokens_per_s * t.time_scale
+    if t.enable_chunked_prefill:
+        chunk = t.max_num_batched_tokens / t.prefill_tokens_per_s * t.time_scale
+        prefill_text = (
+            f"{stall:.1f} s of prefill, which the simulator (chunked prefill, vLLM V1's "
+            f"default, `--max-num-batched-tokens {t.max_num_batched_tokens}`) spreads over "
+            f"steps of up to {chunk:.2f} s, each also carrying one decode of every sequence "
+            "of its replica's batch"
+        )
+    else:
+        prefill_text = (
+            f"it stalls its replica's whole batch for {stall:.1f} s (`--no-enable-chunked-"
+            "prefill`: the simulator, like vLLM without chunked prefill, prefills an admitted "
+            "prompt in one step)"
+        )
     prod_load = args.overload * (MIX["bank-prod"] + MIX["claims"] + args.thinker_share)
     return f"""{SECTION}
 
@@ -742,11 +756,10 @@ timeout 10 s; `dev` rank 3, vLLM priority 3, queue timeout 2 s, at most 32 waiti
 one key each: `bank-prod`, `claims` (prod) and `bank-dev` (dev) send one-question chat turns
 (~40 prompt tokens, {SHORT_MAX_TOKENS} generated, `ignore_eos`); `thinker` (prod) sends
 {THINKER_PROMPT_TOKENS:,}-token prompts ({THINKER_MAX_TOKENS} generated), each unique from its
-first characters so the prefix cache does not shorten its prefill, which stalls its
-replica's whole batch for {stall:.1f} s (the simulator, like vLLM without chunked prefill,
-prefills an admitted prompt in one step). Every use case has rate limits far above this
-load: admission runs on every request and never refuses. Responses are non-streaming;
-latency is to the whole answer, from the request's scheduled time.
+first characters so the prefix cache does not shorten its prefill: {prefill_text}.
+Every use case has rate limits far above this load: admission runs on every request and
+never refuses. Responses are non-streaming; latency is to the whole answer, from the
+request's scheduled time.
 
 Capacity, measured first (closed loop, {REPLICAS}×{t.max_num_seqs + 4} requests outstanding,
 straight to the replicas): C = **{m.capacity:.1f} short requests/s**; thinker requests alone,

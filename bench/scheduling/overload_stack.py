@@ -39,9 +39,19 @@ class SimulatorTiming:
     prefill_tokens_per_s: float
     kv_cache_tokens: int
     max_model_len: int
+    # vLLM V1's default (the simulator's too): long prompts prefilled in chunks of the step's
+    # token budget, interleaved with decodes; False: in one step that stalls the batch.
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = 8192
 
     def argv(self) -> list[str]:
+        chunking = (
+            ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+            if self.enable_chunked_prefill
+            else ["--no-enable-chunked-prefill"]
+        )
         return [
+            *chunking,
             "--max-num-seqs", str(self.max_num_seqs),
             "--time-scale", str(self.time_scale),
             "--decode-step-ms", str(self.decode_step_ms),
