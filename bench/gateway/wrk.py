@@ -30,7 +30,9 @@ class WrkResult:
         return max(0, self.requests - self.errors)
 
 
-def write_script(path: Path, body: dict[str, object], headers: dict[str, str]) -> Path:
+def write_script(
+    path: Path, body: dict[str, object] | list[dict[str, object]], headers: dict[str, str]
+) -> Path:
     lines = ['wrk.method = "POST"']
     lines += [f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()]
     lines.append(f"wrk.body = {json.dumps(json.dumps(body))}")
