@@ -37,9 +37,9 @@ class BatcherSettings:
     valkey_url: str
     max_batch: int = 64
     model_max_batch: dict[str, int] = field(default_factory=dict)
-    window_ms: float = 50.0
+    window_ms: float = 40.0
     min_window_ms: float = 5.0
-    max_window_ms: float = 100.0
+    max_window_ms: float = 45.0
     claim_idle_ms: int = 30_000
     metrics_port: int = 0
     # How often the partitions registry is read again for new models.
@@ -63,9 +63,9 @@ class BatcherSettings:
 
     @classmethod
     def from_env(cls) -> BatcherSettings:
-        window = env_float("SWITCHYARD_BATCHER_WINDOW_MS", 50.0, minimum=0.0)
+        window = env_float("SWITCHYARD_BATCHER_WINDOW_MS", 40.0, minimum=0.0)
         min_window = env_float("SWITCHYARD_BATCHER_MIN_WINDOW_MS", 5.0, minimum=0.0)
-        max_window = env_float("SWITCHYARD_BATCHER_MAX_WINDOW_MS", 100.0, minimum=0.0)
+        max_window = env_float("SWITCHYARD_BATCHER_MAX_WINDOW_MS", 45.0, minimum=0.0)
         if not min_window <= window <= max_window:
             raise ConfigurationError(
                 "SWITCHYARD_BATCHER_MIN_WINDOW_MS ≤ SWITCHYARD_BATCHER_WINDOW_MS ≤ "
