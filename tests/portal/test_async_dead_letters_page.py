@@ -86,7 +86,7 @@ def test_olivia_sees_the_dead_letters_with_what_failed_and_the_navigation_links_
     row = re.search(r"<tbody>(.*?)</tbody>", html, re.S)
     assert row
     cells = row[1]
-    assert f"<code class=\"hash\">{task_id}</code>" in cells
+    assert f'<code class="hash">{task_id}</code>' in cells
     detail = reverse("portal:use_case_detail", args=[world.acme_search.pk])
     assert f'<a href="{detail}"><code>acme/search</code></a>' in cells
     assert "<code>embed</code>" in cells
@@ -151,14 +151,14 @@ def test_the_page_is_paged_newest_first_and_a_decision_returns_to_its_page(
     olivia = _client_for(world.olivia_user)
 
     first = _page(olivia)
-    assert [t for _, t, _ in letters if f"<code class=\"hash\">{t}</code>" in first] == [
+    assert [t for _, t, _ in letters if f'<code class="hash">{t}</code>' in first] == [
         letters[1][1],
         letters[2][1],
     ]
     older = re.search(r'<a href="([^"]+)" rel="next">Older →</a>', first)
     assert older
     second = _page(olivia, before=older[1].split("before=")[1])
-    assert f"<code class=\"hash\">{letters[0][1]}</code>" in second
+    assert f'<code class="hash">{letters[0][1]}</code>' in second
     assert "Older →" not in second
     assert f'<a href="{URL}">← Newest</a>' in second
 
@@ -176,7 +176,7 @@ def test_audrey_reads_without_buttons_and_may_not_post(
 
     html = _page(world.audrey)
 
-    assert f"<code class=\"hash\">{task_id}</code>" in html
+    assert f'<code class="hash">{task_id}</code>' in html
     assert "Read-only" in html
     assert "/replay/" not in html
     refused = world.audrey.post(f"{URL}{entry_id}/replay/")
