@@ -119,9 +119,17 @@ def webhook_deliver(registration_id: int, event_type: str, message_id: str) -> s
     except WebhookRefused:
         logger.warning("webhook_refused registration=%s", registration_id)
         return "refused"
-    secret = unseal(base64.b64decode(use_case.webhook_secret_sealed)).decode()
     timestamp = int(time.time())
     body = event_body(registration, event_type, timestamp)
+    post_signed(url, use_case.webhook_secret_sealed, message_id, timestamp, body)
+    logger.info("webhook_delivered registration=%s type=%s", registration_id, event_type)
+    return "delivered"
+
+
+def post_signed(url: str, sealed_secret: str, message_id: str, timestamp: int, body: bytes) -> None:
+    """POST ``body`` to ``url`` signed with the use case's (sealed) secret, the Standard
+    Webhooks way; WebhookRetry unless the receiver answers 2xx."""
+    secret = unseal(base64.b64decode(sealed_secret)).decode()
     headers = {
         "content-type": "application/json",
         "webhook-id": message_id,
@@ -141,8 +149,6 @@ def webhook_deliver(registration_id: int, event_type: str, message_id: str) -> s
         raise WebhookRetry(f"no answer: {type(exc).__name__}") from exc
     if not 200 <= answer.status_code < 300:
         raise WebhookRetry(f"answered {answer.status_code}")
-    logger.info("webhook_delivered registration=%s type=%s", registration_id, event_type)
-    return "delivered"
 
 
 # --- Async tasks' callbacks (scheduler/batcher) ------------------------------------------------
@@ -174,27 +180,8 @@ def task_webhook_deliver(
     except WebhookRefused:
         logger.warning("task_webhook_refused task=%s", data.get("id"))
         return "refused"
-    secret = unseal(base64.b64decode(use_case.webhook_secret_sealed)).decode()
     timestamp = int(time.time())
     body = task_event_body(event_type, timestamp, data)
-    headers = {
-        "content-type": "application/json",
-        "webhook-id": message_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(secret, message_id, timestamp, body),
-        "user-agent": "Switchyard-Webhooks/1",
-    }
-    try:
-        answer = requests.post(
-            url,
-            data=body,
-            headers=headers,
-            timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
-            allow_redirects=False,
-        )
-    except requests.RequestException as exc:
-        raise WebhookRetry(f"no answer: {type(exc).__name__}") from exc
-    if not 200 <= answer.status_code < 300:
-        raise WebhookRetry(f"answered {answer.status_code}")
+    post_signed(url, use_case.webhook_secret_sealed, message_id, timestamp, body)
     logger.info("task_webhook_delivered task=%s type=%s", data.get("id"), event_type)
     return "delivered"
