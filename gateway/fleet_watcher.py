@@ -54,7 +54,8 @@ import valkey
 import valkey.asyncio as avalkey
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.env import ConfigurationError, env_float, env_int, env_str
+from config.env import env_float, env_int, env_str
+from config.service import run_service
 from config.valkey_urls import for_valkey_py
 from gateway.errors import GatewayError
 from gateway.policy import Policy
@@ -748,24 +749,7 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=env_str("SWITCHYARD_LOG_LEVEL", "INFO"),
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
-    try:
-        settings = WatcherSettings.from_env()
-    except ConfigurationError as exc:
-        print(f"fleet_watcher: {exc}", file=sys.stderr)
-        return 2
-    try:
-        import uvloop
-
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:
-        loop_factory = None
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve(settings))
-    return 0
+    return run_service("fleet_watcher", WatcherSettings.from_env, serve)
 
 
 if __name__ == "__main__":

@@ -87,8 +87,14 @@ class Grant:
 
 def priority_class_for(policy: Policy, principal: Principal) -> PriorityClass:
     """The principal's class from the snapshot, or UNCLASSIFIED behind all the others."""
-    if principal.priority_class is not None:
-        found = policy.priority_classes.get(principal.priority_class)
+    return priority_class_named(policy, principal.priority_class)
+
+
+def priority_class_named(policy: Policy, name: str | None) -> PriorityClass:
+    """The class ``name`` from the snapshot, or UNCLASSIFIED behind all the others (a class
+    the snapshot does not hold, or none at all)."""
+    if name is not None:
+        found = policy.priority_classes.get(name)
         if found is not None:
             return found
     classes = policy.priority_classes.values()

@@ -7,9 +7,8 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable
 
-from config.env import ConfigurationError, env_str
+from config.service import run_service
 from scheduler.batcher.settings import BatcherSettings
 from scheduler.batcher.worker import Batcher
 
@@ -35,24 +34,7 @@ async def serve(settings: BatcherSettings) -> None:
 
 
 def main() -> int:
-    logging.basicConfig(
-        level=env_str("SWITCHYARD_LOG_LEVEL", "INFO"),
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
-    try:
-        settings = BatcherSettings.from_env()
-    except ConfigurationError as exc:
-        print(f"batcher: {exc}", file=sys.stderr)
-        return 2
-    try:
-        import uvloop
-
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:
-        loop_factory = None
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve(settings))
-    return 0
+    return run_service("batcher", BatcherSettings.from_env, serve)
 
 
 if __name__ == "__main__":

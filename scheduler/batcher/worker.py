@@ -39,7 +39,6 @@ from gateway.errors import GatewayError
 from gateway.policy import Model, Policy, PriorityClass
 from gateway.policy_store import PolicyStore
 from gateway.scheduling import (
-    UNCLASSIFIED,
     MaxConcurrent,
     QueueFull,
     QueueTimeout,
@@ -50,7 +49,7 @@ from gateway.scheduling import (
     write_fleet,
 )
 from gateway.scheduling.keys import MAX_RANK
-from gateway.scheduling.tickets import DEFAULT_MAX_QUEUE_LENGTH, DEFAULT_QUEUE_TIMEOUT_S
+from gateway.scheduling.tickets import priority_class_named
 from gateway.upstream import ReplicaUnreachable, Upstream, UpstreamError
 from scheduler.batcher import payloads
 from scheduler.batcher.callbacks import Callbacks
@@ -124,19 +123,8 @@ class Buffer:
 
 
 def service_class(policy: Policy, name: str) -> PriorityClass:
-    """The task's class from the snapshot, or the unclassified one behind all the others
-    (as tickets.priority_class_for does for a principal)."""
-    found = policy.priority_classes.get(name)
-    if found is not None:
-        return found
-    classes = policy.priority_classes.values()
-    return PriorityClass(
-        name=UNCLASSIFIED,
-        rank=min(MAX_RANK, max((c.rank for c in classes), default=-1) + 1),
-        vllm_priority=max((c.vllm_priority for c in classes), default=-1) + 1,
-        queue_timeout_s=DEFAULT_QUEUE_TIMEOUT_S,
-        max_queue_length=DEFAULT_MAX_QUEUE_LENGTH,
-    )
+    """The task's class from the snapshot, or the unclassified one behind all the others."""
+    return priority_class_named(policy, name)
 
 
 def _error_from(body: bytes, status: int) -> dict[str, Any]:
