@@ -283,6 +283,8 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
             "record_retention_days",
             "records_visible_to_developers",
             "legal_hold",
+            "async_result_ttl_seconds",
+            "async_cache_seconds",
             "created_at",
             "updated_at",
         )
@@ -301,6 +303,8 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
             "tokens_per_day": LIMIT,
             "max_concurrent": LIMIT,
             "record_retention_days": {"min_value": 1, "max_value": RETENTION_DAYS_MAX},
+            "async_result_ttl_seconds": {"min_value": 10, "max_value": 86_400},
+            "async_cache_seconds": {"min_value": 0, "max_value": 86_400},
         }
 
     def validate_tenant(self, tenant: Tenant) -> Tenant:
