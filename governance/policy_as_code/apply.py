@@ -70,6 +70,9 @@ _RECORDS_FIELDS = {
     "records.policy": "record_policy",
     "records.retention_days": "record_retention_days",
     "records.developers_can_read": "records_visible_to_developers",
+    # and under ``async_tasks:``
+    "async_tasks.result_ttl_seconds": "async_result_ttl_seconds",
+    "async_tasks.cache_seconds": "async_cache_seconds",
 }
 
 

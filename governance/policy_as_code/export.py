@@ -15,6 +15,7 @@ from governance.choices import Environment, Namespace, RateLimitScope
 from governance.policy_as_code.schema import (
     FORMAT_VERSION,
     USE_CASE_LIMIT_FIELDS,
+    AsyncTasksSpec,
     DeploymentSpec,
     ModelSpec,
     PolicyDocument,
@@ -142,6 +143,18 @@ def _records(spec: RecordsSpec) -> dict[str, Any]:
     )
 
 
+def _async_tasks(spec: AsyncTasksSpec) -> dict[str, Any]:
+    """The async task settings that differ from the defaults (600 s, no cache)."""
+    default = AsyncTasksSpec()
+    return _Flow(
+        {
+            name: getattr(spec, name)
+            for name in ("result_ttl_seconds", "cache_seconds")
+            if getattr(spec, name) != getattr(default, name)
+        }
+    )
+
+
 def _sla_class(spec: SlaClassSpec) -> dict[str, Any]:
     """One SLA class; the fields at their defaults are left out, as the file may."""
     default = SlaClassSpec(name="", priority_class="", kinds=())
@@ -205,6 +218,7 @@ def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
             guardrail_failure=spec.guardrail_failure if spec.guardrail_failure != "closed" else ""
         ),
         **({"records": records} if (records := _records(spec.records)) else {}),
+        **({"async_tasks": tasks} if (tasks := _async_tasks(spec.async_tasks)) else {}),
         **_some(sla_classes=[_sla_class(c) for c in sla_classes]),
         **_hold(spec),
     }

@@ -178,6 +178,8 @@ def _use_case_record(use_case: UseCaseSpec) -> Record:
         "records.policy": use_case.records.policy,
         "records.retention_days": use_case.records.retention_days,
         "records.developers_can_read": use_case.records.developers_can_read,
+        "async_tasks.result_ttl_seconds": use_case.async_tasks.result_ttl_seconds,
+        "async_tasks.cache_seconds": use_case.async_tasks.cache_seconds,
         # None (the file says nothing) is resolved against the database by the plan.
         "legal_hold": use_case.legal_hold,
         "status": use_case.status,

@@ -111,6 +111,15 @@ class RecordsSpec:
 
 
 @dataclass(frozen=True)
+class AsyncTasksSpec:
+    """How long a use case's async results stay readable and its result cache, in seconds
+    (``async_tasks:`` in the file; docs/async.md)."""
+
+    result_ttl_seconds: int = 600
+    cache_seconds: int = 0
+
+
+@dataclass(frozen=True)
 class LimitsSpec:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
@@ -164,6 +173,7 @@ class UseCaseSpec:
     guardrails: tuple[GuardrailSpec, ...] = ()
     guardrail_failure: str = GuardrailFailure.CLOSED.value
     records: RecordsSpec = RecordsSpec()
+    async_tasks: AsyncTasksSpec = AsyncTasksSpec()
     sla_classes: tuple[SlaClassSpec, ...] = ()
     legal_hold: bool | None = None  # as on TenantSpec
     legal_hold_reason: str = ""
@@ -355,6 +365,18 @@ def _records_settings(
     )
 
 
+def _async_tasks_settings(
+    raw: Mapping[Any, Any] | None, path: str, problems: list[Problem]
+) -> AsyncTasksSpec:
+    if raw is None:
+        return AsyncTasksSpec()
+    r = Reader(raw, f"{path}.async_tasks", problems, ("result_ttl_seconds", "cache_seconds"))
+    return AsyncTasksSpec(
+        result_ttl_seconds=r.integer("result_ttl_seconds", default=600, minimum=10, maximum=86_400),
+        cache_seconds=r.integer("cache_seconds", default=0, minimum=0, maximum=86_400),
+    )
+
+
 def split_use_case_id(value: str) -> tuple[str, str] | None:
     tenant, sep, slug = value.partition("/")
     if not sep or check_slug(tenant) is not None or check_slug(slug) is not None:
@@ -504,6 +526,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
         "guardrails",
         "guardrail_failure",
         "records",
+        "async_tasks",
         "legal_hold",
         "legal_hold_reason",
         "sla_classes",
@@ -556,6 +579,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
                     default=GuardrailFailure.CLOSED.value,
                 ),
                 records=_records_settings(r.mapping("records"), path, problems),
+                async_tasks=_async_tasks_settings(r.mapping("async_tasks"), path, problems),
                 sla_classes=_sla_classes(r.listing("sla_classes"), path, problems),
                 **_legal_hold(r),
             )

@@ -22,6 +22,7 @@ from governance.models import (
 )
 from governance.policy_as_code.errors import PolicyInvalid, Problem
 from governance.policy_as_code.schema import (
+    AsyncTasksSpec,
     DeploymentSpec,
     GuardrailSpec,
     KeySpec,
@@ -99,6 +100,10 @@ def _use_case(use_case: UseCase) -> UseCaseSpec:
             policy=use_case.record_policy,
             retention_days=use_case.record_retention_days,
             developers_can_read=use_case.records_visible_to_developers,
+        ),
+        async_tasks=AsyncTasksSpec(
+            result_ttl_seconds=use_case.async_result_ttl_seconds,
+            cache_seconds=use_case.async_cache_seconds,
         ),
         legal_hold=use_case.legal_hold,
         legal_hold_reason=legal_hold_reason(use_case),
