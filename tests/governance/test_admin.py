@@ -134,6 +134,8 @@ def _use_case_form(use_case: UseCase, **inline: str) -> dict[str, Any]:
         "guardrail_failure": use_case.guardrail_failure,
         "record_policy": use_case.record_policy,
         "record_retention_days": str(use_case.record_retention_days),
+        "async_result_ttl_seconds": str(use_case.async_result_ttl_seconds),
+        "async_cache_seconds": str(use_case.async_cache_seconds),
         # Check boxes: present when ticked.
         **(
             {"records_visible_to_developers": "on"}
