@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import secrets
 import shutil
 import tempfile
 import time
@@ -48,7 +46,7 @@ from config.processes import (
     http_ready,
 )
 from gateway.async_tasks import layout
-from gateway.policy import SCHEMA, SnapshotDocument, snapshot_write
+from tests.support.policy import PolicyBuilder
 
 SECTION = "## Async tasks — submit throughput"
 MODEL = "bench-embed"
@@ -66,61 +64,18 @@ class Stack:
 
 
 def _publish(client: valkey.Valkey, replica: str) -> str:
-    plaintext = "sk-sy-" + secrets.token_urlsafe(32)
-    document: SnapshotDocument = {
-        "schema": SCHEMA,
-        "version": 1,
-        "published_at": time.time(),
-        "models": {
-            MODEL: {
-                "served_name": MODEL,
-                "capabilities": ["embeddings"],
-                "replicas": [replica],
-                "timeout_s": 30.0,
-                "max_tokens": None,
-                "max_in_flight_per_replica": 1024,
-            }
-        },
-        "keys": {
-            hashlib.sha256(plaintext.encode()).hexdigest(): {
-                "key_id": 1,
-                "prefix": plaintext[:12],
-                "tenant": "bench",
-                "tenant_id": 1,
-                "environment": "prod",
-                "use_case": "async-bench",
-                "use_case_id": 1,
-                "namespace": "prod",
-                "models": [MODEL],
-                "expires_at": None,
-                "priority_class": "interactive",
-            }
-        },
-        "use_cases": {
-            "1": {
-                "tenant": "bench",
-                "slug": "async-bench",
-                "limits": GENEROUS_LIMITS,
-                "guardrails": [],
-            },
-        },
-        "priority_classes": {
-            "interactive": {
-                "rank": 0,
-                "vllm_priority": 0,
-                "queue_timeout_s": 30.0,
-                "max_queue_length": 10_000,
-            },
-            "batch": {
-                "rank": 5,
-                "vllm_priority": 5,
-                "queue_timeout_s": 300.0,
-                "max_queue_length": 100_000,
-                "max_pool_share": 0.5,
-            },
-        },
-    }
-    snapshot_write(client, document)
+    """One embedding model, one key whose use case's limits are far above any load here (so
+    every submit checks and counts its windows), and the batch class async tasks run at."""
+    policy = PolicyBuilder().model(
+        MODEL, [replica], capabilities=("embeddings",), max_in_flight_per_replica=1024
+    )
+    policy.priority_class("interactive", rank=0, max_queue_length=10_000)
+    policy.priority_class(
+        "batch", rank=5, queue_timeout_s=300.0, max_queue_length=100_000, max_pool_share=0.5
+    )
+    plaintext = policy.key(tenant="bench", use_case="async-bench", priority_class="interactive")
+    policy.use_case_limits(plaintext, **GENEROUS_LIMITS)
+    policy.publish(client)
     return plaintext
 
 
