@@ -110,10 +110,10 @@ def _request_id(scope: Scope) -> bytes:
     given = header(scope, b"x-request-id")
     if given is not None and _REQUEST_ID.match(given):
         return given
-    return _minted_id().encode()
+    return minted_id().encode()
 
 
-def _minted_id() -> str:
+def minted_id() -> str:
     """32 hex digits, like a UUID, unique across gateway processes and restarts."""
     return f"{_ID_TAG}{next(_ID_SEQ):020x}"
 
@@ -458,13 +458,13 @@ class Gateway:
                 loop = asyncio.get_running_loop()
                 call.digests = loop.run_in_executor(None, file_digests, call.form)
         try:
-            self._ticket(call, policy)
+            self.plan_ticket(call, policy)
             # The one lookup a use case without guardrails pays.
             guard = policy.guarded.get(principal.use_case_id)
             if guard is not None:
                 call.guard = guard
                 if guard.request is not None and call.document is not None:
-                    await self._check_request(call, guard, policy)
+                    await self.check_request(call, guard, policy)
             # One watcher per request: a client that goes away cancels this task, which
             # leaves the queue or closes the upstream (vLLM then aborts and frees its slot).
             handler = asyncio.current_task()
@@ -535,7 +535,7 @@ class Gateway:
             content_type = b"application/json"
             estimate = estimate_json_request(path, document, len(body), model.max_tokens)
             body, strip_usage, per_replica = _upstream_body(path, body, document, model)
-        record_id = _minted_id()
+        record_id = minted_id()
         return Call(
             request_id=request_id.decode(),
             request_id_bytes=request_id,
@@ -577,7 +577,7 @@ class Gateway:
             content_type, body = encode_form(form)
         return model, form, body, content_type, estimate
 
-    def _ticket(self, call: Call, policy: Policy) -> None:
+    def plan_ticket(self, call: Call, policy: Policy) -> None:
         """What acquire needs: the rate limits with this request's token estimate, and the
         queue's view of it (rank, fair-share cost, prefix affinity). No I/O."""
         call.ticket = self._plans.plan(policy, call.principal, call.model).ticket(
@@ -587,7 +587,7 @@ class Gateway:
             prefix_hash=prefix_hash(_prefix_text(call.document)),
         )
 
-    async def _check_request(self, call: Call, guard: GuardPlan, policy: Policy) -> None:
+    async def check_request(self, call: Call, guard: GuardPlan, policy: Policy) -> None:
         """Request guardrails, after the rate limits (judged, not counted: acquire counts
         them) and before the request takes a replica's capacity. Blocks (400), rewrites
         the body (redact), or lets it through (flag); 503 when a check cannot run and the use
@@ -600,9 +600,9 @@ class Gateway:
             await self.scheduler.check_limits(call.ticket)
         except RateLimited as refused:
             self._decided(call, "rejected", f"rate_limit:{refused.limit.name}")
-            raise _refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
+            raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
         except (valkey.ValkeyError, OSError) as exc:
-            raise _admission_unavailable(exc) from None
+            raise admission_unavailable(exc) from None
         slots = request_slots(call.path, document)
         if not slots:
             return
@@ -660,7 +660,7 @@ class Gateway:
                         {exc.replica: saturated_entry(scraped_at_ms=self.scheduler.now_ms())},
                     )
                 except (valkey.ValkeyError, OSError) as failed:
-                    raise _admission_unavailable(failed) from None
+                    raise admission_unavailable(failed) from None
         raise GatewayError(
             502,
             f"No replica of model '{call.model.public_id}' could be reached.",
@@ -673,16 +673,16 @@ class Gateway:
             grant = await self.scheduler.acquire(ticket)
         except RateLimited as refused:
             self._decided(call, "rejected", f"rate_limit:{refused.limit.name}")
-            raise _refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
+            raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
         except MaxConcurrent as refused:
             self._decided(call, "rejected", refused.code)
-            raise _refusal(429, "rate_limit_error", refused) from None
+            raise refusal(429, "rate_limit_error", refused) from None
         except (QueueFull, QueueTimeout) as refused:
             decision: Decision = "rejected" if isinstance(refused, QueueFull) else "shed"
             self._decided(call, decision, refused.code)
-            raise _refusal(503, "service_unavailable", refused) from None
+            raise refusal(503, "service_unavailable", refused) from None
         except (valkey.ValkeyError, OSError) as exc:
-            raise _admission_unavailable(exc) from None
+            raise admission_unavailable(exc) from None
         call.admitted_ms = grant.admitted_ms  # this grant's charge is the one reconciled
         call.grant = grant
         if grant.queued:
@@ -1165,7 +1165,7 @@ def _prefix_text(document: dict[str, Any] | None) -> str:
     return prompt if isinstance(prompt, str) else ""
 
 
-def _admission_unavailable(exc: BaseException) -> GatewayError:
+def admission_unavailable(exc: BaseException) -> GatewayError:
     # Without Valkey neither limits nor capacity can be enforced; sending the request on
     # anyway could swamp the fleet, so the gateway refuses until Valkey answers again.
     logger.warning("admission_unavailable error=%s", exc.__class__.__name__)
@@ -1175,7 +1175,7 @@ def _admission_unavailable(exc: BaseException) -> GatewayError:
     )
 
 
-def _refusal(status: int, kind: str, refused: SchedulingRefused, code: str = "") -> GatewayError:
+def refusal(status: int, kind: str, refused: SchedulingRefused, code: str = "") -> GatewayError:
     headers = [(b"retry-after", str(refused.retry_after_s).encode())]
     if isinstance(refused, RateLimited) and refused.never_fits:
         # Larger than the limit itself: no wait helps, so no Retry-After (SDKs would retry

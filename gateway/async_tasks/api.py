@@ -29,11 +29,11 @@ from gateway import errors
 from gateway.admission.limits import Limit
 from gateway.app import (
     Call,
-    _admission_unavailable,
-    _minted_id,
-    _refusal,
+    admission_unavailable,
     authenticate,
     authenticate_after_key_fetch,
+    minted_id,
+    refusal,
 )
 from gateway.async_tasks import layout
 from gateway.async_tasks.bodies import TaskBody, at_index, parse_submission, read_task
@@ -161,10 +161,10 @@ class AsyncTasks:
         request_id: bytes,
     ) -> None:
         """The use case's request guardrails on every body, as the synchronous path runs
-        them (Gateway._check_request): a block refuses the whole call (400), a redaction
+        them (Gateway.check_request): a block refuses the whole call (400), a redaction
         rewrites the body that is queued, a flag is recorded."""
         for index, task in enumerate(tasks):
-            record_id = _minted_id()
+            record_id = minted_id()
             call = Call(
                 request_id=request_id.decode(),
                 request_id_bytes=request_id,
@@ -183,9 +183,9 @@ class AsyncTasks:
                 # one): the check must not make the body the synchronous way.
                 rename_per_replica=True,
             )
-            self._gateway._ticket(call, policy)
+            self._gateway.plan_ticket(call, policy)
             try:
-                await self._gateway._check_request(call, guard, policy)
+                await self._gateway.check_request(call, guard, policy)
             except GatewayError as exc:
                 self._metrics.async_submitted(_outcome(exc), len(tasks))
                 raise at_index(exc, index) if bulk else exc from None
@@ -234,7 +234,7 @@ class AsyncTasks:
             )
         except RateLimited as refused:
             self._metrics.async_submitted("rate_limited", len(tasks))
-            raise _refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
+            raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
         except BacklogFull as full:
             self._metrics.async_submitted("backlog_full", len(tasks))
             raise errors.service_unavailable(
@@ -242,7 +242,7 @@ class AsyncTasks:
             ) from None
         except (valkey.ValkeyError, OSError) as exc:
             self._metrics.async_submitted("unavailable", len(tasks))
-            raise _admission_unavailable(exc) from None
+            raise admission_unavailable(exc) from None
 
     def _priority_class(self, policy: Policy, principal: Principal) -> str:
         """The async class when the policy has it: async work runs below interactive
