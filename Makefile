@@ -7,8 +7,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # PostgreSQL for the second pass of the database tests; skipped (with a note) if unreachable.
 SWITCHYARD_TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+# Test processes (pytest-xdist), each given whole files so that a module's shared stack starts
+# once. Most tests wait on real processes and sockets, so three keep two cores busy.
+TEST_WORKERS ?= 3
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: up test test-live lint format bench venv clean chromium
+.PHONY: up test test-live lint format bench venv clean chromium assets
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,17 +22,32 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+## The portal's front-end libraries (htmx, Chart.js, axe-core for the browser tests): npm ci
+## from the committed lock file, copied into the static files. Nothing is fetched at run time.
+VENDOR := portal/static/portal/vendor
+ASSETS := $(VENDOR)/.installed
+$(ASSETS): frontend/package.json frontend/package-lock.json
+	@command -v npm >/dev/null || (echo "npm (Node.js 20+) is needed to install the portal's assets" && exit 1)
+	cd frontend && npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p $(VENDOR)
+	cp frontend/node_modules/htmx.org/dist/htmx.min.js $(VENDOR)/htmx.min.js
+	cp frontend/node_modules/chart.js/dist/chart.umd.min.js $(VENDOR)/chart.umd.min.js
+	cp frontend/node_modules/axe-core/axe.min.js $(VENDOR)/axe.min.js
+	@touch $(ASSETS)
+
+assets: $(ASSETS)
+
 ## Run every process on this machine: Valkey, simulated vLLM fleet, web, gateway, Celery.
-up: $(STAMP)
+up: $(STAMP) $(ASSETS)
 	$(PY) -m config.stack
 
 ## The full test suite: lint and types, then the tests on SQLite, then the database tests
 ## again on PostgreSQL if one answers.
-test: lint chromium
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: lint chromium $(ASSETS)
+	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 	@if $(PY) -c "import psycopg,sys; psycopg.connect('$(SWITCHYARD_TEST_POSTGRES_URL)', connect_timeout=3).close()" 2>/dev/null; then \
 		echo "--- database tests on PostgreSQL ($(SWITCHYARD_TEST_POSTGRES_URL))"; \
-		SWITCHYARD_DATABASE_URL='$(SWITCHYARD_TEST_POSTGRES_URL)' $(PY) -m pytest -m django_db $(PYTEST_ARGS); \
+		SWITCHYARD_DATABASE_URL='$(SWITCHYARD_TEST_POSTGRES_URL)' $(PY) -m pytest -m django_db $(PARALLEL) $(PYTEST_ARGS); \
 	else \
 		echo "--- PostgreSQL not reachable at $(SWITCHYARD_TEST_POSTGRES_URL): database tests ran on SQLite only"; \
 	fi

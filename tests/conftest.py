@@ -29,6 +29,48 @@ from config.seaweed import SeaweedServer
 SimulatorFactory = Callable[..., "RunningSimulator"]
 
 
+# -- the migrations' data across transactional tests, in any order -----------------------------
+#
+# A transactional test (django_db(transaction=True)) ends by flushing its database, which also
+# removes what the migrations seeded (priority classes, the priority matrix). Run alone,
+# pytest-django orders those tests last, so nothing after them needs the seed; run in parallel
+# (pytest-xdist hands each worker whole files), a worker may run other files after one. So
+# transactional tests ask for a serialized copy of the seed (serialized_rollback) and, once
+# their flush is done, the copy is loaded back: every test starts from the migrated database.
+
+
+def _transactional(item: pytest.Item) -> pytest.Mark | None:
+    marker = item.get_closest_marker("django_db")
+    if marker is not None and marker.kwargs.get("transaction"):
+        return marker
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = _transactional(item)
+        if marker is not None and "serialized_rollback" not in marker.kwargs:
+            # Prepended: the closest django_db marker is the first of the item's own.
+            serialized = pytest.mark.django_db(*marker.args, **marker.kwargs,
+                                               serialized_rollback=True)  # fmt: skip
+            item.add_marker(serialized, append=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    result = yield
+    # The last test's teardown also ends the session's database: nothing to seed then.
+    if nextitem is not None and _transactional(item) is not None:
+        from django.db import connection
+        from pytest_django.plugin import blocking_manager_key
+
+        seed = getattr(connection, "_test_serialized_contents", None)
+        if seed is not None:
+            with item.config.stash[blocking_manager_key].unblock():
+                connection.creation.deserialize_db_from_string(seed)
+    return result
+
+
 class RunningSimulator:
     def __init__(self, process: ManagedProcess, port: int, model: str) -> None:
         self.process = process
