@@ -348,9 +348,9 @@ Against the targets:
 - prod p99 under the flood ≤ 1.5× prod alone: ×{flood_ratio:.2f} — {verdict(flood_ratio <= 1.5)};
   with the thinker beside it: ×{think_ratio:.2f} against prod alone — {verdict(think_ratio <= 1.5)};
   the flood's own share of that, against prod + thinker without it: ×{flood_with_thinker:.2f}
-  — {verdict(flood_with_thinker <= 1.5)}. What the thinker costs `bank-prod` is the
-  thinker's prefill shared by its replica's batch-mates (docs/gateway-scheduling.md, "Long
-  prompts"), not batch work.
+  — {verdict(flood_with_thinker <= 1.5)}. The thinker's prompts run in the gateway's long-prompt
+  lanes (`SWITCHYARD_GATEWAY_LONG_PROMPT_TOKENS`, docs/gateway-scheduling.md, "Long prompts"):
+  never on a replica with `bank-prod` requests in flight.
 - Jain's index, `bank-prod` vs `thinker`, against their max-min fair share ≥ 0.95:
   {jain_think:.2f} — {verdict(jain_think >= 0.95)}.
 - Simulated GPU busy ≥ 90% while the flood's backlog exists: {busy_flood:.0%} (the lower of

@@ -64,7 +64,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 ROUNDS = 9
 SERVER_MEDIANS: dict[str, float] = {}  # filled by server_side, for the text
 SECTION = "## Scheduling in Valkey"
-REPLICAS = ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
+REPLICAS: tuple[str, ...] = ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
 # --lanes: a third replica and the gateway's long-prompt lanes on (what a short request pays
 # for them: common.lua reads lng:<model> and drn:<model>); printed, not written.
 LANES_REPLICAS = (*REPLICAS, "http://10.0.0.3:8000")
