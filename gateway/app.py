@@ -269,6 +269,7 @@ class Gateway:
             heartbeat_ms=int(settings.heartbeat_s * 1000),
             stale_ms=int(settings.fleet_stale_s * 1000),
             waiting_threshold=settings.backpressure_waiting,
+            long_prompt_tokens=settings.long_prompt_tokens,
         )
         # One connection for the hot path's scripts and the accounting streams.
         self.accounting = Accounting(
@@ -585,6 +586,7 @@ class Gateway:
             # Fair sharing weighs requests by tokens whether or not a token limit applies.
             cost=call.estimate.total,
             prefix_hash=prefix_hash(_prefix_text(call.document)),
+            prompt_tokens=call.estimate.prompt,
         )
 
     async def check_request(self, call: Call, guard: GuardPlan, policy: Policy) -> None:

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from config.env import env_bool, env_float, env_int, env_list, env_str
 from config.valkey_urls import for_valkey_py
 
+# A prompt longer than one chunk of vLLM's default prefill budget (max_num_batched_tokens,
+# 8192) stalls its batch-mates for several steps: it runs apart where the pool has lanes.
+DEFAULT_LONG_PROMPT_TOKENS = 8192
+
 
 @dataclass(frozen=True, slots=True)
 class ServiceAccountSettings:
@@ -53,6 +57,7 @@ class GatewaySettings:
     heartbeat_s: float
     fleet_stale_s: float
     backpressure_waiting: int
+    long_prompt_tokens: int
     service_accounts: ServiceAccountSettings | None = None
     # The guardrail service (guardrails/service.py) this gateway sends its checks to.
     guardrail_url: str = "http://127.0.0.1:8095"
@@ -112,6 +117,7 @@ class GatewaySettings:
             # Fleet metrics older than this count a replica as saturated, never idle.
             fleet_stale_s=env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05),
             backpressure_waiting=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
+            long_prompt_tokens=long_prompt_tokens_from_env(),
             service_accounts=ServiceAccountSettings.from_env(),
             guardrail_url=env_str("SWITCHYARD_GUARDRAIL_URL", "http://127.0.0.1:8095"),
             # A check's whole round trip, waiting for a free worker included; past it the
@@ -144,3 +150,10 @@ class GatewaySettings:
                 "SWITCHYARD_ASYNC_BACKLOG_RETRY_AFTER_SECONDS", 30, minimum=1
             ),
         )
+
+
+def long_prompt_tokens_from_env() -> int:
+    """Prompts of at least this many tokens run apart from short requests in pools of three
+    replicas or more (docs/gateway-scheduling.md, "Long prompts"); 0 turns lanes off. Every
+    process that acquires (gateways, batchers) must agree: the pool records it."""
+    return env_int("SWITCHYARD_GATEWAY_LONG_PROMPT_TOKENS", DEFAULT_LONG_PROMPT_TOKENS, minimum=0)

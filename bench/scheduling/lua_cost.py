@@ -58,12 +58,17 @@ from gateway.scheduling import (
     write_fleet,
 )
 from gateway.scheduling.keys import KEY_PREFIX
+from gateway.settings import DEFAULT_LONG_PROMPT_TOKENS
 
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 ROUNDS = 9
 SERVER_MEDIANS: dict[str, float] = {}  # filled by server_side, for the text
 SECTION = "## Scheduling in Valkey"
-REPLICAS = ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
+REPLICAS: tuple[str, ...] = ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
+# --lanes: a third replica and the gateway's long-prompt lanes on (what a short request pays
+# for them: common.lua reads lng:<model> and drn:<model>); printed, not written.
+LANES_REPLICAS = (*REPLICAS, "http://10.0.0.3:8000")
+long_prompt_tokens = 0
 ESTIMATE = 1_200  # the token estimate every token limit is charged at acquire
 ACTUAL_TOKENS = 900  # what the request "used": release corrects every token window by -300
 COUNT_CALLS = 100  # calls per script for counting the commands it runs
@@ -201,7 +206,9 @@ async def measure(
 ) -> tuple[list[Timing], dict[str, float], dict[str, Commands], dict[str, float]]:
     client = avalkey.Valkey.from_url(url)  # PING, the probes, INFO: valkey-py
     fleet = FleetWriter(avalkey.Valkey.from_url(url))
-    scheduler = Scheduler(client, gateway_id="bench", reap_interval_s=3600)  # its own pipe
+    scheduler = Scheduler(  # its own pipe
+        client, gateway_id="bench", reap_interval_s=3600, long_prompt_tokens=long_prompt_tokens
+    )
     await scheduler.start()
     watcher = asyncio.create_task(fleet.run())
     try:
@@ -502,7 +509,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--lanes", action="store_true", help="3 replicas, lanes on (no write)")
     args = parser.parse_args()
+    if args.lanes:
+        global REPLICAS, long_prompt_tokens
+        REPLICAS, long_prompt_tokens = LANES_REPLICAS, DEFAULT_LONG_PROMPT_TOKENS
+        args.no_write = True
     valkey_server = ValkeyServer(port=free_port())
     valkey_server.start()
     try:

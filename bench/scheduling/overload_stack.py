@@ -115,9 +115,11 @@ def start_stack(
     max_in_flight_per_replica: int,
     timeout_s: float,
     batcher: bool = False,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
     """The stack; with ``batcher``, one batcher process too (python -m scheduler.batcher),
-    which runs the gateway's async tasks at their class."""
+    which runs the gateway's async tasks at their class. ``env``: settings for the
+    gateway, the watcher and the batcher (e.g. SWITCHYARD_GATEWAY_LONG_PROMPT_TOKENS)."""
     started: list[ManagedProcess] = []
     server = ValkeyServer(port=free_port())
     server.start()
@@ -157,7 +159,7 @@ def start_stack(
             api_keys[tenant] = key
         policy.publish(client)
 
-        env = {"SWITCHYARD_VALKEY_URL": valkey_url, "PYTHONUNBUFFERED": "1"}
+        env = {**(env or {}), "SWITCHYARD_VALKEY_URL": valkey_url, "PYTHONUNBUFFERED": "1"}
         watcher = ManagedProcess("overload-fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"],
                                  env=env)  # fmt: skip
         started.append(watcher)

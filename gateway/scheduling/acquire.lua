@@ -4,10 +4,12 @@
 -- KEYS[1]  the key prefix "sy:{sy}:"
 -- ARGV     now_ms, request id, model, rank, class, max queue length, tenant, use case id,
 --          max concurrent (0 = none), the class's pool share in thousandths (1000 = all of
---          the pool; common.lua class_full), cost (tokens), prefix hash (or ""), lease_ms,
---          gateway id, queue deadline (ms), stale_ms, waiting threshold,
---          n, then n replica/cap pairs (the pool, recorded in pool:<model> for the other
---          scripts), then the rate limits, five values each (limits.lua); none is fine.
+--          the pool; common.lua class_full), cost (tokens), prefix hash (or ""), long
+--          ("1": a long prompt, for the pool's lanes; "0"), lease_ms, gateway id, queue
+--          deadline (ms), stale_ms, waiting threshold, lanes ("1": the pool keeps long
+--          prompts apart, common.lua pick; "0"), n, then n replica/cap pairs (the pool,
+--          recorded in pool:<model> for the other scripts), then the rate limits, five
+--          values each (limits.lua); none is fine.
 --          The limits are counted only when the request is granted or enqueued: a refusal,
 --          whichever its reason, costs no budget; a waiter that leaves without a grant, and
 --          a lease that is reaped, get the charge back (common.lua drop_waiter,
@@ -31,35 +33,36 @@ local rank = tonumber(ARGV[4])
 local class = ARGV[5]
 local max_queue = tonumber(ARGV[6])
 local share = tonumber(ARGV[10])
-local w = {tenant = ARGV[7], uc = ARGV[8], maxc = tonumber(ARGV[9]), lease = tonumber(ARGV[13]),
-  gw = ARGV[14], prefix = ARGV[12]}
+local w = {tenant = ARGV[7], uc = ARGV[8], maxc = tonumber(ARGV[9]), lease = tonumber(ARGV[14]),
+  gw = ARGV[15], prefix = ARGV[12], long = ARGV[13] == "1" and ARGV[19] == "1"}
 if share < 1000 then
   w.cls = class  -- counted in cif:<model> while granted (common.lua grant, release_lease)
   w.share = share
 end
 local cost = tonumber(ARGV[11])
-local deadline = tonumber(ARGV[15])
+local deadline = tonumber(ARGV[16])
 
 if redis.call("EXISTS", P .. "gone:" .. id) == 1 then
   return {-3, "cancelled"}
 end
 
 -- Rate limits first: a refused request writes nothing at all.
-local replica_count = tonumber(ARGV[18])
-local refused, limits = limits_check(now, ARGV, 19 + 2 * replica_count)
+local replica_count = tonumber(ARGV[20])
+local refused, limits = limits_check(now, ARGV, 21 + 2 * replica_count)
 if refused then
   return {-4, "rate_limited", refused[1], refused[2]}
 end
 
 -- The pool as this gateway knows it from policy; recorded when it changed, so that release,
 -- pump and reap (which are not given it) see the same replicas and caps.
-local pool = {replicas = {}, caps = {}, stale = tonumber(ARGV[16]), threshold = tonumber(ARGV[17])}
-for i = 19, 18 + 2 * replica_count, 2 do
+local pool = {replicas = {}, caps = {}, stale = tonumber(ARGV[17]), threshold = tonumber(ARGV[18]),
+  lanes = ARGV[19] == "1"}
+for i = 21, 20 + 2 * replica_count, 2 do
   pool.replicas[#pool.replicas + 1] = ARGV[i]
   pool.caps[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 table.sort(pool.replicas)
-local signature = {ARGV[16], ARGV[17]}
+local signature = {ARGV[17], ARGV[18], ARGV[19]}
 for _, replica in ipairs(pool.replicas) do
   signature[#signature + 1] = replica .. "=" .. pool.caps[replica]
 end
@@ -68,7 +71,7 @@ if redis.call("HGET", P .. "pool:" .. model, "_sig") ~= signature then
   local key = P .. "pool:" .. model
   redis.call("DEL", key)
   redis.call("HSET", key, "_stale_ms", pool.stale, "_threshold", pool.threshold,
-    "_sig", signature)
+    "_lanes", pool.lanes and 1 or 0, "_sig", signature)
   for _, replica in ipairs(pool.replicas) do
     redis.call("HSET", key, replica, pool.caps[replica])
   end
@@ -98,7 +101,7 @@ local bound = "(" .. string.format("%.0f", (rank + 1) * RANK_SCALE)
 local room = load_room(model, pool, now)
 if #redis.call("ZRANGEBYSCORE", q, "-inf", bound, "LIMIT", 0, 1) == 0
   and not (w.cls and class_full(model, room, class, share)) then
-  local replica = pick(model, pool, room, w.prefix)
+  local replica = pick(model, pool, room, w.prefix, w.long, w.cls ~= nil)
   if replica then
     limits_commit(limits)
     keep_charge(id, limits)
@@ -129,6 +132,9 @@ redis.call("HSET", P .. "qi:" .. id, "tenant", w.tenant, "class", class, "rank",
   "deadline", deadline, "start", w.start, "enqueued_at", now, "ck", conc_key)
 if w.cls then
   redis.call("HSET", P .. "qi:" .. id, "share", share)
+end
+if w.long then
+  redis.call("HSET", P .. "qi:" .. id, "lp", 1)
 end
 redis.call("INCR", qlen)
 

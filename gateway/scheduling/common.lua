@@ -33,6 +33,11 @@
 --                               hash tables, several µs a call)
 --   gws                  zset   gateway id -> heartbeat expiry (ms); missing or past: dead
 --   arr:<model>:<window> hash   rank -> requests enqueued in that window (ARRIVAL_WINDOW_MS)
+--   lng:<model>          hash   replica -> long prompts granted and not released (lanes only)
+--   drn:<model>          string the replica being drained of interactive requests so that a
+--                               waiting long prompt can prefill without them (lanes only)
+--   bgi:<model>          hash   replica -> background requests (classes with a pool share)
+--                               granted and not released (lanes only)
 
 local P = KEYS[1]
 local RANK_SCALE = 1099511627776  -- 2^40
@@ -43,16 +48,20 @@ local REFUNDED_TTL_MS = 3600000   -- how long a reaped lease's refund can be tak
 local CHANNEL = "sy:gw:"
 local GATEWAYS = P .. "gws"       -- gateway id -> heartbeat expiry (ms)
 local ARRIVAL_WINDOW_MS = 10000   -- the windows enqueued arrivals are counted in, per rank
+local DRAIN_TTL_MS = 10000        -- a drain nobody renews (its long waiter left) lapses
+local PUMP_SKIPS = 16             -- waiters a pump passes over that no replica can take now
 
 local function pool_from_hash(model)
   local flat = redis.call("HGETALL", P .. "pool:" .. model)
-  local pool = {replicas = {}, caps = {}, stale = 1000, threshold = 3}
+  local pool = {replicas = {}, caps = {}, stale = 1000, threshold = 3, lanes = false}
   for i = 1, #flat, 2 do
     local field, value = flat[i], tonumber(flat[i + 1])
     if field == "_stale_ms" then
       pool.stale = value
     elseif field == "_threshold" then
       pool.threshold = value
+    elseif field == "_lanes" then
+      pool.lanes = value == 1
     elseif field == "_sig" then
       -- the signature acquire compares, not a replica
     else
@@ -110,6 +119,20 @@ local function load_room(model, pool, now)
     room.healthy[replica] = healthy
     room.cap[replica] = cap
   end
+  if pool.lanes then
+    -- Long-prompt lanes (pick): where long prompts run, and the replica being drained for one.
+    room.lng = {}
+    local longs = redis.call("HMGET", P .. "lng:" .. model, unpack(pool.replicas))
+    for i, replica in ipairs(pool.replicas) do
+      room.lng[replica] = tonumber(longs[i] or "0")
+    end
+    room.drain = redis.call("GET", P .. "drn:" .. model) or nil
+    room.bg = {}
+    local background = redis.call("HMGET", P .. "bgi:" .. model, unpack(pool.replicas))
+    for i, replica in ipairs(pool.replicas) do
+      room.bg[replica] = tonumber(background[i] or "0")
+    end
+  end
   return room
 end
 
@@ -135,7 +158,7 @@ local function any_room(pool, room)
 end
 
 -- The replica that holds this prompt prefix if it has room, else the least in flight.
-local function pick(model, pool, room, prefix_hash)
+local function pick_any(model, pool, room, prefix_hash)
   if prefix_hash ~= "" then
     local replica = redis.call("GET", P .. "aff:" .. model .. ":" .. prefix_hash)
     if replica and pool.caps[replica] and has_room(pool, room, replica) then
@@ -150,6 +173,93 @@ local function pick(model, pool, room, prefix_hash)
     end
   end
   return best
+end
+
+-- Long-prompt lanes (docs/gateway-scheduling.md, "Long prompts"): a long prompt's prefill
+-- stalls every request running beside it, so interactive requests and long prompts never
+-- share a replica. Background work (a class with a pool share: async, files, batch) does not
+-- mind a stall: it may run anywhere, beside long prompts first.
+local function interactive_on(room, replica)
+  return room.inflight[replica] - room.lng[replica] - room.bg[replica]
+end
+
+-- A long prompt: a replica with room and no interactive request in flight, one already
+-- running long prompts first (the others stay free for interactive traffic). None: it waits,
+-- and one replica is drained for it (drn:<model>, renewed while it waits): one running long
+-- prompts, else the one with the fewest interactive requests; no interactive request is
+-- given that replica meanwhile.
+local function pick_long(model, pool, room)
+  local best = nil
+  for _, replica in ipairs(pool.replicas) do
+    if has_room(pool, room, replica) and interactive_on(room, replica) == 0
+      and (best == nil or room.lng[replica] > room.lng[best]
+        or (room.lng[replica] == room.lng[best]
+          and room.inflight[replica] < room.inflight[best])) then
+      best = replica
+    end
+  end
+  if best then
+    return best
+  end
+  local drain = room.drain
+  if not (drain and pool.caps[drain] and room.healthy[drain]) then
+    drain = nil
+    for _, replica in ipairs(pool.replicas) do
+      if room.healthy[replica] and (drain == nil or room.lng[replica] > room.lng[drain]
+        or (room.lng[replica] == room.lng[drain]
+          and interactive_on(room, replica) < interactive_on(room, drain))) then
+        drain = replica
+      end
+    end
+  end
+  if drain then
+    room.drain = drain
+    redis.call("SET", P .. "drn:" .. model, drain, "PX", DRAIN_TTL_MS)
+  end
+  return nil
+end
+
+-- An interactive request: the prefix's replica or the least in flight among those with room,
+-- no long prompt in flight and not being drained; none: it waits (a prefill in progress
+-- would add its whole length to the request, a wait in the queue one short request's hold).
+-- Background work: the least in flight among the replicas with room that run long prompts
+-- or are being drained, else among the others; it leaves the lane-free replicas to
+-- interactive traffic and keeps the long prompts' replica busy.
+local function pick_short(model, pool, room, prefix_hash, background)
+  local function lane_free(replica)
+    return room.lng[replica] == 0 and replica ~= room.drain and has_room(pool, room, replica)
+  end
+  if not background and prefix_hash ~= "" then
+    local replica = redis.call("GET", P .. "aff:" .. model .. ":" .. prefix_hash)
+    if replica and pool.caps[replica] and lane_free(replica) then
+      return replica
+    end
+  end
+  local best, beside = nil, nil
+  for _, replica in ipairs(pool.replicas) do
+    if lane_free(replica) then
+      if best == nil or room.inflight[replica] < room.inflight[best] then
+        best = replica
+      end
+    elseif background and has_room(pool, room, replica)
+      and (beside == nil or room.inflight[replica] < room.inflight[beside]) then
+      beside = replica
+    end
+  end
+  return beside or best
+end
+
+-- Where a request goes now, or nil: it waits. Only with lanes can that happen while some
+-- replica has room (a long prompt waiting for a drained replica; a short one whose only
+-- room is beside long prompts or on the replica being drained).
+local function pick(model, pool, room, prefix_hash, long, background)
+  if not pool.lanes then
+    return pick_any(model, pool, room, prefix_hash)
+  end
+  if long then
+    return pick_long(model, pool, room)
+  end
+  return pick_short(model, pool, room, prefix_hash, background)
 end
 
 -- Whether a class that may hold only `share` thousandths of the pool holds that many
@@ -274,6 +384,24 @@ local function grant(model, pool, room, id, replica, w, now)
   if w.prefix ~= "" then
     redis.call("SET", P .. "aff:" .. model .. ":" .. w.prefix, replica, "PX", AFFINITY_TTL_MS)
   end
+  if w.cls and room.bg then
+    redis.call("HINCRBY", P .. "bgi:" .. model, replica, 1)
+    redis.call("HSET", P .. "li:" .. id, "bg", 1)
+    room.bg[replica] = room.bg[replica] + 1
+  end
+  if w.long then
+    redis.call("HINCRBY", P .. "lng:" .. model, replica, 1)
+    redis.call("HSET", P .. "li:" .. id, "lp", 1)
+    if room.lng then
+      room.lng[replica] = room.lng[replica] + 1
+      if room.drain then
+        -- Placed (there or on a replica that emptied first): the drain ends; another long
+        -- waiter's pick starts its own.
+        redis.call("DEL", P .. "drn:" .. model)
+        room.drain = nil
+      end
+    end
+  end
   advance_clock(model, w.start)
 end
 
@@ -295,10 +423,14 @@ end
 -- moves back by its cost; a request that starts later starts where it would have).
 -- Returns the waiter's class and rank (nil when it was already gone).
 local function drop_waiter(model, id)
-  local f = redis.call("HMGET", P .. "qi:" .. id, "class", "rank", "tenant", "cost", "ck")
+  local f = redis.call("HMGET", P .. "qi:" .. id, "class", "rank", "tenant", "cost", "ck", "lp")
   remove_waiter(model, id, f[1])
   if not f[1] then
     return nil, nil
+  end
+  if f[6] then
+    -- A long prompt leaves: the drain kept for it ends (the next long waiter's pick renews it).
+    redis.call("DEL", P .. "drn:" .. model)
   end
   local charged = P .. "rf:" .. id
   local spec = redis.call("GET", charged)
@@ -326,7 +458,7 @@ end
 local function release_lease(model, id, now, record_hold, refund)
   local li = P .. "li:" .. id
   local charged = P .. "rf:" .. id
-  local f = redis.call("HMGET", li, "replica", "model", "ck", "granted_at", "cls")
+  local f = redis.call("HMGET", li, "replica", "model", "ck", "granted_at", "cls", "lp", "bg")
   if not f[1] then
     -- Already released, or reaped: a reaped lease's rf:<id> is release.lua's to read.
     redis.call("DEL", li, P .. "grant:" .. id)
@@ -357,6 +489,12 @@ local function release_lease(model, id, now, record_hold, refund)
   end
   if f[5] and redis.call("HINCRBY", P .. "cif:" .. model, f[5], -1) <= 0 then
     redis.call("HDEL", P .. "cif:" .. model, f[5])
+  end
+  if f[6] and redis.call("HINCRBY", P .. "lng:" .. model, f[1], -1) <= 0 then
+    redis.call("HDEL", P .. "lng:" .. model, f[1])
+  end
+  if f[7] and redis.call("HINCRBY", P .. "bgi:" .. model, f[1], -1) <= 0 then
+    redis.call("HDEL", P .. "bgi:" .. model, f[1])
   end
   if record_hold then
     local held = math.max(0, now - tonumber(f[4]))
@@ -389,17 +527,20 @@ local function pump(model, now, pool, room, quiet_id)
   -- Waiters below `from` are of classes holding their whole share: skipped, rank by rank
   -- (a class with a share should have a rank of its own, or it holds up its rank-mates).
   local from = "-inf"
-  while any_room(pool, room) do
-    local head = redis.call("ZRANGEBYSCORE", q, from, "+inf", "LIMIT", 0, 1)
+  -- Waiters passed over that no replica can take now (lanes: pick): at most PUMP_SKIPS.
+  local skipped = 0
+  while any_room(pool, room) and skipped < PUMP_SKIPS do
+    local head = redis.call("ZRANGEBYSCORE", q, from, "+inf", "LIMIT", skipped, 1)
     if #head == 0 then
       break
     end
     local id = head[1]
     local f = redis.call("HMGET", P .. "qi:" .. id, "tenant", "class", "deadline", "uc", "maxc",
-      "lease", "gw", "prefix", "start", "ck", "share", "rank")
+      "lease", "gw", "prefix", "start", "ck", "share", "rank", "lp")
     if f[11] and f[2] and tonumber(f[3]) > now
       and class_full(model, room, f[2], tonumber(f[11])) then
       from = string.format("%.0f", (tonumber(f[12]) + 1) * RANK_SCALE)
+      skipped = 0
     elseif not f[2] then
       remove_waiter(model, id, nil)
       redis.call("DEL", P .. "rf:" .. id)
@@ -407,21 +548,26 @@ local function pump(model, now, pool, room, quiet_id)
       drop_waiter(model, id)
       dropped = dropped + 1
     else
-      -- ck: the use case's counter the waiter was counted in ("" for none); nil for a
-      -- waiter enqueued by an older script, which grant counts as before.
-      local w = {tenant = f[1], uc = f[4], maxc = tonumber(f[5]), lease = tonumber(f[6]),
-        gw = f[7], prefix = f[8], start = tonumber(f[9]), ck = f[10] or nil}
-      if f[11] then
-        w.cls = f[2]
+      local long = f[13] ~= false
+      local replica = pick(model, pool, room, f[8], long, f[11] ~= false)
+      if replica == nil then
+        skipped = skipped + 1  -- lanes: it waits for its kind of replica; the next may go
+      else
+        -- ck: the use case's counter the waiter was counted in ("" for none); nil for a
+        -- waiter enqueued by an older script, which grant counts as before.
+        local w = {tenant = f[1], uc = f[4], maxc = tonumber(f[5]), lease = tonumber(f[6]),
+          gw = f[7], prefix = f[8], start = tonumber(f[9]), ck = f[10] or nil, long = long}
+        if f[11] then
+          w.cls = f[2]
+        end
+        remove_waiter(model, id, f[2])
+        grant(model, pool, room, id, replica, w, now)
+        if id ~= quiet_id then
+          redis.call("SET", P .. "grant:" .. id, replica, "PX", w.lease)
+          redis.call("PUBLISH", CHANNEL .. w.gw, id .. " " .. replica)
+        end
+        granted = granted + 1
       end
-      local replica = pick(model, pool, room, w.prefix)
-      remove_waiter(model, id, f[2])
-      grant(model, pool, room, id, replica, w, now)
-      if id ~= quiet_id then
-        redis.call("SET", P .. "grant:" .. id, replica, "PX", w.lease)
-        redis.call("PUBLISH", CHANNEL .. w.gw, id .. " " .. replica)
-      end
-      granted = granted + 1
     end
   end
   return granted, dropped

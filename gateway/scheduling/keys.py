@@ -77,6 +77,21 @@ def affinity(model: str, prefix_hash: str, *, prefix: str = KEY_PREFIX) -> str:
     return f"{prefix}aff:{model}:{prefix_hash}"
 
 
+def long_prompts(model: str, *, prefix: str = KEY_PREFIX) -> str:
+    """Replica -> long prompts in flight on it (pools with lanes, common.lua pick)."""
+    return f"{prefix}lng:{model}"
+
+
+def drain(model: str, *, prefix: str = KEY_PREFIX) -> str:
+    """The replica kept free of new interactive requests for a waiting long prompt."""
+    return f"{prefix}drn:{model}"
+
+
+def background(model: str, *, prefix: str = KEY_PREFIX) -> str:
+    """Replica -> requests of classes with a pool share in flight on it (pools with lanes)."""
+    return f"{prefix}bgi:{model}"
+
+
 def gateways(*, prefix: str = KEY_PREFIX) -> str:
     """Zset: gateway id -> heartbeat expiry (ms). Missing or past: the gateway is dead."""
     return f"{prefix}gws"

@@ -57,6 +57,11 @@ _HERE = Path(__file__).resolve().parent
 _LIMITS_LUA = _HERE.parent / "admission" / "limits.lua"
 SCRIPT_NAMES = ("acquire", "release", "pump", "cancel", "reap", "renew", "peek")
 RENEW_BATCH = 500  # leases per renew.lua call
+# Long-prompt lanes pay only where short traffic keeps replicas of its own while one runs
+# long prompts: with two, short traffic would be left a single replica
+# (docs/gateway-scheduling.md, "Long prompts").
+LANE_MIN_REPLICAS = 3
+_PACKED_LONG = {True: bulk(b"1"), False: bulk(b"0")}
 
 
 def lua_source(name: str) -> str:
@@ -153,7 +158,7 @@ class _PackedPlan:
         parts.append(current)
         self.limit_parts = tuple(parts)
         self.limits = len(ticket.limits)
-        self.count = 2 + 18 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
+        self.count = 2 + 20 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
 
 
 def _class_values(ticket: Ticket) -> list[Arg]:
@@ -190,6 +195,7 @@ class Scheduler:
         lease_ms: int = 30_000,
         stale_ms: int = 1_000,
         waiting_threshold: int = 3,
+        long_prompt_tokens: int = 0,
         poll_interval_s: float = 0.2,
         reap_interval_s: float = 1.0,
         heartbeat_ms: int = 5_000,
@@ -203,6 +209,9 @@ class Scheduler:
         self.lease_ms = lease_ms
         self.stale_ms = stale_ms
         self.waiting_threshold = waiting_threshold
+        # Prompts of at least this many tokens run apart from short requests, in pools of
+        # LANE_MIN_REPLICAS or more (common.lua pick); 0: no lanes.
+        self.long_prompt_tokens = long_prompt_tokens
         self._client = client
         self._owns_pipe = pipe is None
         self.pipe = pipe if pipe is not None else AutoPipeline(client)
@@ -343,6 +352,7 @@ class Scheduler:
             *_class_values(ticket),
             ticket.cost,
             ticket.prefix_hash,
+            1 if self._is_long(ticket) else 0,
             self.lease_ms,
             self.gateway_id,
             now + max(1, round(ticket.queue_timeout_s * 1000)),
@@ -352,9 +362,23 @@ class Scheduler:
             args += limit_args(ticket.limits)
         return args
 
+    def _lanes(self, ticket: Ticket) -> bool:
+        """Whether the ticket's pool keeps long prompts apart (docs/gateway-scheduling.md)."""
+        return self.long_prompt_tokens > 0 and len(ticket.replicas) >= LANE_MIN_REPLICAS
+
+    def _is_long(self, ticket: Ticket) -> bool:
+        """acquire.lua's ``long``: a long prompt in a pool with lanes."""
+        return ticket.prompt_tokens >= self.long_prompt_tokens > 0 and self._lanes(ticket)
+
     def _pool_values(self, ticket: Ticket) -> list[Arg]:
-        """acquire.lua's pool: the staleness bound, the threshold, then replica/cap pairs."""
-        values: list[Arg] = [self.stale_ms, self.waiting_threshold, len(ticket.replicas)]
+        """acquire.lua's pool: the staleness bound, the threshold, whether it has lanes,
+        then replica/cap pairs."""
+        values: list[Arg] = [
+            self.stale_ms,
+            self.waiting_threshold,
+            1 if self._lanes(ticket) else 0,
+            len(ticket.replicas),
+        ]
         for url, cap in ticket.replicas:
             values += [url, cap]
         return values
@@ -385,6 +409,7 @@ class Scheduler:
                 packed.model_to_max_concurrent,
                 bulk(ticket.cost),
                 bulk(ticket.prefix_hash),
+                _PACKED_LONG[self._is_long(ticket)],
                 self._lease_and_gateway,
                 bulk(deadline),
                 packed.pool,

@@ -49,6 +49,9 @@ class Ticket:
     # The most of the pool the class may hold, in thousandths (1000: no bound): file and
     # async work run in classes that leave the rest to interactive traffic.
     pool_share: int = 1000
+    # The prompt's token estimate (``cost`` less the completion): long prompts are kept
+    # apart from short requests in pools with lanes (Scheduler ``long_prompt_tokens``).
+    prompt_tokens: int = 0
     # The plan that made this ticket, if one did: what the scheduler keys its packed form of
     # the plan's fixed values on. A ticket changed in any other way than dropping its limits
     # must drop it too.
@@ -116,6 +119,7 @@ def ticket_for(
     cost: int,
     prefix_hash: str = "",
     limits: Sequence[Limit] = (),
+    prompt_tokens: int = 0,
 ) -> Ticket:
     """Everything the scheduler needs about a request, from the policy snapshot."""
     service_class = priority_class_for(policy, principal)
@@ -137,6 +141,7 @@ def ticket_for(
         vllm_priority=service_class.vllm_priority,
         limits=tuple(limits),
         pool_share=service_class.pool_share_permille,
+        prompt_tokens=prompt_tokens,
     )
 
 
@@ -156,9 +161,11 @@ class TicketPlan:
         # (scheduler.py); it lives and goes with the plan.
         self.packed: object = None
 
-    def ticket(self, *, request_id: str, cost: int, prefix_hash: str = "") -> Ticket:
+    def ticket(
+        self, *, request_id: str, cost: int, prefix_hash: str = "", prompt_tokens: int = 0
+    ) -> Ticket:
         """This request's ticket; ``cost`` is its token estimate (what the token windows are
-        charged and fair sharing weighs)."""
+        charged and fair sharing weighs), ``prompt_tokens`` the prompt's part of it."""
         base = self._base
         limits = base.limits
         if self._has_token_limits:
@@ -184,6 +191,7 @@ class TicketPlan:
             base.vllm_priority,
             limits,
             base.pool_share,
+            prompt_tokens,
             self,
         )
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from config.env import ConfigurationError, env_float, env_int, env_str
 from config.valkey_urls import for_valkey_py
+from gateway.settings import DEFAULT_LONG_PROMPT_TOKENS, long_prompt_tokens_from_env
 
 
 def parse_model_batches(raw: str) -> dict[str, int]:
@@ -57,6 +58,7 @@ class BatcherSettings:
     heartbeat_s: float = 5.0
     fleet_stale_s: float = 0.9
     backpressure_waiting: int = 3
+    long_prompt_tokens: int = DEFAULT_LONG_PROMPT_TOKENS
 
     def batch_size(self, model: str) -> int:
         return self.model_max_batch.get(model, self.max_batch)
@@ -96,4 +98,5 @@ class BatcherSettings:
             heartbeat_s=env_float("SWITCHYARD_GATEWAY_HEARTBEAT_SECONDS", 5.0, minimum=2.0),
             fleet_stale_s=env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05),
             backpressure_waiting=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
+            long_prompt_tokens=long_prompt_tokens_from_env(),
         )

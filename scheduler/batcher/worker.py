@@ -167,6 +167,7 @@ class Batcher:
             heartbeat_ms=int(settings.heartbeat_s * 1000),
             stale_ms=int(settings.fleet_stale_s * 1000),
             waiting_threshold=settings.backpressure_waiting,
+            long_prompt_tokens=settings.long_prompt_tokens,
         )
         self.upstream = Upstream(
             connect_timeout_s=settings.upstream_connect_timeout_s,
@@ -597,6 +598,9 @@ class Batcher:
             cost=max(cost, 1),
             vllm_priority=klass.vllm_priority,
             pool_share=klass.pool_share_permille,
+            # The stream keeps only the whole estimate: a batch prefills its prompts together,
+            # so all of it counts as prompt for the pool's lanes (docs/async.md).
+            prompt_tokens=max(cost, 1),
         )
         for _ in range(max(len(model.replicas), 1)):
             try:

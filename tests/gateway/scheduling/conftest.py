@@ -76,14 +76,17 @@ class Lua:
         replicas: Sequence[tuple[str, int]] = ((R1, 1),),
         limits: Sequence[tuple[str, str, int, int, int]] = (),
         pool_share: int = 1000,
+        long: bool = False,
+        lanes: bool = False,
     ) -> list[Any]:
         """``limits``: (id, kind, window_ms, limit, cost) each, as limits.lua takes them;
-        ``pool_share``: the class's share of the pool in thousandths (1000: all)."""
+        ``pool_share``: the class's share of the pool in thousandths (1000: all); ``long``:
+        a long prompt, ``lanes``: the pool keeps long prompts apart (common.lua pick)."""
         args: list[Any] = [
             now, request_id, model, rank, priority_class, max_queue, tenant, use_case,
-            max_concurrent, pool_share, cost, prefix_hash, lease_ms, gateway,
-            deadline if deadline is not None else now + 60_000, stale_ms, threshold,
-            len(replicas),
+            max_concurrent, pool_share, cost, prefix_hash, "1" if long else "0", lease_ms,
+            gateway, deadline if deadline is not None else now + 60_000, stale_ms, threshold,
+            "1" if lanes else "0", len(replicas),
         ]  # fmt: skip
         for url, cap in replicas:
             args += [url, cap]

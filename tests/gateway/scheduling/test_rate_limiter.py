@@ -47,7 +47,7 @@ def snapshot(**sections: object) -> Policy:
             "llama": {
                 "served_name": "llama-3.1-8b",
                 "capabilities": ["chat"],
-                "replicas": ["http://a:8000", "http://b:8000"],
+                "replicas": ["http://a:8000", "http://b:8000", "http://d:8000"],
                 "timeout_s": 30.0,
                 "max_tokens": 4096,
                 "max_in_flight_per_replica": 8,
@@ -198,10 +198,12 @@ def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
     WHEN the scheduler packs acquire's call from the plan's values, packed once
     THEN the bytes are those of packing every argument afresh, whatever the estimate; and a
     ticket that dropped its limits and plan (failover) is packed afresh."""
-    scheduler = Scheduler(avalkey.Valkey(host="127.0.0.1", port=1), gateway_id="gw-a")
+    client = avalkey.Valkey(host="127.0.0.1", port=1)
+    scheduler = Scheduler(client, gateway_id="gw-a")
+    with_lanes = Scheduler(client, gateway_id="gw-b", long_prompt_tokens=8192)
     plans = TicketPlans()
 
-    def packed_both_ways(ticket: Ticket) -> None:
+    def packed_both_ways(ticket: Ticket, scheduler: Scheduler = scheduler) -> None:
         args = scheduler.acquire_args(ticket, "lease-1", NOW)
         expected = (pack_values([1, keys.KEY_PREFIX, *args]), 2 + len(args))
         assert scheduler._acquire_call(ticket, "lease-1", NOW) == expected
@@ -212,9 +214,27 @@ def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
             plan = plans.plan(policy, ALICE, model)
             used.append(plan)
             for estimate in (0, 7, 28_000):
-                made = plan.ticket(request_id=f"r{estimate}", cost=estimate, prefix_hash="abc")
+                made = plan.ticket(
+                    request_id=f"r{estimate}",
+                    cost=estimate,
+                    prefix_hash="abc",
+                    prompt_tokens=estimate,
+                )
                 packed_both_ways(made)
                 packed_both_ways(made)  # the second time from the packed plan
+    # The long flag and the pool's lanes (3 replicas: llama; 1: qwen), packed both ways too.
+    lanes = TicketPlans()
+    for model in snapshot(**POLICY_SECTIONS).models.values():
+        plan = lanes.plan(snapshot(), ALICE, model)
+        for prompt in (0, 8_191, 8_192, 28_000):
+            made = plan.ticket(request_id="r", cost=prompt + 100, prompt_tokens=prompt)
+            packed_both_ways(made, with_lanes)
+            packed_both_ways(made, with_lanes)
+            args = with_lanes.acquire_args(made, "lease-1", NOW)
+            assert (args[12], args[18]) == (
+                (1 if prompt >= 8_192 and len(model.replicas) >= 3 else 0),
+                (1 if len(model.replicas) >= 3 else 0),
+            )
     assert all(plan.packed is not None for plan in used)  # every plan took the packed way
     limited = snapshot(**POLICY_SECTIONS)
     failed_over = plans.plan(limited, ALICE, limited.models["llama"]).ticket(

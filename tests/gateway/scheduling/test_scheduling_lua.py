@@ -305,7 +305,7 @@ def test_the_pool_is_recorded_for_the_scripts_that_are_not_given_it(lua):
     lua.acquire(T0, "r", replicas=[(R1, 3), (R2, 5)], stale_ms=800, threshold=4)
     stored = {k.decode(): v.decode() for k, v in lua.client.hgetall(keys.pool(MODEL)).items()}
     assert stored.pop("_sig")
-    assert stored == {R1: "3", R2: "5", "_stale_ms": "800", "_threshold": "4"}
+    assert stored == {R1: "3", R2: "5", "_stale_ms": "800", "_threshold": "4", "_lanes": "0"}
     assert set(lua.client.smembers(keys.pools())) == {MODEL.encode()}
 
     lua.acquire(T0, "s", replicas=[(R2, 5)], stale_ms=800, threshold=4)
@@ -313,6 +313,7 @@ def test_the_pool_is_recorded_for_the_scripts_that_are_not_given_it(lua):
         R2.encode(),
         b"_stale_ms",
         b"_threshold",
+        b"_lanes",
         b"_sig",
     }
 
