@@ -67,8 +67,9 @@ class Chart:
         return f"chart-{self.name}-data"
 
     @property
-    def total(self) -> int:
-        return sum(sum(s.values) for s in self.series)
+    def total(self) -> int | None:
+        """The sum over the range, for counts (a sum of waits means nothing)."""
+        return sum(sum(s.values) for s in self.series) if self.stacked else None
 
     @property
     def rows(self) -> list[tuple[datetime, list[int]]]:

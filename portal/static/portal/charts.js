@@ -32,7 +32,7 @@
         animation: false,
         interaction: { mode: "index", intersect: false },
         scales: {
-          x: { stacked: spec.stacked, ticks: { color: "#333", maxRotation: 0, autoSkip: true } },
+          x: { stacked: spec.stacked, ticks: { color: "#333", maxRotation: 0, autoSkip: true, autoSkipPadding: 16 } },
           y: {
             stacked: spec.stacked,
             beginAtZero: true,
