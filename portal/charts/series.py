@@ -175,7 +175,9 @@ def _tokens(use_case_id: int, b: _Buckets) -> Chart:
         series=[
             Series("Prompt tokens", b.fold((r["at"], r["prompt"]) for r in rows)),
             Series("Completion tokens", b.fold((r["at"], r["completion"]) for r in rows)),
-        ],
+        ]
+        if rows
+        else [],
     )
 
 
@@ -261,6 +263,7 @@ def _waits(use_case_id: int, b: _Buckets) -> Chart:
     for r in waits:
         i = b.index(r["at"])
         longest[i] = max(longest[i], int(r["longest"] or 0))
+    recorded = bool(usage) or any(longest)
     return Chart(
         name="waits",
         title="Queue waits",
@@ -278,5 +281,7 @@ def _waits(use_case_id: int, b: _Buckets) -> Chart:
                 [q // n if n else 0 for q, n in zip(queued_ms, requests, strict=True)],
             ),
             Series("Longest wait (ms)", longest),
-        ],
+        ]
+        if recorded
+        else [],
     )

@@ -13,6 +13,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.utils.cache import patch_vary_headers
 from django.utils.timezone import now
 from django_htmx.middleware import HtmxDetails
 
@@ -59,9 +60,13 @@ def use_case_usage(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "ranges": RANGES.values(),
         "charts": use_case_charts(use_case.pk, time_range, now()),
     }
-    # The range links are htmx requests: answer them with the charts alone.
-    template = "portal/usage/_charts.html" if request.htmx else "portal/usage/use_case.html"
-    return render(request, template, context)
+    # The range links are htmx requests: answer them with the charts alone. A history
+    # restore (back button after a cache miss) swaps the whole body: it gets the whole page.
+    partial = bool(request.htmx) and not request.htmx.history_restore_request
+    template = "portal/usage/_charts.html" if partial else "portal/usage/use_case.html"
+    response = render(request, template, context)
+    patch_vary_headers(response, ("HX-Request",))  # never cache one answer for the other
+    return response
 
 
 @login_required

@@ -248,3 +248,19 @@ def test_an_unreachable_valkey_is_said_not_hidden(world: World, settings) -> Non
     assert response.status_code == 200
     assert "The live windows cannot be read now" in response.content.decode()
     assert "data-limit-id" not in response.content.decode()
+
+
+def test_my_usage_pages_ten_use_cases_at_a_time(world: World) -> None:
+    acme = world.chatbot.tenant
+    for n in range(10):
+        make_use_case(acme, f"extra-{n:02d}", status=UseCaseStatus.DRAFT)
+
+    first = world.alice.get("/my-usage/")
+    second = world.alice.get("/my-usage/?page=2")
+
+    assert len(first.context["entries"]) == 10
+    assert [e["use_case"].slug for e in second.context["entries"]] == [
+        "extra-08",
+        "extra-09",
+    ]  # after chatbot, drafts, extra-00…07
+    assert 'href="?page=2" rel="next"' in first.content.decode()

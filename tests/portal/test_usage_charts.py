@@ -280,3 +280,23 @@ def test_signed_out_visitors_are_sent_to_sign_in(world: World) -> None:
 def test_the_use_case_page_links_to_its_charts(world: World) -> None:
     html = world.alice.get(f"/use-cases/{world.chatbot.pk}/").content.decode()
     assert f'href="/use-cases/{world.chatbot.pk}/usage/"' in html
+
+
+def test_a_history_restore_gets_the_whole_page_and_answers_vary_on_htmx(world: World) -> None:
+    response = world.alice.get(
+        _url(world.chatbot, "7d"),
+        headers={"HX-Request": "true", "HX-History-Restore-Request": "true"},
+    )
+
+    assert "<html" in response.content.decode()
+    assert "HX-Request" in response["Vary"]
+
+
+def test_a_use_case_with_no_traffic_says_so_under_every_chart(world: World) -> None:
+    quiet = make_use_case(world.chatbot.tenant, "quiet")
+
+    response = world.alice.get(_url(quiet))
+
+    assert [c.series for c in response.context["charts"]] == [[], [], [], []]
+    assert response.content.decode().count("Nothing recorded in this period.") == 4
+    assert "<canvas" not in response.content.decode()
