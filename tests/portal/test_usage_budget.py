@@ -264,3 +264,20 @@ def test_my_usage_pages_ten_use_cases_at_a_time(world: World) -> None:
         "extra-09",
     ]  # after chatbot, drafts, extra-00…07
     assert 'href="?page=2" rel="next"' in first.content.decode()
+
+
+def test_a_model_limit_is_shown_on_the_models_it_applies_to(
+    world: World, valkey_client: valkey.Valkey
+) -> None:
+    qwen = make_model("qwen", replicas=["http://127.0.0.1:8"])
+    world.chatbot.allowed_models.add(qwen)
+    RateLimitPolicy.objects.create(
+        name="llama-rpm", scope=RateLimitScope.MODEL, model=world.llama, requests_per_minute=100
+    )
+    snapshot_publish(client=valkey_client)
+
+    budget = use_case_budgets([world.chatbot], client=valkey_client, now_ms=NOW)
+    applies = {w.limit_id: w.models for w in budget.by_use_case[world.chatbot.pk].windows}
+
+    assert applies["p:llama-rpm:rpm"] == ("llama",)
+    assert applies[f"uc:{world.chatbot.pk}:rpm"] == ()  # every allowed model
