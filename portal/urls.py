@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
 from portal import async_views, files_views, records_views, views
+from portal.charts import views as usage_views
 
 app_name = "portal"
 
@@ -46,6 +47,14 @@ urlpatterns = [
     path("use-cases/<int:pk>/records/", views.use_case_records, name="use_case_records"),
     path("use-cases/<int:pk>/legal-hold/", views.use_case_legal_hold, name="use_case_legal_hold"),
     path("use-cases/<int:pk>/keys/new/", views.key_request, name="key_request"),
+    # Usage and charts (docs/portal.md "Usage and charts").
+    path("use-cases/<int:pk>/usage/", usage_views.use_case_usage, name="use_case_usage"),
+    path(
+        "use-cases/<int:pk>/usage/<str:chart>.csv",
+        usage_views.use_case_usage_csv,
+        name="use_case_usage_csv",
+    ),
+    path("my-usage/", usage_views.my_usage, name="my_usage"),
     path("keys/<int:pk>/", views.key_detail, name="key_detail"),
     path("keys/<int:pk>/reveal/", views.key_reveal, name="key_reveal"),
     path("keys/<int:pk>/rotate/", views.key_rotate, name="key_rotate"),
