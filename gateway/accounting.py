@@ -106,6 +106,7 @@ DECISION_FIELDS: Final = (
     "wait_ms",
     "policy_version",
     "record_id",
+    "retry_after_s",  # what a refusal's Retry-After said (0: none, or not a refusal)
 )
 
 # Guardrail findings (issue 11): one entry per guardrail that found something (or could not
@@ -452,8 +453,10 @@ class Accounting:
         policy_version: int | None,
         at_ms: int | None = None,
         record_id: str = "",
+        retry_after_s: int = 0,
     ) -> None:
-        """One admission decision; ``reason`` names the limit or cause (``queue_full``…)."""
+        """One admission decision; ``reason`` names the limit or cause (``queue_full``…),
+        ``retry_after_s`` the Retry-After a refusal answered."""
         if decision == "admitted" and not wait_ms and not self._immediate:
             return
         self._append(
@@ -470,6 +473,7 @@ class Accounting:
                 wait_ms,
                 policy_version,
                 record_id,
+                retry_after_s,
             ),
         )
 

@@ -601,7 +601,9 @@ class Gateway:
         try:
             await self.scheduler.check_limits(call.ticket)
         except RateLimited as refused:
-            self._decided(call, "rejected", f"rate_limit:{refused.limit.name}")
+            self._decided(
+                call, "rejected", f"rate_limit:{refused.limit.name}", refused.retry_after_s
+            )
             raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
         except (valkey.ValkeyError, OSError) as exc:
             raise admission_unavailable(exc) from None
@@ -674,14 +676,16 @@ class Gateway:
         try:
             grant = await self.scheduler.acquire(ticket)
         except RateLimited as refused:
-            self._decided(call, "rejected", f"rate_limit:{refused.limit.name}")
+            self._decided(
+                call, "rejected", f"rate_limit:{refused.limit.name}", refused.retry_after_s
+            )
             raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
         except MaxConcurrent as refused:
-            self._decided(call, "rejected", refused.code)
+            self._decided(call, "rejected", refused.code, refused.retry_after_s)
             raise refusal(429, "rate_limit_error", refused) from None
         except (QueueFull, QueueTimeout) as refused:
             decision: Decision = "rejected" if isinstance(refused, QueueFull) else "shed"
-            self._decided(call, decision, refused.code)
+            self._decided(call, decision, refused.code, refused.retry_after_s)
             raise refusal(503, "service_unavailable", refused) from None
         except (valkey.ValkeyError, OSError) as exc:
             raise admission_unavailable(exc) from None
@@ -937,7 +941,7 @@ class Gateway:
             container[key] = text
         return orjson.dumps(answer)
 
-    def _decided(self, call: Call, decision: Decision, reason: str) -> None:
+    def _decided(self, call: Call, decision: Decision, reason: str, retry_after_s: int = 0) -> None:
         # The metric's label stays bounded ("rate_limit"); the stream keeps the limit's name.
         self.metrics.admission_decided(decision, reason.split(":", 1)[0])
         self.accounting.record_decision(
@@ -951,6 +955,7 @@ class Gateway:
             wait_ms=call.grant.queued_ms if call.grant else 0,
             policy_version=self.policy.version,
             record_id=call.record_id,
+            retry_after_s=retry_after_s,
         )
 
     def _account(self, call: Call, policy: Policy, started: float) -> None:

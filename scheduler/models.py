@@ -71,6 +71,9 @@ class AdmissionDecision(models.Model):
     use_case_id = models.BigIntegerField()
     key_id = models.BigIntegerField(null=True, blank=True)
     model = models.CharField(max_length=200)
+    retry_after_s = models.PositiveIntegerField(
+        default=0, help_text="The Retry-After the refusal answered, in seconds (0: none)."
+    )
     queued_ms = models.BigIntegerField(default=0)
     policy_version = models.BigIntegerField(null=True, blank=True)
     audit_sequence = models.BigIntegerField(

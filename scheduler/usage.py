@@ -374,6 +374,8 @@ def _store_decisions(entries: Sequence[StreamEntry], report: PersistReport) -> i
                     model=_text(fields, "model", 200),
                     queued_ms=_int(fields, "wait_ms"),
                     policy_version=_number(fields, "policy_version", optional=True),
+                    # Absent or empty (a gateway older than the field): 0, "none said".
+                    retry_after_s=max(0, _number(fields, "retry_after_s", optional=True) or 0),
                 )
             )
         except (ValueError, OverflowError):

@@ -89,6 +89,7 @@ def test_records_land_in_the_streams_with_the_contract_fields(
             decision="rejected",
             reason="acme-tokens-per-minute",
             policy_version=3,
+            retry_after_s=17,
             **common,  # type: ignore[arg-type]
         )
         accounting.record_decision(
@@ -141,9 +142,12 @@ def test_records_land_in_the_streams_with_the_contract_fields(
 
     decisions = decoded(valkey_client.xrange(DECISIONS_STREAM))
     assert all(tuple(d) == DECISION_FIELDS for d in decisions)
-    assert [(d["request_id"], d["decision"], d["reason"], d["wait_ms"]) for d in decisions] == [
-        ("r-limit", "rejected", "acme-tokens-per-minute", "0"),
-        ("r-wait", "queued", "no_capacity", "812"),
+    assert [
+        (d["request_id"], d["decision"], d["reason"], d["wait_ms"], d["retry_after_s"])
+        for d in decisions
+    ] == [
+        ("r-limit", "rejected", "acme-tokens-per-minute", "0", "17"),
+        ("r-wait", "queued", "no_capacity", "812", "0"),
     ]
     assert int(decisions[0]["at_ms"]) == pytest.approx(time.time() * 1000, abs=10_000)
 

@@ -91,6 +91,18 @@ def test_metrics_expose_requests_decisions_queue_waits_latencies_tokens_and_in_f
     assert chat(gateway, limited).status_code == 200
     refused = chat(gateway, limited)
     assert refused.status_code == 429
+    # The decision keeps the Retry-After the client was told (the developer's refusals page).
+    told = int(refused.headers["retry-after"])
+
+    def refusals() -> list[dict[bytes, bytes]]:
+        return [
+            fields
+            for _, fields in valkey_client.xrange(DECISIONS_STREAM)
+            if fields[b"decision"] == b"rejected"
+        ]
+
+    assert wait_until(lambda: len(refusals()) == 1, timeout=5)
+    assert int(refusals()[0][b"retry_after_s"]) == told >= 1
 
     def settled() -> bool:
         samples = scrape(gateway)

@@ -197,6 +197,7 @@ def test_alice_sees_her_windows_refusals_and_links_on_my_usage(
         tenant_id=world.chatbot.tenant_id,
         use_case_id=uc,
         model="llama",
+        retry_after_s=42,
     )
     _wait_clear_of_a_minute_boundary()
     clock = [wall_ms()]
@@ -220,6 +221,7 @@ def test_alice_sees_her_windows_refusals_and_links_on_my_usage(
     assert "Concurrent requests: 0 in flight of at most 3." in html
     assert "<code>req-over</code>" in html
     assert "<td>rate limit: use case chatbot tokens per minute</td>" in html
+    assert "<td>42 s</td>" in html  # the Retry-After the gateway answered
     assert f'href="/use-cases/{uc}/usage/"' in html
     assert f'href="/files/?use_case={uc}"' in html
     # The draft is not in the gateway's policy: no limits in force, said so.

@@ -220,7 +220,7 @@ def test_a_consumer_that_read_but_died_without_ack_has_its_entries_claimed(
 def test_refusals_and_queue_waits_are_stored_for_the_auditor(
     valkey_client: valkey.Valkey,
 ) -> None:
-    add_decision(valkey_client, request_id="req-limit", at_ms=ms(AT_1402))
+    add_decision(valkey_client, request_id="req-limit", at_ms=ms(AT_1402), retry_after_s=23)
     add_decision(
         valkey_client,
         request_id="req-wait",
@@ -246,8 +246,10 @@ def test_refusals_and_queue_waits_are_stored_for_the_auditor(
     assert (refused.tenant, refused.use_case_id, refused.key_id) == ("acme", 7, 11)
     assert (refused.model, refused.policy_version) == ("llama-test", 3)
     assert refused.occurred_at == AT_1402
+    assert refused.retry_after_s == 23  # what the client was told
     waited = AdmissionDecision.objects.get(request_id="req-wait")
     assert (waited.decision, waited.reason, waited.queued_ms) == ("queued", "no_capacity", 812)
+    assert waited.retry_after_s == 0  # "" in the entry: none said
     assert AdmissionDecision.objects.get(request_id="req-shed").decision == "shed"
     anonymous = AdmissionDecision.objects.get(request_id="req-jwt")
     assert (anonymous.key_id, anonymous.policy_version) == (None, None)
