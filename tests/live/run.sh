@@ -10,7 +10,10 @@ bash tests/live/install.sh
 port=$(.venv/bin/python -c "from config.processes import free_port; print(free_port())")
 log=$(mktemp -t switchyard-live-vllm.XXXXXX.log)
 echo "--- starting real vLLM on 127.0.0.1:$port (log: $log)"
-setsid bash tests/live/serve.sh "$port" --scheduling-policy priority >"$log" 2>&1 &
+# A prefill budget of 256 tokens: the chunked-prefill contract test needs prompts of several
+# chunks under the 2048-token context (tests/simulator/test_contract_prefill.py).
+setsid bash tests/live/serve.sh "$port" --scheduling-policy priority --max-num-batched-tokens 256 \
+  >"$log" 2>&1 &
 server=$!
 cleanup() { kill -TERM -- "-$server" 2>/dev/null || true; sleep 2; kill -KILL -- "-$server" 2>/dev/null || true; }
 trap cleanup EXIT
@@ -23,4 +26,6 @@ done
 curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "vLLM not ready in 300 s"; tail -n 40 "$log"; exit 1; }
 
 SWITCHYARD_LIVE_VLLM_URL="http://127.0.0.1:$port" SWITCHYARD_LIVE_VLLM_MODEL=smollm2-135m \
-  .venv/bin/python -m pytest tests/simulator/test_contract.py -p no:cacheprovider -q "$@"
+  .venv/bin/python -m pytest tests/simulator/test_contract.py \
+  "tests/simulator/test_contract_prefill.py::test_a_decoding_stream_gets_tokens_between_the_chunks_of_a_long_prefill" \
+  -p no:cacheprovider -q "$@"
