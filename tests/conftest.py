@@ -39,10 +39,17 @@ SimulatorFactory = Callable[..., "RunningSimulator"]
 # their flush is done, the copy is loaded back: every test starts from the migrated database.
 
 
+_TRANSACTIONAL_FIXTURES = {"transactional_db", "live_server"}
+
+
 def _transactional(item: pytest.Item) -> pytest.Mark | None:
+    """The item's django_db marker if it runs in a transactional database: by its marker, or
+    by a fixture that asks for one (the browser tests' live server)."""
     marker = item.get_closest_marker("django_db")
     if marker is not None and marker.kwargs.get("transaction"):
         return marker
+    if _TRANSACTIONAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return marker or pytest.mark.django_db(transaction=True).mark
     return None
 
 
@@ -50,10 +57,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         marker = _transactional(item)
         if marker is not None and "serialized_rollback" not in marker.kwargs:
+            kwargs = {**marker.kwargs, "transaction": True, "serialized_rollback": True}
             # Prepended: the closest django_db marker is the first of the item's own.
-            serialized = pytest.mark.django_db(*marker.args, **marker.kwargs,
-                                               serialized_rollback=True)  # fmt: skip
-            item.add_marker(serialized, append=False)
+            item.add_marker(pytest.mark.django_db(*marker.args, **kwargs), append=False)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -66,7 +72,14 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
         seed = getattr(connection, "_test_serialized_contents", None)
         if seed is not None:
+            from django.contrib.contenttypes.models import ContentType
+            from django.core.management import call_command
+
             with item.config.stash[blocking_manager_key].unblock():
+                # Empty again first: something may have written since the flush (content
+                # types are created on first use), and the seed brings its own primary keys.
+                call_command("flush", verbosity=0, interactive=False, inhibit_post_migrate=True)
+                ContentType.objects.clear_cache()
                 connection.creation.deserialize_db_from_string(seed)
     return result
 
