@@ -43,3 +43,24 @@ def job_key_hash(use_case_id: int, sla_class_id: int) -> str:
 
 def job_key_prefix(sla_class_name: str) -> str:
     return f"job:{sla_class_name}"[:16]
+
+
+# --- the portal's playground --------------------------------------------------------------
+# The portal's playground calls the gateway as the use case, with its limits, guardrails and
+# priority, but the web process never holds a developer's key (shown once, stored hashed). It
+# derives a playground key the same way as a job key, from a label no SLA class id can spell,
+# so the snapshot carries only its hash and the gateway counts and records it as the use case.
+PLAYGROUND_PREFIX = "sk-sy-play-"
+PLAYGROUND_KEY_PREFIX = "playground"
+
+
+def playground_key(use_case_id: int, *, secret: str | None = None) -> str:
+    """The bearer token the portal's playground calls the gateway with, for this use case."""
+    material = (secret if secret is not None else settings.JOB_KEY_SECRET).encode()
+    label = f"playground:{use_case_id}".encode()
+    digest = hmac.new(material, label, hashlib.sha256).digest()
+    return PLAYGROUND_PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def playground_key_hash(use_case_id: int) -> str:
+    return hashlib.sha256(playground_key(use_case_id).encode()).hexdigest()

@@ -26,7 +26,13 @@ from gateway.policy import (
     snapshot_write,
 )
 from governance.choices import ApiKeyStatus, UseCaseStatus
-from governance.job_keys import DEFAULT_JOB_KEY_CLASS, job_key_hash, job_key_prefix
+from governance.job_keys import (
+    DEFAULT_JOB_KEY_CLASS,
+    PLAYGROUND_KEY_PREFIX,
+    job_key_hash,
+    job_key_prefix,
+    playground_key_hash,
+)
 from governance.models import (
     ApiKey,
     Deployment,
@@ -245,6 +251,28 @@ def _job_key_entry(use_case: UseCase, class_name: str, priority_class: str) -> K
     )
 
 
+def _playground_keys(matrix: Mapping[tuple[str, str], str]) -> dict[str, KeyEntry]:
+    """One key per approved use case for the portal's playground (governance/job_keys.py):
+    the use case's own models, limits, guardrails and priority class, like its keys."""
+    use_cases = (
+        UseCase.objects.filter(status=UseCaseStatus.APPROVED)
+        .select_related("tenant")
+        .prefetch_related("allowed_models")
+    )
+    return {
+        playground_key_hash(use_case.pk): cast(
+            KeyEntry,
+            {
+                "key_id": None,
+                "prefix": PLAYGROUND_KEY_PREFIX,
+                "expires_at": None,
+                **_caller(use_case, matrix.get((use_case.tenant.environment, use_case.namespace))),
+            },
+        )
+        for use_case in use_cases
+    }
+
+
 def snapshot_build(*, version: int) -> SnapshotDocument:
     priority_classes, matrix = _priority()
     keys: dict[str, KeyEntry] = {}
@@ -272,6 +300,7 @@ def snapshot_build(*, version: int) -> SnapshotDocument:
             },
         )
     keys.update(_job_keys(priority_classes))
+    keys.update(_playground_keys(matrix))
     return {
         "schema": SCHEMA,
         "version": version,
