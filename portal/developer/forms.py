@@ -9,12 +9,13 @@ from django.db.models import QuerySet
 
 from governance.choices import DataClassification, UseCaseKind
 from governance.models import Tenant
+from portal.forms import PortalForm
 
 PLAYGROUND_MAX_CHARS = 4000
 PLAYGROUND_MAX_TOKENS = 512
 
 
-class UseCaseRequestForm(forms.Form):
+class UseCaseRequestForm(PortalForm):
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), empty_label=None)
     name = forms.CharField(max_length=200)
     slug = forms.SlugField(
@@ -48,7 +49,7 @@ class UseCaseRequestForm(forms.Form):
         }
 
 
-class PlaygroundForm(forms.Form):
+class PlaygroundForm(PortalForm):
     model = forms.ChoiceField(choices=())
     message = forms.CharField(max_length=PLAYGROUND_MAX_CHARS, strip=True)
     max_tokens = forms.IntegerField(min_value=1, max_value=PLAYGROUND_MAX_TOKENS, initial=128)
