@@ -5,7 +5,8 @@ WHEN alice requests a new use case, olivia approves it, and alice gets a key for
 reveals it and tries the chatbot in the playground,
 THEN alice's page shows the status move without a reload, the reveal page holds code for
 curl, both OpenAI SDKs and LangChain with a working copy button, and the playground streams
-the model's answer into the page; every page passes axe's WCAG 2.1 AA checks.
+the model's answer into the page, and a use case at its limit shows the 429 with its
+Retry-After; every page passes axe's WCAG 2.1 AA checks.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def gateway_url(settings, valkey_url, valkey_client, start_simulator, start_gate
     settings.VALKEY_URL = valkey_url
     replica = start_simulator(MODEL, "--time-scale", "0")
     acme = make_tenant("acme")
-    make_use_case(acme, "chatbot", models=(make_model(MODEL, replicas=[replica.base_url]),))
+    model = make_model(MODEL, replicas=[replica.base_url])
+    make_use_case(acme, "chatbot", models=(model,))
+    make_use_case(acme, "tight", models=(model,), requests_per_minute=1)
     make_user("alice", Role.DEVELOPER, tenants=(acme,))
     make_user("olivia", Role.OFFICER)
     snapshot_publish()
@@ -149,6 +152,21 @@ def test_a_developer_onboards_reveals_a_key_and_gets_an_answer_in_the_playground
         expect(alice.locator("#playground-refusal")).to_be_hidden()
         _accessible(alice)
         alice.screenshot(path=screenshot_dir / "developer-playground.png", full_page=True)
+
+        # A use case at its limit: the page shows the gateway's 429 and its Retry-After.
+        alice.goto("/dashboard/")
+        alice.get_by_role("link", name="Tight").click()
+        alice.get_by_label("Message").fill("One")
+        alice.get_by_role("button", name="Send").click()
+        expect(alice.locator("#playground-state")).to_contain_text("Done")
+        alice.get_by_label("Message").fill("Two")
+        alice.get_by_role("button", name="Send").click()
+        refusal = alice.get_by_role("alert")
+        expect(refusal).to_contain_text("Rate limited: HTTP 429")
+        expect(refusal).to_contain_text("Retry-After:")
+        expect(alice.locator("#playground-output")).to_have_text("")
+        _accessible(alice)
+        alice.screenshot(path=screenshot_dir / "developer-playground-429.png", full_page=True)
     except Exception:
         alice.screenshot(path=screenshot_dir / "failed-alice.png", full_page=True)
         olivia.screenshot(path=screenshot_dir / "failed-olivia.png", full_page=True)

@@ -3,7 +3,8 @@ real simulator and guardrail service) as the use case, and relays its stream or 
 
 Personas: alice is a developer of tenant acme, bob of tenant globex, olivia a governance
 officer, audrey an auditor. acme's use cases: chatbot (no limits), tight (one request a
-minute), guarded (blocks the word "secret" on requests).
+minute), guarded (blocks the word "secret" on requests), redacting (redacts every word the
+simulator says from its answers).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from governance.choices import UseCaseStatus
 from governance.models import ApiKey, AuditEvent, GuardrailSelection, UseCase
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
+from simulator.tokens import VOCABULARY
 from tests.conftest import GatewayFactory, SimulatorFactory
 from tests.factories import make_model, make_tenant, make_use_case, make_user
 from tests.support.guardrail_service import GuardrailServiceFactory, start_guardrail_service
@@ -43,6 +45,7 @@ class World:
     chatbot: UseCase
     tight: UseCase
     guarded: UseCase
+    redacting: UseCase
     alice: Any
     bob: Any
     olivia: Any
@@ -87,6 +90,16 @@ def world(
         config={"words": ["secret"]},
         position=0,
     )
+    # Every word the simulator says is redacted from its answers: a known redaction to see.
+    redacting = make_use_case(acme, "redacting", models=(model,))
+    GuardrailSelection.objects.create(
+        use_case=redacting,
+        guardrail="words",
+        side="response",
+        action="redact",
+        config={"words": list(VOCABULARY)},
+        position=0,
+    )
     snapshot_publish()
     service = start_guardrail_service()
     gateway = start_gateway(SWITCHYARD_GUARDRAIL_URL=service.url)
@@ -96,6 +109,7 @@ def world(
         chatbot=chatbot,
         tight=tight,
         guarded=guarded,
+        redacting=redacting,
         gateway_url=gateway.base_url,
         **{name: people[name] for name in ("alice", "bob", "olivia", "audrey")},
     )
@@ -184,6 +198,15 @@ def test_a_guardrail_block_is_shown_with_the_guardrails_name(world: World) -> No
     assert _play(world.alice, world.guarded, message="tell me a story")[2][-1][0] == "done"
 
 
+def test_a_redacted_answer_is_shown_redacted(world: World) -> None:
+    status, _, events = _play(world.alice, world.redacting, message="Tell me a story")
+    assert status == 200
+    assert events[-1][0] == "done"
+    text = "".join(str(data["text"]) for name, data in events if name == "delta")
+    assert "<WORD>" in text
+    assert not set(text.replace("<WORD>", " ").split()) & set(VOCABULARY)
+
+
 def test_the_python_snippet_runs_against_the_gateway_with_the_revealed_key(
     world: World,
 ) -> None:
@@ -222,6 +245,7 @@ def offline(people) -> World:
         chatbot=chatbot,
         tight=chatbot,
         guarded=chatbot,
+        redacting=chatbot,
         gateway_url="",
         **{name: people[name] for name in ("alice", "bob", "olivia", "audrey")},
     )
