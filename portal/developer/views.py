@@ -10,6 +10,7 @@ Retry-After or a guardrail's 400 is shown as the developer's code would receive 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from django.urls import reverse
 from governance.audit import Actor, audit_record
 from governance.choices import UseCaseStatus
 from governance.errors import GovernanceError
-from governance.job_keys import playground_key
+from governance.job_keys import playground_key, playground_period
 from governance.models import AuditEvent, Tenant, UseCase
 from governance.roles import Role, can_govern, has_role
 from governance.services import use_case_create, use_case_transition
@@ -204,7 +205,8 @@ def _refusal(response: httpx.Response, raw: bytes) -> dict[str, object]:
 
 async def _relay(call: PlaygroundCall) -> AsyncIterator[bytes]:
     url = settings.PLAYGROUND_GATEWAY_URL.rstrip("/") + "/v1/chat/completions"
-    headers = {"Authorization": f"Bearer {playground_key(call.use_case_id)}"}
+    key = playground_key(call.use_case_id, playground_period(time.time()))
+    headers = {"Authorization": f"Bearer {key}"}
     timeout = httpx.Timeout(settings.PLAYGROUND_TIMEOUT_SECONDS, connect=5.0)
     # A client per call: the playground is a person typing, not the hot path, and a client
     # shared across requests would be bound to one event loop (WSGI servers run a new one each).
