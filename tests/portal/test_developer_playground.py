@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from html import unescape
 from typing import Any
@@ -76,7 +77,8 @@ def world(
     start_guardrail_service: GuardrailServiceFactory,
 ) -> World:
     settings.VALKEY_URL = valkey_url
-    replica = start_simulator(MODEL, "--time-scale", "0")
+    # Real decode timing (8 ms a token): an answer takes long enough to see it stream.
+    replica = start_simulator(MODEL)
     model = make_model(MODEL, replicas=[replica.base_url])
     acme = people["acme"]
     chatbot = make_use_case(acme, "chatbot", models=(model,))
@@ -126,7 +128,12 @@ def _parse(body: bytes) -> Events:
 
 
 def _play(
-    user: Any, use_case: UseCase, message: str = "Hello there", model: str = MODEL
+    user: Any,
+    use_case: UseCase,
+    message: str = "Hello there",
+    model: str = MODEL,
+    max_tokens: int = 8,
+    arrivals: list[float] | None = None,
 ) -> tuple[int, str, Events]:
     """POST to the playground through Django's ASGI handler; the status, content type and
     the events of the stream (none when the portal itself refused)."""
@@ -136,12 +143,17 @@ def _play(
         await client.aforce_login(user)
         response = await client.post(
             reverse("portal:playground_chat", args=[use_case.pk]),
-            {"model": model, "message": message, "max_tokens": 8},
+            {"model": model, "message": message, "max_tokens": max_tokens},
         )
         if not response.streaming:
             return response.status_code, response["Content-Type"], []
         stream = response.streaming_content  # type: ignore[attr-defined]
-        body = b"".join([chunk async for chunk in stream])
+        chunks = []
+        async for chunk in stream:
+            chunks.append(chunk)
+            if arrivals is not None:
+                arrivals.append(time.monotonic())
+        body = b"".join(chunks)
         return response.status_code, response["Content-Type"], _parse(body)
 
     return asyncio.run(go())
@@ -167,6 +179,17 @@ def test_the_answer_streams_from_the_gateway_and_the_call_is_audited(world: Worl
     assert event.object_id == str(world.chatbot.pk)
     assert event.after == {"model": MODEL, "max_tokens": 8}
     assert "Hello there" not in json.dumps(event.after)
+
+
+def test_the_first_words_arrive_while_the_model_is_still_answering(world: World) -> None:
+    """The relay streams: it does not collect the answer first (60 tokens at 8 ms each)."""
+    arrivals: list[float] = []
+    status, _, events = _play(world.alice, world.chatbot, max_tokens=60, arrivals=arrivals)
+    assert status == 200
+    assert events[-1][0] == "done"
+    assert events[-1][1]["usage"]["completion_tokens"] == 60  # type: ignore[index]
+    assert len(arrivals) > 10
+    assert arrivals[-1] - arrivals[1] > 0.25  # the first delta came well before the end
 
 
 def test_an_officer_may_use_the_playground_too(world: World) -> None:
