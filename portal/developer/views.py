@@ -46,6 +46,15 @@ def _requestable_tenants(request: HttpRequest) -> list[Tenant]:
     return []
 
 
+def _form_errors(form: UseCaseRequestForm, exc: ValidationError) -> None:
+    """The service's complaints, next to the fields they name (the rest above the form)."""
+    if not hasattr(exc, "error_dict"):
+        form.add_error(None, exc.messages)
+        return
+    for field, errors in exc.message_dict.items():
+        form.add_error(field if field in form.fields else None, errors)
+
+
 @login_required
 def use_case_request(request: HttpRequest) -> HttpResponse:
     """A new use case, submitted for an officer's review (who chooses its models and limits)."""
@@ -72,10 +81,7 @@ def use_case_request(request: HttpRequest) -> HttpResponse:
                 )
                 use_case_transition(actor=actor, use_case=use_case, transition="submit")
         except ValidationError as exc:
-            for field, errors in exc.message_dict.items() if hasattr(exc, "error_dict") else []:
-                form.add_error(field if field in form.fields else None, errors)
-            if not hasattr(exc, "error_dict"):
-                form.add_error(None, exc.messages)
+            _form_errors(form, exc)
         except (PermissionDenied, GovernanceError) as exc:
             form.add_error(None, str(exc))
         else:
