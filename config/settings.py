@@ -482,6 +482,10 @@ RECORDS_EXPORT_MAX_RECORDS = env_int("SWITCHYARD_RECORDS_EXPORT_MAX_RECORDS", 1_
 
 # --- The gateway's public address, shown in snippets and the portal -----------------------
 GATEWAY_PUBLIC_URL = env_str("SWITCHYARD_GATEWAY_PUBLIC_URL", "http://127.0.0.1:8080")
+# Where the portal's playground reaches the gateway from the web process (often an internal
+# address), and how long one playground answer may take.
+PLAYGROUND_GATEWAY_URL = env_str("SWITCHYARD_PLAYGROUND_GATEWAY_URL", GATEWAY_PUBLIC_URL)
+PLAYGROUND_TIMEOUT_SECONDS = env_float("SWITCHYARD_PLAYGROUND_TIMEOUT_SECONDS", 60.0, minimum=1.0)
 
 # --- Sessions and the browser's security policy --------------------------------------------
 # A bounded session: after this a person signs in again (and SSO re-reads their roles).

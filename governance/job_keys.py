@@ -43,3 +43,42 @@ def job_key_hash(use_case_id: int, sla_class_id: int) -> str:
 
 def job_key_prefix(sla_class_name: str) -> str:
     return f"job:{sla_class_name}"[:16]
+
+
+# --- the portal's playground --------------------------------------------------------------
+# The portal's playground calls the gateway as the use case, with its limits, guardrails and
+# priority, but the web process never holds a developer's key (shown once, stored hashed). It
+# derives a playground key the same way as a job key, from a label no SLA class id can spell,
+# so the snapshot carries only its hash and the gateway counts and records it as the use case.
+# Each key is short-lived: it names a period (an hour), and the snapshot carries the keys of
+# the current period and the next, each expiring at its period's end (plus a minute's grace
+# for a call that started just before). The snapshot is republished every 30 seconds (beat),
+# well within a period, so the portal's key for "now" is always there, and a playground key
+# seen anywhere stops working within two hours.
+PLAYGROUND_PREFIX = "sk-sy-play-"
+PLAYGROUND_KEY_PREFIX = "playground"
+PLAYGROUND_KEY_PERIOD_SECONDS = 3600
+PLAYGROUND_KEY_GRACE_SECONDS = 60
+
+
+def playground_period(at: float) -> int:
+    """The period a moment (a Unix time) falls in."""
+    return int(at // PLAYGROUND_KEY_PERIOD_SECONDS)
+
+
+def playground_key_expiry(period: int) -> float:
+    """When a period's key stops working at the gateway (a Unix time)."""
+    return float((period + 1) * PLAYGROUND_KEY_PERIOD_SECONDS + PLAYGROUND_KEY_GRACE_SECONDS)
+
+
+def playground_key(use_case_id: int, period: int, *, secret: str | None = None) -> str:
+    """The bearer token the portal's playground calls the gateway with, for this use case,
+    in this period."""
+    material = (secret if secret is not None else settings.JOB_KEY_SECRET).encode()
+    label = f"playground:{use_case_id}:{period}".encode()
+    digest = hmac.new(material, label, hashlib.sha256).digest()
+    return PLAYGROUND_PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def playground_key_hash(use_case_id: int, period: int) -> str:
+    return hashlib.sha256(playground_key(use_case_id, period).encode()).hexdigest()

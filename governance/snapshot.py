@@ -26,7 +26,15 @@ from gateway.policy import (
     snapshot_write,
 )
 from governance.choices import ApiKeyStatus, UseCaseStatus
-from governance.job_keys import DEFAULT_JOB_KEY_CLASS, job_key_hash, job_key_prefix
+from governance.job_keys import (
+    DEFAULT_JOB_KEY_CLASS,
+    PLAYGROUND_KEY_PREFIX,
+    job_key_hash,
+    job_key_prefix,
+    playground_key_expiry,
+    playground_key_hash,
+    playground_period,
+)
 from governance.models import (
     ApiKey,
     Deployment,
@@ -245,6 +253,32 @@ def _job_key_entry(use_case: UseCase, class_name: str, priority_class: str) -> K
     )
 
 
+def _playground_keys(matrix: Mapping[tuple[str, str], str], now: float) -> dict[str, KeyEntry]:
+    """The portal playground's keys of each approved use case (governance/job_keys.py), for
+    this period and the next: the use case's own models, limits, guardrails and priority
+    class, like its keys, each expiring with its period."""
+    use_cases = (
+        UseCase.objects.filter(status=UseCaseStatus.APPROVED)
+        .select_related("tenant")
+        .prefetch_related("allowed_models")
+    )
+    current = playground_period(now)
+    entries: dict[str, KeyEntry] = {}
+    for use_case in use_cases:
+        caller = _caller(use_case, matrix.get((use_case.tenant.environment, use_case.namespace)))
+        for period in (current, current + 1):
+            entries[playground_key_hash(use_case.pk, period)] = cast(
+                KeyEntry,
+                {
+                    "key_id": None,
+                    "prefix": PLAYGROUND_KEY_PREFIX,
+                    "expires_at": playground_key_expiry(period),
+                    **caller,
+                },
+            )
+    return entries
+
+
 def snapshot_build(*, version: int) -> SnapshotDocument:
     priority_classes, matrix = _priority()
     keys: dict[str, KeyEntry] = {}
@@ -272,6 +306,7 @@ def snapshot_build(*, version: int) -> SnapshotDocument:
             },
         )
     keys.update(_job_keys(priority_classes))
+    keys.update(_playground_keys(matrix, now.timestamp()))
     return {
         "schema": SCHEMA,
         "version": version,

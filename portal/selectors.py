@@ -27,6 +27,8 @@ from governance.roles import (
     visible_tenants,
 )
 from governance.selectors import admission_decisions_visible, guardrail_findings_visible
+from portal.developer.snippets import Quickstart as Quickstart
+from portal.developer.snippets import quickstart as quickstart  # the key pages' snippets
 from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour
 
 
@@ -186,46 +188,6 @@ def key_expired(key: ApiKey, now: datetime | None = None) -> bool:
 def key_hint(key: ApiKey) -> str:
     """How a key is shown anywhere but its one reveal: its visible prefix and an ellipsis."""
     return f"{key.prefix or 'sk-sy-'}…"
-
-
-@dataclass(frozen=True)
-class Quickstart:
-    """Copy-paste snippets for a key; they hold its visible prefix only, never the secret."""
-
-    base_url: str
-    model: str
-    key_hint: str
-    curl: str
-    python: str
-
-
-def quickstart(key: ApiKey, gateway_url: str) -> Quickstart:
-    base_url = gateway_url.rstrip("/") + "/v1"
-    first = next(iter(key.use_case.allowed_models.all()), None)
-    model = first.public_id if first is not None else "MODEL"
-    hint = key_hint(key)
-    curl = (
-        f'export OPENAI_API_KEY="{hint}"   # paste your whole key here\n'
-        f"curl {base_url}/chat/completions \\\n"
-        '  -H "Authorization: Bearer $OPENAI_API_KEY" \\\n'
-        '  -H "Content-Type: application/json" \\\n'
-        f'  -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}]}}\''
-    )
-    python = (
-        "import os\n"
-        "from openai import OpenAI\n\n"
-        f'# export OPENAI_API_KEY="{hint}"  (your whole key)\n'
-        "client = OpenAI(\n"
-        f'    base_url="{base_url}",\n'
-        '    api_key=os.environ["OPENAI_API_KEY"],\n'
-        ")\n"
-        "reply = client.chat.completions.create(\n"
-        f'    model="{model}",\n'
-        '    messages=[{"role": "user", "content": "Hello"}],\n'
-        ")\n"
-        "print(reply.choices[0].message.content)"
-    )
-    return Quickstart(base_url=base_url, model=model, key_hint=hint, curl=curl, python=python)
 
 
 # --- admission decisions: "why was request X refused at 14:02?" ----------------------------

@@ -3,6 +3,7 @@ from django.urls import path, re_path
 
 from portal import async_views, files_views, records_views, views
 from portal.charts import views as usage_views
+from portal.developer import views as developer_views
 
 app_name = "portal"
 
@@ -60,4 +61,12 @@ urlpatterns = [
     path("keys/<int:pk>/rotate/", views.key_rotate, name="key_rotate"),
     path("keys/<int:pk>/revoke/", views.key_revoke, name="key_revoke"),
     path("keys/<int:pk>/decide/", views.key_decide, name="key_decide"),
+]
+
+# A developer's self service (docs/portal.md "Developers"): request a use case, follow its
+# status, try it in the playground.
+urlpatterns += [
+    path("use-cases/new/", developer_views.use_case_request, name="use_case_request"),
+    path("use-cases/<int:pk>/status/", developer_views.use_case_status, name="use_case_status"),
+    path("use-cases/<int:pk>/playground/", developer_views.playground_chat, name="playground_chat"),
 ]

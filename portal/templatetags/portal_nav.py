@@ -39,6 +39,7 @@ def portal_nav(context: template.Context) -> Nav:
     wanted: list[tuple[str, str, int | None]] = []
     if has_role(user, Role.DEVELOPER) and not can_read_everything(user):
         wanted.append(("My use cases & keys", reverse("portal:dashboard"), None))
+        wanted.append(("Request a use case", reverse("portal:use_case_request"), None))
     elif can_read_everything(user):
         wanted.append(("Use cases & keys", reverse("portal:dashboard"), None))
         badge = review_queue_size() if can_govern(user) else None

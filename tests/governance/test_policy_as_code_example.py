@@ -58,8 +58,10 @@ def test_given_the_example_policy_when_applied_then_the_bank_is_governed_and_rou
     snapshot = parse_snapshot(valkey_client.get(SNAPSHOT_KEY))
     assert snapshot.models["qwen3-32b-thinking"].timeout_s == 600.0
     assert snapshot.models["bge-m3"].capabilities == frozenset({"embeddings"})
-    named = [p for p in snapshot.principals.values() if not p.key_prefix.startswith("job:")]
-    assert len(named) == 3  # the three named keys, minted once (job keys are derived)
+    named = [p for p in snapshot.principals.values() if p.key_id is not None]
+    assert (
+        len(named) == 3
+    )  # the three named keys, minted once (job and playground keys are derived)
     assert stdout.getvalue().count("sk-sy-") == 3
 
     # The file and the database now agree, and so does the database's own export.
