@@ -52,3 +52,25 @@ urlpatterns = [
     path("keys/<int:pk>/revoke/", views.key_revoke, name="key_revoke"),
     path("keys/<int:pk>/decide/", views.key_decide, name="key_decide"),
 ]
+
+# The governance officer's forms (docs/portal.md "Governance officers"): plan, review, apply.
+from portal.officer import views as officer_views  # noqa: E402
+
+urlpatterns += [
+    path("govern/", officer_views.governance_home, name="governance"),
+    path("govern/tenants/new/", officer_views.tenant_new, name="tenant_new"),
+    path("govern/tenants/<slug:slug>/edit/", officer_views.tenant_edit, name="tenant_edit"),
+    path("govern/use-cases/new/", officer_views.use_case_new, name="use_case_new"),
+    path("govern/use-cases/<int:pk>/edit/", officer_views.use_case_edit, name="use_case_edit"),
+    path(
+        "govern/priority-classes/new/",
+        officer_views.priority_class_new,
+        name="priority_class_new",
+    ),
+    path(
+        "govern/priority-classes/<slug:name>/edit/",
+        officer_views.priority_class_edit,
+        name="priority_class_edit",
+    ),
+    path("govern/priority-matrix/", officer_views.priority_matrix, name="priority_matrix"),
+]

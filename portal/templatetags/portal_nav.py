@@ -43,6 +43,8 @@ def portal_nav(context: template.Context) -> Nav:
         wanted.append(("Use cases & keys", reverse("portal:dashboard"), None))
         badge = review_queue_size() if can_govern(user) else None
         wanted.append(("Review queue", reverse("portal:review"), badge))
+        if can_govern(user):
+            wanted.append(("Governance", reverse("portal:governance"), None))
     if roles_of(user):
         # Anyone with a role (the API's rule): developers see their own tenants' decisions.
         wanted.append(("Admission decisions", reverse("portal:admission_decisions"), None))
