@@ -123,7 +123,7 @@ class UseCaseForm(forms.Form):
     records_visible_to_developers = forms.BooleanField(
         label="Developers may read the records", required=False
     )
-    submit = forms.BooleanField(
+    submit_now = forms.BooleanField(
         label="Submit for review at once",
         required=False,
         help_text="Another officer approves it in the review queue.",
@@ -143,7 +143,7 @@ class UseCaseForm(forms.Form):
         if editing is not None:
             self.fields["tenant"].disabled = True
             self.fields["slug"].disabled = True
-            del self.fields["submit"]  # its lifecycle has its own actions
+            del self.fields["submit_now"]  # its lifecycle has its own actions
 
     def entry(self, guardrails: list[dict[str, Any]]) -> dict[str, Any]:
         data = self.cleaned_data
@@ -167,11 +167,12 @@ class UseCaseForm(forms.Form):
         }
         spec = self.editing
         if spec is None:
-            entry["status"] = "submitted" if data.get("submit") else "draft"
+            entry["status"] = "submitted" if data.get("submit_now") else "draft"
             return entry
         # What this form does not edit stays as the database has it.
         entry["status"] = spec.status
-        entry["service_account_client_id"] = spec.service_account_client_id
+        if spec.service_account_client_id:
+            entry["service_account_client_id"] = spec.service_account_client_id
         entry["async_tasks"] = {
             "result_ttl_seconds": spec.async_tasks.result_ttl_seconds,
             "cache_seconds": spec.async_tasks.cache_seconds,
@@ -264,7 +265,9 @@ def guardrail_initial(spec: Any) -> list[dict[str, Any]]:
 
 class PriorityClassForm(forms.Form):
     name = forms.CharField(max_length=32, help_text="Lowercase letters, digits and hyphens.")
-    rank = forms.IntegerField(help_text="Higher ranks are served first; each rank is unique.")
+    rank = forms.IntegerField(
+        help_text="0 is served first; larger numbers wait behind smaller ones. Each rank is unique."
+    )
     vllm_priority = forms.IntegerField(
         label="vLLM priority", help_text="Passed to vLLM's scheduler, which serves lowest first."
     )

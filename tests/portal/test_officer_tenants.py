@@ -12,7 +12,7 @@ from gateway.policy import VERSION_KEY
 from governance.models import AuditEvent, Tenant
 from governance.roles import Role
 from tests.factories import make_tenant
-from tests.portal.officer_support import (
+from tests.portal.test_officer_support import (
     apply,
     client_for,
     fingerprint,
@@ -140,6 +140,8 @@ def test_edit_shows_before_and_after_and_applies_only_that(olivia) -> None:
     assert (tenant.name, tenant.business_unit) == ("Acme Retail", "Retail banking")
     event = AuditEvent.objects.get()
     assert event.action == "tenant.update"
+    assert event.before is not None
+    assert event.after is not None
     assert event.before["name"] == "Acme"
     assert event.after["name"] == "Acme Retail"
 
