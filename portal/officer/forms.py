@@ -29,11 +29,19 @@ from guardrails.catalogue import entries as catalogue_entries
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "max_concurrent")
 
 
+class OfficerForm(forms.Form):
+    """Labels without Django's trailing colon: the label is the field's name, read aloud."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("label_suffix", "")
+        super().__init__(*args, **kwargs)
+
+
 def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.replace(",", "\n").splitlines() if line.strip()]
 
 
-class TenantForm(forms.Form):
+class TenantForm(OfficerForm):
     slug = forms.CharField(
         label="Tenant id",
         max_length=63,
@@ -88,7 +96,7 @@ class TenantForm(forms.Form):
         }
 
 
-class UseCaseForm(forms.Form):
+class UseCaseForm(OfficerForm):
     tenant = forms.ChoiceField()
     slug = forms.CharField(
         label="Use case id",
@@ -116,9 +124,13 @@ class UseCaseForm(forms.Form):
     tokens_per_day = forms.IntegerField(required=False, label="Tokens per day")
     max_concurrent = forms.IntegerField(required=False, label="Requests at once")
     guardrail_failure = forms.ChoiceField(
-        label="When a guardrail cannot run", choices=GuardrailFailure.choices
+        label="When a guardrail cannot run",
+        choices=GuardrailFailure.choices,
+        initial=GuardrailFailure.CLOSED,
     )
-    record_policy = forms.ChoiceField(label="Records kept", choices=RecordPolicy.choices)
+    record_policy = forms.ChoiceField(
+        label="Records kept", choices=RecordPolicy.choices, initial=RecordPolicy.METADATA
+    )
     record_retention_days = forms.IntegerField(label="Records kept for (days)", initial=90)
     records_visible_to_developers = forms.BooleanField(
         label="Developers may read the records", required=False
@@ -207,7 +219,7 @@ def _guardrail_choices() -> list[tuple[str, str]]:
     ]
 
 
-class GuardrailForm(forms.Form):
+class GuardrailForm(OfficerForm):
     """One guardrail selection; a row with no guardrail chosen selects nothing."""
 
     guardrail = forms.ChoiceField(required=False)
@@ -263,7 +275,7 @@ def guardrail_initial(spec: Any) -> list[dict[str, Any]]:
     ]
 
 
-class PriorityClassForm(forms.Form):
+class PriorityClassForm(OfficerForm):
     name = forms.CharField(max_length=32, help_text="Lowercase letters, digits and hyphens.")
     rank = forms.IntegerField(
         help_text="0 is served first; larger numbers wait behind smaller ones. Each rank is unique."
@@ -302,7 +314,7 @@ def matrix_field_name(environment: str, namespace: str) -> str:
     return f"cell__{environment}__{namespace}"
 
 
-class PriorityMatrixForm(forms.Form):
+class PriorityMatrixForm(OfficerForm):
     """Every (tenant environment, caller namespace) cell: its priority class, or none."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -13,7 +13,7 @@ from django.urls import reverse
 from tests.factories import make_user
 
 _FINGERPRINT = re.compile(r'name="fingerprint" value="([0-9a-f]{64})"')
-_ROW = re.compile(r'<tr class="plan-(\w+)">(.*?)</tr>', re.S)
+_ROW = re.compile(r'<tr class="plan-(\w+)"[^>]*>(.*?)</tr>', re.S)
 _CELL = re.compile(r"<td[^>]*>(.*?)</td>", re.S)
 _TAGS = re.compile(r"<[^>]+>")
 
