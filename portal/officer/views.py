@@ -15,6 +15,7 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -45,6 +46,7 @@ from portal.officer.plans import (
 )
 
 View = Callable[..., HttpResponse]
+USE_CASES_PER_PAGE = 25
 
 # Places in the file (and the services' field names) → the forms' fields.
 TENANT_FIELDS = {
@@ -180,14 +182,14 @@ def _data(request: HttpRequest) -> Any:
 # --- the officer's overview -----------------------------------------------------------------
 @officer_only
 def governance_home(request: HttpRequest) -> HttpResponse:
-    document = policy_current()
+    use_cases = UseCase.objects.select_related("tenant").order_by("tenant__slug", "slug")
     return render(
         request,
         "portal/officer/home.html",
         {
             "tenants": Tenant.objects.order_by("slug"),
-            "priority_classes": PriorityClass.objects.order_by("-rank"),
-            "matrix": document.priority_matrix or {},
+            "use_cases": Paginator(use_cases, USE_CASES_PER_PAGE).get_page(request.GET.get("page")),
+            "priority_classes": PriorityClass.objects.order_by("rank"),
         },
     )
 

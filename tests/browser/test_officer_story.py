@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
 from gateway.policy import VERSION_KEY
-from governance.models import AuditEvent, Tenant, UseCase
+from governance.models import AuditEvent, PriorityClass, PriorityRule, Tenant, UseCase
 from governance.roles import Role
 from tests.factories import PASSWORD, make_model, make_user
 from tests.support.axe import accessibility_violations
@@ -135,4 +135,77 @@ def test_officer_creates_a_tenant_and_a_use_case_reviewing_each_plan(
         ("guardrailselection.create", "olivia"),
     ]
     assert int(valkey_client.get(VERSION_KEY)) >= 2  # published after each apply
+    context.close()
+
+
+def test_officer_pages_read_well_and_pass_axe(
+    browser: Browser, portal_server: str, screenshot_dir: Path
+) -> None:
+    """GIVEN a use case alice submitted and a key she asked for, WHEN olivia opens the
+    governance page, the matrix (and its review), a priority class and the review queue,
+    THEN each shows what it should and passes axe-core's WCAG 2.1 AA checks."""
+    from governance.audit import Actor
+    from governance.choices import UseCaseStatus
+    from governance.services import api_key_request, use_case_transition
+    from tests.factories import make_tenant, make_use_case
+
+    acme = make_tenant("acme")
+    alice = make_user("alice", Role.DEVELOPER, tenants=(acme,))
+    as_alice = Actor(username="alice", user=alice)
+    llama = make_model("llama-3.1-8b")
+    chatbot = make_use_case(acme, "chatbot", models=(llama,), requests_per_minute=60)
+    api_key_request(actor=as_alice, use_case=chatbot, name="checkout", reason="Checkout answers.")
+    draft = make_use_case(acme, "summariser", status=UseCaseStatus.DRAFT, models=(llama,))
+    use_case_transition(actor=as_alice, use_case=draft, transition="submit")
+    make_user("olivia", Role.OFFICER)
+    # The cell the test changes, whatever an earlier transactional test left of the seed.
+    standard, _ = PriorityClass.objects.get_or_create(
+        name="standard", defaults={"rank": 2, "vllm_priority": 2}
+    )
+    PriorityClass.objects.get_or_create(name="high", defaults={"rank": 1, "vllm_priority": 1})
+    PriorityClass.objects.update_or_create(
+        name="batch", defaults={"rank": 4, "vllm_priority": 4, "max_pool_share": 0.3}
+    )
+    PriorityRule.objects.update_or_create(
+        environment="uat", namespace="demo", defaults={"priority_class": standard}
+    )
+    context = browser.new_context(base_url=portal_server, viewport={"width": 1280, "height": 1600})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.get_by_label("Username").fill("olivia")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in", exact=True).click()
+
+    page.goto("/govern/")
+    expect(page.locator("#officer-use-cases")).to_contain_text("acme/summariser")
+    expect(page.get_by_role("link", name="Edit use case acme/chatbot")).to_be_visible()
+    page.screenshot(path=str(screenshot_dir / "officer-governance.png"))
+    _accessible(page)
+
+    page.get_by_role("link", name="Edit the priority matrix").click()
+    cell = page.get_by_label("UAT tenants, demo namespace")
+    expect(cell).to_have_value("standard")
+    cell.select_option("high")
+    page.screenshot(path=str(screenshot_dir / "officer-priority-matrix.png"))
+    _accessible(page)
+    page.get_by_role("button", name="Review change").click()
+    expect(_cell(page, "priority_matrix.uat.demo", "class")).to_have_text('"high"')
+    expect(page.locator("#plan tbody tr")).to_have_count(1)
+    _accessible(page)
+
+    page.goto("/govern/priority-classes/batch/edit/")
+    expect(page.get_by_label("Largest share of a model's slots")).to_have_value("0.3")
+    _accessible(page)
+
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Review queue").click()
+    key_row = page.locator("tr", has=page.get_by_role("link", name="checkout"))
+    expect(key_row).to_contain_text("Checkout answers.")
+    expect(key_row).to_contain_text("60 req/min")
+    key_row.get_by_text("History of this request (1 event)").click()
+    expect(key_row.locator("details.history").first).to_contain_text("apikey.request by alice")
+    use_case_row = page.locator("tr", has=page.get_by_role("link", name="Summariser"))
+    expect(use_case_row).to_contain_text("alice")
+    page.screenshot(path=str(screenshot_dir / "officer-review-queue.png"))
+    _accessible(page)
     context.close()
