@@ -79,8 +79,8 @@ class TenantForm(OfficerForm):
             "owner_email": data["owner_email"],
             "contacts": _lines(data["contacts"]),
         }
-        if self.editing is not None and self.editing.legal_hold:
-            entry["legal_hold"] = True  # a hold moves only with its own action and reason
+        # No ``legal_hold``: the plan leaves a hold as it is; it moves only with its own
+        # action and a reason, on the use case's page.
         return entry
 
     @staticmethod
@@ -189,9 +189,7 @@ class UseCaseForm(OfficerForm):
             "result_ttl_seconds": spec.async_tasks.result_ttl_seconds,
             "cache_seconds": spec.async_tasks.cache_seconds,
         }
-        if spec.legal_hold:
-            entry["legal_hold"] = True
-        return entry
+        return entry  # without ``legal_hold``: a hold stays as it is (see TenantForm.entry)
 
     @staticmethod
     def initial_of(spec: Any) -> dict[str, Any]:

@@ -232,3 +232,25 @@ def test_only_officers_may_use_the_use_case_forms(acme, username, role) -> None:
         assert response.status_code == 403
     assert UseCase.objects.count() == 1
     assert not AuditEvent.objects.exists()
+
+
+def test_editing_a_use_case_on_legal_hold_keeps_the_hold_and_says_so(olivia, acme) -> None:
+    from governance.audit import Actor
+    from governance.services import use_case_set_legal_hold
+
+    use_case = make_use_case(acme, "support-bot", models=(Model.objects.get(public_id="llama"),))
+    use_case_set_legal_hold(
+        actor=Actor.system("test"), use_case=use_case, hold=True, reason="Litigation 42"
+    )
+    data = use_case_data(name="Support bot v2", **guardrail_rows())
+    html = review(olivia, url("use_case_edit", use_case.pk), data)
+
+    assert ("update", "name", '"Support-Bot"', '"Support bot v2"') in [
+        (c.action, c.field, c.before, c.after) for c in plan_cells(html)
+    ]
+    assert "on legal hold; kept" in html
+    apply(olivia, url("use_case_edit", use_case.pk), data, html)
+
+    use_case.refresh_from_db()
+    assert use_case.name == "Support bot v2"
+    assert use_case.legal_hold is True
