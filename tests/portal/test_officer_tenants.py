@@ -7,6 +7,7 @@ mallory has an account and no role.
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 
 from gateway.policy import VERSION_KEY
 from governance.models import AuditEvent, Tenant
@@ -193,3 +194,16 @@ def test_signed_out_people_are_sent_to_sign_in(client) -> None:
 
     assert response.status_code == 302
     assert "/accounts/login/" in response["Location"]
+
+
+def test_admins_may_use_the_forms_too() -> None:
+    from django.contrib.auth import get_user_model
+
+    root = get_user_model().objects.create_superuser("root", "root@example.invalid", "pw")
+    client = Client()
+    client.force_login(root)
+
+    html = review(client, url("tenant_new"), NEWCO)
+    apply(client, url("tenant_new"), NEWCO, html)
+
+    assert AuditEvent.objects.get(action="tenant.create").actor == "root"
