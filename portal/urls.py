@@ -4,6 +4,7 @@ from django.urls import path, re_path
 from portal import async_views, files_views, records_views, views
 from portal.charts import views as usage_views
 from portal.developer import views as developer_views
+from portal.officer import views as officer_views
 
 app_name = "portal"
 
@@ -69,4 +70,25 @@ urlpatterns += [
     path("use-cases/new/", developer_views.use_case_request, name="use_case_request"),
     path("use-cases/<int:pk>/status/", developer_views.use_case_status, name="use_case_status"),
     path("use-cases/<int:pk>/playground/", developer_views.playground_chat, name="playground_chat"),
+]
+
+# The governance officer's forms (docs/portal.md "Governance officers"): plan, review, apply.
+
+urlpatterns += [
+    path("govern/", officer_views.governance_home, name="governance"),
+    path("govern/tenants/new/", officer_views.tenant_new, name="tenant_new"),
+    path("govern/tenants/<slug:slug>/edit/", officer_views.tenant_edit, name="tenant_edit"),
+    path("govern/use-cases/new/", officer_views.use_case_new, name="use_case_new"),
+    path("govern/use-cases/<int:pk>/edit/", officer_views.use_case_edit, name="use_case_edit"),
+    path(
+        "govern/priority-classes/new/",
+        officer_views.priority_class_new,
+        name="priority_class_new",
+    ),
+    path(
+        "govern/priority-classes/<slug:name>/edit/",
+        officer_views.priority_class_edit,
+        name="priority_class_edit",
+    ),
+    path("govern/priority-matrix/", officer_views.priority_matrix, name="priority_matrix"),
 ]

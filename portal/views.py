@@ -58,6 +58,7 @@ from portal.forms import (
     RecordSettingsForm,
     UseCaseTransitionForm,
 )
+from portal.officer.queue import attach_histories
 
 P = ParamSpec("P")
 View = Callable[Concatenate[HttpRequest, P], HttpResponse]
@@ -214,11 +215,14 @@ def key_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def review(request: HttpRequest) -> HttpResponse:
     if not can_read_everything(request.user):
         raise Http404("The review queue is for governance officers.")
+    queue = selectors.review_queue(request.user)
+    # Each request with its context and its history (docs/portal.md "Governance officers").
+    attach_histories(queue.pending_keys, queue.submitted_use_cases)
     return render(
         request,
         "portal/review.html",
         {
-            "queue": selectors.review_queue(request.user),
+            "queue": queue,
             "can_decide": can_govern(request.user),
         },
     )

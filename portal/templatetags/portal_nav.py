@@ -44,6 +44,8 @@ def portal_nav(context: template.Context) -> Nav:
         wanted.append(("Use cases & keys", reverse("portal:dashboard"), None))
         badge = review_queue_size() if can_govern(user) else None
         wanted.append(("Review queue", reverse("portal:review"), badge))
+        if can_govern(user):
+            wanted.append(("Governance", reverse("portal:governance"), None))
     if has_role(user, Role.DEVELOPER):
         wanted.append(("My usage", reverse("portal:my_usage"), None))
     if roles_of(user):

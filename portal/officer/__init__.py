@@ -1,0 +1,1 @@
+"""The governance officer's forms: tenants, use cases, priority classes and the matrix."""

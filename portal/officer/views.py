@@ -1,0 +1,345 @@
+"""The governance officer's pages: a form, then "Review change" (the plan), then "Apply".
+
+Each form becomes one ``Edit`` of the policy file; ``portal.officer.plans`` plans it with
+the policy-as-code engine, rehearses it through the services, and applies it only when the
+plan is still the one the officer read. Officers and admins only: everyone else gets a 403.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+
+from governance.audit import Actor
+from governance.models import PriorityClass, Tenant, UseCase
+from governance.policy_as_code.errors import PolicyInvalid, Problem
+from governance.policy_as_code.selectors import policy_current
+from governance.roles import can_govern
+from portal.officer.forms import (
+    LIMIT_FIELDS,
+    GuardrailFormSet,
+    PriorityClassForm,
+    PriorityMatrixForm,
+    TenantForm,
+    UseCaseForm,
+    guardrail_initial,
+    matrix_field_name,
+)
+from portal.officer.plans import (
+    Edit,
+    PlanChanged,
+    Review,
+    lookup,
+    problems_by_field,
+    review_apply,
+    review_build,
+)
+
+View = Callable[..., HttpResponse]
+USE_CASES_PER_PAGE = 25
+
+# Places in the file (and the services' field names) → the forms' fields.
+TENANT_FIELDS = {
+    "id": "slug",
+    "slug": "slug",
+    "name": "name",
+    "business_unit": "business_unit",
+    "application_id": "application_id",
+    "environment": "environment",
+    "owner_email": "owner_email",
+    "contacts": "contacts",
+}
+USE_CASE_FIELDS = {
+    "id": "slug",
+    "slug": "slug",
+    "tenant": "tenant",
+    "name": "name",
+    "kind": "kind",
+    "purpose": "purpose",
+    "data_classification": "data_classification",
+    "namespace": "namespace",
+    "ticket_ref": "ticket_ref",
+    "models": "models",
+    "allowed_models": "models",
+    "guardrail_failure": "guardrail_failure",
+    "records.policy": "record_policy",
+    "record_policy": "record_policy",
+    "records.retention_days": "record_retention_days",
+    "record_retention_days": "record_retention_days",
+    "records.developers_can_read": "records_visible_to_developers",
+    **{f"limits.{name}": name for name in LIMIT_FIELDS},
+    **{name: name for name in LIMIT_FIELDS},
+}
+PRIORITY_CLASS_FIELDS = {name: name for name in PriorityClassForm.base_fields}
+
+
+def officer_only(view: View) -> View:
+    """Signed in, and an officer or an admin; anyone else is refused with a 403."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not can_govern(request.user):
+            return render(
+                request,
+                "portal/refused.html",
+                {
+                    "message": "Only a governance officer or an admin may change governance "
+                    "records.",
+                    "back": reverse("portal:dashboard"),
+                },
+                status=403,
+            )
+        return view(request, *args, **kwargs)
+
+    return login_required(wrapper)
+
+
+@dataclass
+class Page:
+    """What one officer's form page needs: its forms, how they become an edit, where to go."""
+
+    title: str
+    form: forms.Form
+    edit: Callable[[], Edit]
+    field_of: Callable[[str], str | None]
+    done: Callable[[], str]
+    done_message: Callable[[], str]
+    formset: forms.BaseFormSet[Any] | None = None
+    template: str = "portal/officer/form.html"
+    back: str = ""
+
+
+def _valid(page: Page) -> bool:
+    form_ok = page.form.is_valid()
+    formset_ok = page.formset.is_valid() if page.formset is not None else True
+    return form_ok and formset_ok
+
+
+def _show_problems(page: Page, prefix: str, problems: list[Problem]) -> None:
+    by_field, rest = problems_by_field(problems, prefix, page.field_of)
+    for name, texts in by_field.items():
+        if name in page.form.fields and not page.form.fields[name].disabled:
+            for text in texts:
+                page.form.add_error(name, text)
+        else:
+            rest.extend(f"{name}: {text}" for text in texts)
+    for text in rest:
+        page.form.add_error(None, text)
+
+
+def _step(request: HttpRequest, page: Page) -> HttpResponse:
+    context: dict[str, Any] = {"page": page, "form": page.form, "formset": page.formset}
+    if request.method != "POST" or not _valid(page):
+        return render(request, page.template, context)
+    step = request.POST.get("step", "review")
+    if step == "edit":
+        return render(request, page.template, context)
+    edit = page.edit()
+    actor = Actor.from_request(request)
+    if step == "apply":
+        try:
+            review_apply(edit, actor, reviewed=request.POST.get("fingerprint", ""))
+        except PlanChanged:
+            messages.warning(
+                request,
+                "The records changed since you reviewed this change: review the plan again.",
+            )
+        except PolicyInvalid as exc:
+            _show_problems(page, edit.prefix, list(exc.problems))
+            return render(request, page.template, context)
+        else:
+            messages.success(request, page.done_message())
+            return redirect(page.done())
+    review = review_build(edit, actor)
+    if not review.ok:
+        _show_problems(page, edit.prefix, review.problems)
+        return render(request, page.template, context)
+    return _review_page(request, page, review)
+
+
+def _review_page(request: HttpRequest, page: Page, review: Review) -> HttpResponse:
+    return render(
+        request,
+        "portal/officer/review.html",
+        {"page": page, "form": page.form, "formset": page.formset, "review": review},
+    )
+
+
+def _data(request: HttpRequest) -> Any:
+    return request.POST if request.method == "POST" else None
+
+
+# --- the officer's overview -----------------------------------------------------------------
+@officer_only
+def governance_home(request: HttpRequest) -> HttpResponse:
+    use_cases = UseCase.objects.select_related("tenant").order_by("tenant__slug", "slug")
+    return render(
+        request,
+        "portal/officer/home.html",
+        {
+            "tenants": Tenant.objects.order_by("slug"),
+            "use_cases": Paginator(use_cases, USE_CASES_PER_PAGE).get_page(request.GET.get("page")),
+            "priority_classes": PriorityClass.objects.order_by("rank"),
+        },
+    )
+
+
+# --- tenants --------------------------------------------------------------------------------
+def _tenant_page(request: HttpRequest, tenant: Tenant | None) -> HttpResponse:
+    initial = TenantForm.initial_of(tenant) if tenant else {}
+    form = TenantForm(_data(request), initial=initial, editing=tenant)
+
+    def edit() -> Edit:
+        return Edit("tenants", form.cleaned_data["slug"], form.entry())
+
+    return _step(
+        request,
+        Page(
+            title=f"Edit tenant {tenant.slug}" if tenant else "New tenant",
+            form=form,
+            edit=edit,
+            field_of=lookup(TENANT_FIELDS),
+            done=lambda: reverse("portal:governance"),
+            done_message=lambda: f"Tenant {form.cleaned_data['slug']} saved.",
+            back=reverse("portal:governance"),
+        ),
+    )
+
+
+@officer_only
+def tenant_new(request: HttpRequest) -> HttpResponse:
+    return _tenant_page(request, None)
+
+
+@officer_only
+def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
+    return _tenant_page(request, get_object_or_404(Tenant, slug=slug))
+
+
+# --- use cases ------------------------------------------------------------------------------
+def _use_case_page(request: HttpRequest, use_case: UseCase | None) -> HttpResponse:
+    spec = None
+    if use_case is not None:
+        spec = next(
+            u
+            for u in policy_current().use_cases or ()
+            if (u.tenant, u.slug) == (use_case.tenant.slug, use_case.slug)
+        )
+    initial: dict[str, Any] = UseCaseForm.initial_of(spec) if spec else {}
+    if use_case is None and (wanted := request.GET.get("tenant")):
+        initial["tenant"] = wanted
+    form = UseCaseForm(_data(request), initial=initial, editing=spec)
+    formset = GuardrailFormSet(
+        _data(request), initial=guardrail_initial(spec) if spec else None, prefix="guardrails"
+    )
+
+    def edit() -> Edit:
+        selections = [f.selection() for f in formset.forms]
+        entry = form.entry([s for s in selections if s is not None])
+        return Edit("use_cases", entry["id"], entry, prune=True)
+
+    def done() -> str:
+        found = UseCase.objects.get(
+            tenant__slug=form.cleaned_data["tenant"], slug=form.cleaned_data["slug"]
+        )
+        return reverse("portal:use_case_detail", args=[found.pk])
+
+    return _step(
+        request,
+        Page(
+            title=f"Edit use case {use_case}" if use_case else "New use case",
+            form=form,
+            formset=formset,
+            edit=edit,
+            field_of=lookup(USE_CASE_FIELDS),
+            done=done,
+            done_message=lambda: (
+                f"Use case {form.cleaned_data['tenant']}/{form.cleaned_data['slug']} saved."
+            ),
+            template="portal/officer/use_case_form.html",
+            back=(
+                reverse("portal:use_case_detail", args=[use_case.pk])
+                if use_case
+                else reverse("portal:governance")
+            ),
+        ),
+    )
+
+
+@officer_only
+def use_case_new(request: HttpRequest) -> HttpResponse:
+    return _use_case_page(request, None)
+
+
+@officer_only
+def use_case_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    return _use_case_page(
+        request, get_object_or_404(UseCase.objects.select_related("tenant"), pk=pk)
+    )
+
+
+# --- priority classes and the matrix --------------------------------------------------------
+def _priority_class_page(request: HttpRequest, pc: PriorityClass | None) -> HttpResponse:
+    initial = PriorityClassForm.initial_of(pc) if pc else {}
+    form = PriorityClassForm(_data(request), initial=initial, editing=pc)
+
+    def edit() -> Edit:
+        return Edit("priority_classes", form.cleaned_data["name"], form.entry(), key="name")
+
+    return _step(
+        request,
+        Page(
+            title=f"Edit priority class {pc.name}" if pc else "New priority class",
+            form=form,
+            edit=edit,
+            field_of=lookup(PRIORITY_CLASS_FIELDS),
+            done=lambda: reverse("portal:governance"),
+            done_message=lambda: f"Priority class {form.cleaned_data['name']} saved.",
+            back=reverse("portal:governance"),
+        ),
+    )
+
+
+@officer_only
+def priority_class_new(request: HttpRequest) -> HttpResponse:
+    return _priority_class_page(request, None)
+
+
+@officer_only
+def priority_class_edit(request: HttpRequest, name: str) -> HttpResponse:
+    return _priority_class_page(request, get_object_or_404(PriorityClass, name=name))
+
+
+@officer_only
+def priority_matrix(request: HttpRequest) -> HttpResponse:
+    current = policy_current().priority_matrix or {}
+    form = PriorityMatrixForm(_data(request), initial=PriorityMatrixForm.initial_of(current))
+
+    def field_of(place: str) -> str | None:
+        environment, _, namespace = place.partition(".")
+        name = matrix_field_name(environment, namespace)
+        return name if name in form.fields else None
+
+    return _step(
+        request,
+        Page(
+            title="Priority matrix",
+            form=form,
+            edit=lambda: Edit("priority_matrix", "", form.matrix(), prune=True),
+            field_of=field_of,
+            done=lambda: reverse("portal:governance"),
+            done_message=lambda: "Priority matrix saved.",
+            template="portal/officer/matrix_form.html",
+            back=reverse("portal:governance"),
+        ),
+    )

@@ -1,0 +1,211 @@
+"""An officer's day in a real browser: a new tenant, then a use case with a guardrail and a
+limit, each reviewed as a plan before it is applied, then found on the dashboard.
+
+GIVEN olivia, a governance officer, and a registered model,
+WHEN she creates tenant newco, then use case newco/support-bot (PII redacted on requests,
+60 requests a minute), reading the plan of each change before choosing "Apply",
+THEN both exist as she said, audited under her name, and the dashboard lists the use case;
+every page on the way passes axe-core's WCAG 2.1 AA checks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Locator, Page, expect
+
+from gateway.policy import VERSION_KEY
+from governance.models import AuditEvent, PriorityClass, PriorityRule, Tenant, UseCase
+from governance.roles import Role
+from tests.factories import PASSWORD, make_model, make_user
+from tests.support.axe import accessibility_violations
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _accessible(page: Page) -> None:
+    assert accessibility_violations(page) == []
+
+
+def _cell(page: Page, path: str, field: str) -> Locator:
+    """The plan's "after" value of one field of one record."""
+    return page.locator(f'#plan tr[data-path="{path}"][data-field="{field}"] td.plan-after')
+
+
+def test_officer_creates_a_tenant_and_a_use_case_reviewing_each_plan(
+    browser: Browser,
+    portal_server: str,
+    screenshot_dir: Path,
+    settings,
+    valkey_url: str,
+    valkey_client,
+) -> None:
+    settings.VALKEY_URL = valkey_url  # the gateway's snapshot, republished by each apply
+    make_model("llama-3.1-8b")
+    make_user("olivia", Role.OFFICER)
+    context = browser.new_context(base_url=portal_server, viewport={"width": 1280, "height": 2200})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.get_by_label("Username").fill("olivia")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in", exact=True).click()
+    expect(page.locator(".who")).to_contain_text("olivia")
+
+    # --- a tenant
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Governance").click()
+    expect(page.get_by_role("heading", name="Governance", level=1)).to_be_visible()
+    _accessible(page)
+    page.get_by_role("link", name="New tenant").click()
+    page.get_by_label("Tenant id").fill("newco")
+    page.get_by_label("Name", exact=True).fill("NewCo Payments")
+    page.get_by_label("Business unit").fill("Retail banking")
+    page.get_by_label("CMDB application id").fill("APP-4242")
+    page.get_by_label("Environment").select_option("prod")
+    page.get_by_label("Owner's e-mail").fill("owner@newco.example")
+    page.get_by_label("Further contacts").fill("risk@newco.example")
+    _accessible(page)
+    page.get_by_role("button", name="Review change").click()
+
+    expect(page.get_by_role("heading", name="Review change", level=1)).to_be_visible()
+    expect(_cell(page, "tenants[newco]", "name")).to_have_text('"NewCo Payments"')
+    expect(_cell(page, "tenants[newco]", "application_id")).to_have_text('"APP-4242"')
+    expect(_cell(page, "tenants[newco]", "environment")).to_have_text('"prod"')
+    assert not Tenant.objects.filter(slug="newco").exists()  # reviewing saved nothing
+    _accessible(page)
+    page.get_by_role("button", name="Apply").click()
+    expect(page.locator(".message.success")).to_have_text("Tenant newco saved.")
+
+    # --- a use case for it, with a guardrail and a limit
+    page.get_by_role("link", name="New use case for newco").click()
+    expect(page.get_by_label("Tenant")).to_have_value("newco")
+    page.get_by_label("Use case id").fill("support-bot")
+    page.get_by_label("Name", exact=True).fill("Support bot")
+    page.get_by_label("Kind").select_option("chatbot")
+    page.get_by_label("Purpose").fill("Answer customers' questions about their cards.")
+    page.get_by_label("Data classification").select_option("confidential")
+    page.get_by_label("Namespace").select_option("prod")
+    page.get_by_label("llama-3.1-8b").check()
+    page.get_by_label("Requests per minute").fill("60")
+    page.get_by_label("Guardrail", exact=True).select_option("pii")
+    page.get_by_label("Side").select_option("request")
+    page.get_by_label("Action").select_option("redact")
+    # A limit the services refuse comes back onto its field, and nothing is saved.
+    page.get_by_label("Tokens per day").fill("0")
+    page.get_by_role("button", name="Review change").click()
+    expect(page.locator("#form-problems")).to_be_visible()
+    expect(page.locator("#id_tokens_per_day_error")).to_have_text("must be a positive integer")
+    expect(page.get_by_label("Tokens per day")).to_have_attribute("aria-invalid", "true")
+    assert not UseCase.objects.filter(slug="support-bot").exists()
+    page.get_by_label("Tokens per day").fill("")
+    # A tall window instead of full_page: Chromium's full-page capture resizes the viewport,
+    # and the next click can then land on stale coordinates.
+    page.screenshot(path=str(screenshot_dir / "officer-use-case-form.png"))
+    _accessible(page)
+    page.get_by_role("button", name="Review change").click()
+
+    use_case_path = "use_cases[newco/support-bot]"
+    expect(_cell(page, use_case_path, "limits.requests_per_minute")).to_have_text("60")
+    expect(_cell(page, use_case_path, "models")).to_have_text('["llama-3.1-8b"]')
+    expect(_cell(page, use_case_path, "status")).to_have_text('"draft"')
+    guardrail_path = f"{use_case_path}.guardrails[request:pii]"
+    expect(_cell(page, guardrail_path, "action")).to_have_text('"redact"')
+    page.screenshot(path=str(screenshot_dir / "officer-review-change.png"))
+    _accessible(page)
+    page.get_by_role("button", name="Apply").click()
+
+    expect(page.locator(".message.success")).to_have_text("Use case newco/support-bot saved.")
+    expect(page.get_by_role("heading", name="Support bot", level=1)).to_be_visible()
+    expect(page.locator("#guardrails")).to_contain_text("pii")
+
+    # --- and it is on the dashboard
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Use cases & keys").click()
+    row = page.locator("tr", has=page.get_by_role("link", name="Support bot"))
+    expect(row).to_contain_text("NewCo Payments")
+    expect(row).to_contain_text("llama-3.1-8b")
+    expect(row).to_contain_text("60 req/min")
+
+    use_case = UseCase.objects.get(tenant__slug="newco", slug="support-bot")
+    assert use_case.requests_per_minute == 60
+    assert use_case.guardrails.get().action == "redact"
+    assert list(AuditEvent.objects.values_list("action", "actor")) == [
+        ("tenant.create", "olivia"),
+        ("usecase.create", "olivia"),
+        ("guardrailselection.create", "olivia"),
+    ]
+    assert int(valkey_client.get(VERSION_KEY)) >= 2  # published after each apply
+    context.close()
+
+
+def test_officer_pages_read_well_and_pass_axe(
+    browser: Browser, portal_server: str, screenshot_dir: Path
+) -> None:
+    """GIVEN a use case alice submitted and a key she asked for, WHEN olivia opens the
+    governance page, the matrix (and its review), a priority class and the review queue,
+    THEN each shows what it should and passes axe-core's WCAG 2.1 AA checks."""
+    from governance.audit import Actor
+    from governance.choices import UseCaseStatus
+    from governance.services import api_key_request, use_case_transition
+    from tests.factories import make_tenant, make_use_case
+
+    acme = make_tenant("acme")
+    alice = make_user("alice", Role.DEVELOPER, tenants=(acme,))
+    as_alice = Actor(username="alice", user=alice)
+    llama = make_model("llama-3.1-8b")
+    chatbot = make_use_case(acme, "chatbot", models=(llama,), requests_per_minute=60)
+    api_key_request(actor=as_alice, use_case=chatbot, name="checkout", reason="Checkout answers.")
+    draft = make_use_case(acme, "summariser", status=UseCaseStatus.DRAFT, models=(llama,))
+    use_case_transition(actor=as_alice, use_case=draft, transition="submit")
+    make_user("olivia", Role.OFFICER)
+    # The cell the test changes, whatever an earlier transactional test left of the seed.
+    standard, _ = PriorityClass.objects.get_or_create(
+        name="standard", defaults={"rank": 2, "vllm_priority": 2}
+    )
+    PriorityClass.objects.get_or_create(name="high", defaults={"rank": 1, "vllm_priority": 1})
+    PriorityClass.objects.update_or_create(
+        name="batch", defaults={"rank": 4, "vllm_priority": 4, "max_pool_share": 0.3}
+    )
+    PriorityRule.objects.update_or_create(
+        environment="uat", namespace="demo", defaults={"priority_class": standard}
+    )
+    context = browser.new_context(base_url=portal_server, viewport={"width": 1280, "height": 1600})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.get_by_label("Username").fill("olivia")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in", exact=True).click()
+
+    page.goto("/govern/")
+    expect(page.locator("#officer-use-cases")).to_contain_text("acme/summariser")
+    expect(page.get_by_role("link", name="Edit use case acme/chatbot")).to_be_visible()
+    page.screenshot(path=str(screenshot_dir / "officer-governance.png"))
+    _accessible(page)
+
+    page.get_by_role("link", name="Edit the priority matrix").click()
+    cell = page.get_by_label("UAT tenants, demo namespace")
+    expect(cell).to_have_value("standard")
+    cell.select_option("high")
+    page.screenshot(path=str(screenshot_dir / "officer-priority-matrix.png"))
+    _accessible(page)
+    page.get_by_role("button", name="Review change").click()
+    expect(_cell(page, "priority_matrix.uat.demo", "class")).to_have_text('"high"')
+    expect(page.locator("#plan tbody tr")).to_have_count(1)
+    _accessible(page)
+
+    page.goto("/govern/priority-classes/batch/edit/")
+    expect(page.get_by_label("Largest share of a model's slots")).to_have_value("0.3")
+    _accessible(page)
+
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Review queue").click()
+    key_row = page.locator("tr", has=page.get_by_role("link", name="checkout"))
+    expect(key_row).to_contain_text("Checkout answers.")
+    expect(key_row).to_contain_text("60 req/min")
+    key_row.get_by_text("History of this request (1 event)").click()
+    expect(key_row.locator("details.history").first).to_contain_text("apikey.request by alice")
+    use_case_row = page.locator("tr", has=page.get_by_role("link", name="Summariser"))
+    expect(use_case_row).to_contain_text("alice")
+    page.screenshot(path=str(screenshot_dir / "officer-review-queue.png"))
+    _accessible(page)
+    context.close()
