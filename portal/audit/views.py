@@ -25,7 +25,13 @@ from governance.downloads import download_response
 from governance.models import AuditEvent
 from governance.roles import can_read_everything
 from portal.audit.forms import AuditExportForm, AuditSearchForm
-from portal.audit.selectors import VERIFIED, VIEWED, last_verification, own_activity
+from portal.audit.selectors import (
+    VERIFIED,
+    VIEWED,
+    Verification,
+    last_verification,
+    own_activity,
+)
 
 AUDIT_EVENTS_PER_PAGE = 50
 DETAILS_CHARS = 240
@@ -95,15 +101,22 @@ def audit_trail(request: HttpRequest) -> HttpResponse:
 @require_POST
 def audit_chain_verify(request: HttpRequest) -> HttpResponse:
     """Walk the whole chain against the signed checkpoints, as ``manage.py audit_verify``
-    does, and record the result; the page then shows it."""
+    does, and record the result. From htmx the answer is the result alone (no page view to
+    record); without JavaScript, back to the page, which shows it."""
     _require_audit(request)
     report = audit_verify()
-    audit_record(
+    event = audit_record(
         actor=Actor.from_request(request),
         action=VERIFIED,
         object_repr="the audit chain",
         after=asdict(report),
     )
+    if getattr(request, "htmx", False):  # django-htmx: true for an htmx call
+        return render(
+            request,
+            "portal/_audit_verification.html",
+            {"verification": Verification.from_event(event)},
+        )
     return redirect(reverse("portal:audit_trail") + "#chain-heading")
 
 

@@ -284,3 +284,17 @@ def test_a_bad_export_range_is_a_400_naming_the_field_and_nothing_is_exported(
     assert response.status_code == 400
     assert "Ensure this value is greater than or equal to 1." in unescape(response.text)
     assert _events("audit.exported") == []
+
+
+def test_from_htmx_the_verification_answers_with_the_result_alone(audrey: Client) -> None:
+    """GIVEN the button's htmx call WHEN it verifies THEN the answer is the result's fragment
+    (to swap in place), not a redirect to the page, and no page view is recorded."""
+    _event("tenant.update")
+    response = audrey.post("/audit/verify/", headers={"HX-Request": "true"})
+    assert response.status_code == 200
+    fragment = response.text
+    assert fragment.lstrip().startswith('<div id="verification"')
+    assert "Verified up to event #1," in fragment
+    assert "<h1>" not in fragment
+    assert _events("audit.viewed") == []
+    assert len(_events("audit.verified")) == 1
