@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
 from portal import async_views, files_views, records_views, views
+from portal.audit import views as audit_views
 from portal.charts import views as usage_views
 from portal.developer import views as developer_views
 from portal.officer import views as officer_views
@@ -19,8 +20,10 @@ urlpatterns = [
     path("records/", records_views.records, name="records"),
     path("records/export/", records_views.records_export_download, name="records_export"),
     path("records/<str:record_id>/", records_views.record_detail, name="record_detail"),
-    path("audit/", records_views.audit_trail, name="audit_trail"),
-    path("audit/export/", records_views.audit_export_download, name="audit_export"),
+    # The audit trail (docs/portal.md "Auditors"): filter, verify the chain, signed export.
+    path("audit/", audit_views.audit_trail, name="audit_trail"),
+    path("audit/verify/", audit_views.audit_chain_verify, name="audit_verify"),
+    path("audit/export/", audit_views.audit_export_download, name="audit_export"),
     # Files (docs/files.md "In the portal"): progress, parts, history, audited downloads.
     path("files/", files_views.files, name="files"),
     path("files/<int:pk>/", files_views.file_detail, name="file_detail"),

@@ -61,6 +61,8 @@ from portal.forms import (
 from portal.officer.queue import attach_histories
 
 P = ParamSpec("P")
+# Rows per list on the dashboard (use cases, keys): the page stays quick for a whole company.
+DASHBOARD_ROWS_PER_PAGE = 25
 View = Callable[Concatenate[HttpRequest, P], HttpResponse]
 
 
@@ -153,8 +155,16 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     user = request.user
-    use_cases = selectors.use_cases_visible(user)
-    keys = selectors.keys_visible(user)
+    # A company has hundreds of use cases and keys: one page of each, each list with its own
+    # page number so that paging through keys keeps the use cases where they were; newest first,
+    # as the pager (Newer, Older) reads.
+    use_cases = Paginator(
+        selectors.use_cases_visible(user).order_by("-pk"),
+        DASHBOARD_ROWS_PER_PAGE,
+    ).get_page(request.GET.get("page"))
+    keys = Paginator(
+        selectors.keys_visible(user).order_by("-pk"), DASHBOARD_ROWS_PER_PAGE
+    ).get_page(request.GET.get("keys_page"))
     return render(
         request,
         "portal/dashboard.html",

@@ -385,32 +385,3 @@ def test_a_developer_exports_only_the_records_open_to_them(
     plain = [orjson.loads(line) for line in body.splitlines()][-1]
     assert plain["response"] == chat_response("30 days, Sir.").decode()  # content, where kept
     assert alice.get(f"/records/{hidden.record_id}/").status_code == 404
-
-
-# --- the audit trail page -----------------------------------------------------------------------
-def test_the_audit_page_shows_the_chain_filters_events_and_lists_downloads(world: World) -> None:
-    _body(world.audrey.get("/records/export/", {"format": "csv"}))
-
-    page = _text(world.audrey.get("/audit/"))
-    assert "The chain of" in page
-    assert "intact" in page
-    assert 'id="export-public-key"' in page
-
-    filtered = _text(world.audrey.get("/audit/", {"action": "records.exported"}))
-    table = filtered[filtered.index('id="audit-events"') :]
-    assert table.count("<tr>") == 2  # the header and the one export
-    assert "records.exported" in table
-    assert "3 records as csv" in table
-    assert (
-        _text(world.audrey.get("/audit/", {"actor": "nobody"})).count(
-            "No event matches this filter."
-        )
-        == 1
-    )
-
-
-def test_a_bad_audit_export_range_is_a_400_naming_the_field(world: World) -> None:
-    response = world.audrey.get("/audit/export/", {"from_sequence": "0"})
-    assert response.status_code == 400
-    assert "Ensure this value is greater than or equal to 1." in _text(response)
-    assert _events("audit.exported") == []

@@ -1,0 +1,190 @@
+"""Screenshots of each main page, as the person whose job it is, for docs/portal.md.
+
+GIVEN a small bank: two tenants, three use cases with guardrails, keys active and pending,
+records, admission decisions and guardrail findings,
+WHEN olivia (officer), alice (developer of acme) and avery (auditor) each open their pages,
+THEN every page answers 200 with its own heading and no serious accessibility violation, and
+its screenshot is written: into docs/screenshots/ when SWITCHYARD_SCREENSHOTS=1 (run it so,
+then commit the images), otherwise into pytest's temp dir.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import Browser, Page, expect
+
+from config.processes import REPO_ROOT
+from governance import services
+from governance.audit import Actor
+from governance.models import GuardrailSelection
+from governance.roles import Role
+from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour
+from tests.factories import PASSWORD, make_key, make_model, make_tenant, make_use_case, make_user
+from tests.support.axe import accessibility_violations
+from tests.support.records import make_record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+VIEWPORT = {"width": 1280, "height": 800}
+
+
+@dataclass(frozen=True)
+class Shot:
+    """One page: who opens it, where, the file it becomes and the heading that proves it."""
+
+    username: str
+    path: str
+    name: str
+    heading: str
+
+
+@pytest.fixture
+def shots_dir(tmp_path: Path) -> Path:
+    if os.environ.get("SWITCHYARD_SCREENSHOTS") == "1":
+        directory = Path(REPO_ROOT) / "docs" / "screenshots"
+    else:
+        directory = tmp_path / "screenshots"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@pytest.fixture
+def bank() -> dict[str, str]:
+    """The world the screenshots show; the ids the paths need."""
+    llama, mistral = make_model("llama-3.1-8b"), make_model("mistral-7b")
+    acme = make_tenant("acme")
+    globex = make_tenant("globex")
+    chatbot = make_use_case(acme, "support-chatbot", models=(llama, mistral))
+    make_use_case(acme, "claims-summary", models=(llama,))
+    make_use_case(globex, "fraud-notes", models=(mistral,), status="submitted")
+    alice = make_user("alice", Role.DEVELOPER, tenants=(acme,))
+    make_user("olivia", Role.OFFICER)
+    make_user("avery", Role.AUDITOR)
+    active, _ = make_key(chatbot, name="checkout-service")
+    pending = services.api_key_request(
+        actor=Actor.for_user(alice), use_case=chatbot, name="alice-ci", reason="CI smoke tests"
+    )
+    GuardrailSelection.objects.create(
+        use_case=chatbot, guardrail="pii", side="both", action="redact", config={"entities": []}
+    )
+    now = timezone.now()
+    where = {"use_case_id": chatbot.pk, "tenant_id": acme.pk, "tenant": "acme"}
+    GuardrailFinding.objects.create(
+        stream_id="1-0",
+        request_id="req-7",
+        occurred_at=now,
+        model="llama-3.1-8b",
+        stage="request",
+        guardrail="pii",
+        action="redacted",
+        entities={"EMAIL_ADDRESS": 1},
+        score=0.93,
+        **where,
+    )
+    GuardrailHour.objects.create(
+        guardrail="pii",
+        action="redacted",
+        hour=now.replace(minute=0, second=0, microsecond=0),
+        findings=1,
+        **where,
+    )
+    for n, (decision, reason) in enumerate(
+        [("admitted", ""), ("queued", ""), ("rejected", "tokens_per_minute"), ("shed", "")]
+    ):
+        AdmissionDecision.objects.create(
+            stream_id=f"{n + 1}-0",
+            request_id=f"req-{n + 1}",
+            occurred_at=now - timedelta(seconds=30 * n),
+            decision=decision,
+            reason=reason,
+            key_id=active.pk,
+            model="llama-3.1-8b",
+            queued_ms=120 * n,
+            **where,
+        )
+    record = ""
+    for minute in range(3):
+        record = make_record(
+            chatbot, minutes=minute, key_id=active.pk, model="llama-3.1-8b"
+        ).record_id
+    make_record(chatbot, minutes=4, status=429, key_id=active.pk, model="llama-3.1-8b")
+    return {
+        "use_case": str(chatbot.pk),
+        "active_key": str(active.pk),
+        "pending_key": str(pending.pk),
+        "record": record,
+    }
+
+
+def _shots(ids: dict[str, str]) -> list[Shot]:
+    use_case = f"/use-cases/{ids['use_case']}/"
+    return [
+        Shot("olivia", "/dashboard/", "officer-dashboard", "Use cases & keys"),
+        Shot("olivia", "/review/", "officer-review-queue", "Review queue"),
+        Shot("olivia", use_case, "officer-use-case", "Support-Chatbot"),
+        Shot("olivia", "/admission-decisions/", "officer-admission-decisions", "Admission"),
+        Shot("olivia", "/guardrail-findings/", "officer-guardrail-findings", "Guardrail"),
+        Shot("alice", "/dashboard/", "developer-dashboard", "My use cases & keys"),
+        Shot("alice", use_case, "developer-use-case", "Support-Chatbot"),
+        Shot("alice", f"{use_case}keys/new/", "developer-key-request", "key"),
+        Shot("alice", f"/keys/{ids['pending_key']}/", "developer-key", "alice-ci"),
+        Shot("avery", "/audit/", "auditor-audit-trail", "Audit trail"),
+        Shot("avery", "/records/", "auditor-records", "Records"),
+        Shot("avery", f"/records/{ids['record']}/", "auditor-record", "record"),
+    ]
+
+
+def _sign_in(browser: Browser, base_url: str, username: str) -> Page:
+    page = browser.new_context(base_url=base_url, viewport=VIEWPORT).new_page()  # type: ignore[arg-type]
+    page.set_default_timeout(10_000)
+    page.goto("/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in", exact=True).click()
+    expect(page.locator(".who")).to_contain_text(username)
+    return page
+
+
+def test_each_main_page_is_photographed_as_the_role_that_uses_it(
+    browser: Browser, portal_server: str, bank: dict[str, str], shots_dir: Path
+) -> None:
+    shots = _shots(bank)
+    written: list[Path] = []
+    inaccessible: list[str] = []
+    pages: dict[str, Page] = {}
+    try:
+        for shot in shots:
+            if shot.username not in pages:
+                pages[shot.username] = _sign_in(browser, portal_server, shot.username)
+            page = pages[shot.username]
+            if shot.name == "auditor-audit-trail":
+                # Show the chain verified, as an auditor would see it after the button.
+                page.goto(shot.path)
+                page.get_by_role("button", name="Verify chain").click()
+                expect(page.locator("#chain-status")).to_contain_text("Verified up to event #")
+            response = page.goto(shot.path)
+            assert response is not None
+            assert response.status == 200, f"{shot.path} as {shot.username}: {response.status}"
+            page.wait_for_load_state("networkidle")
+            expect(page.get_by_role("heading", level=1)).to_contain_text(
+                shot.heading, ignore_case=True
+            )
+            inaccessible += accessibility_violations(page)
+            target = shots_dir / f"{shot.name}.png"
+            page.screenshot(path=str(target), full_page=True)
+            written.append(target)
+    finally:
+        for page in pages.values():
+            page.context.close()
+
+    assert inaccessible == [], "\n".join(inaccessible)
+    assert [path.name for path in written] == [f"{shot.name}.png" for shot in shots]
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+        assert path.stat().st_size > 10_000, f"{path} is suspiciously small"
