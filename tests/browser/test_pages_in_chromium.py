@@ -140,6 +140,11 @@ def test_every_page_renders_under_the_content_security_policy(
             "/audit/",
             "/files/",
             "/async/dead-letters/",
+            "/govern/",
+            "/govern/tenants/new/",
+            "/govern/use-cases/new/",
+            "/govern/priority-matrix/",
+            f"/use-cases/{use_case}/usage/",
             "/api/docs/",
         ],
         "alice": [
@@ -149,6 +154,9 @@ def test_every_page_renders_under_the_content_security_policy(
             f"/keys/{alice_key}/",
             "/records/",
             "/files/",
+            "/my-usage/",
+            "/use-cases/new/",
+            f"/use-cases/{use_case}/usage/",
         ],
         "avery": [
             "/dashboard/",
@@ -157,6 +165,7 @@ def test_every_page_renders_under_the_content_security_policy(
             "/records/",
             f"/records/{record}/",
             "/audit/",
+            f"/use-cases/{use_case}/usage/",
         ],
     }
     problems: list[str] = []
