@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
 from portal import async_views, files_views, records_views, views
+from portal.fleet import views as fleet_views
 
 app_name = "portal"
 
@@ -18,6 +19,8 @@ urlpatterns = [
     path("records/<str:record_id>/", records_views.record_detail, name="record_detail"),
     path("audit/", records_views.audit_trail, name="audit_trail"),
     path("audit/export/", records_views.audit_export_download, name="audit_export"),
+    # The live fleet view (docs/portal.md "Live fleet view"); its websocket: portal/routing.py.
+    path("fleet/", fleet_views.fleet, name="fleet"),
     # Files (docs/files.md "In the portal"): progress, parts, history, audited downloads.
     path("files/", files_views.files, name="files"),
     path("files/<int:pk>/", files_views.file_detail, name="file_detail"),
