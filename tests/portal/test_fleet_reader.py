@@ -174,7 +174,8 @@ def test_reader_shows_what_the_watcher_scheduler_and_gateway_wrote(
     assert rates["capped"] is False
     assert during["per_model"][MODEL]["refused"] == rates["refused"]
     # The next tick starts where this one ended: nothing is counted twice.
-    assert after["rates"]["admitted"] == 0 and after["rates"]["refused"] == 0
+    assert after["rates"]["admitted"] == 0
+    assert after["rates"]["refused"] == 0
     assert after["per_model"] == {}
 
 
@@ -212,5 +213,6 @@ def test_an_empty_valkey_reads_as_an_empty_fleet(
 
     started = time.time() * 1000
     snapshot = asyncio.run(scenario())
-    assert snapshot["models"] == [] and snapshot["policy_version"] is None
+    assert snapshot["models"] == []
+    assert snapshot["policy_version"] is None
     assert abs(snapshot["at_ms"] - started) < 5_000  # Valkey's clock, in milliseconds
