@@ -21,7 +21,7 @@ from typing import Any
 import valkey
 import valkey.asyncio as avalkey
 
-from gateway.accounting import Accounting
+from gateway.accounting import Accounting, Decision
 from gateway.fleet_watcher import ReplicaLoad
 from gateway.scheduling import fleet_entry, saturated_entry, write_fleet
 from portal.fleet.messages import FleetSnapshot
@@ -76,12 +76,13 @@ async def _write_accounting(url: str) -> None:
             completion_tokens=20, queued_ms=0, upstream_ms=5, total_ms=6, policy_version=1,
             **common,
         )  # fmt: skip
-    for decision, reason in (
+    decisions: tuple[tuple[Decision, str], ...] = (
         ("rejected", "rate_limit:acme-rpm"),
         ("rejected", "queue_full"),
         ("shed", "queue_timeout"),
         ("queued", "prod"),
-    ):
+    )
+    for decision, reason in decisions:
         accounting.record_decision(
             request_id=f"d-{reason}", decision=decision, reason=reason, policy_version=1,
             wait_ms=120, **common,
