@@ -55,8 +55,8 @@ def web(valkey_client: valkey.Valkey, valkey_url: str, tmp_path: Path) -> Iterat
         web_password(user)
     PolicyBuilder().model(MODEL, [R1]).priority_class("prod", rank=1).publish(valkey_client)
     _write_fleet(valkey_client, running=3)
-    with fleet_web(valkey_url, tmp_path, interval_s=INTERVAL_S) as url:
-        yield url
+    with fleet_web(valkey_url, tmp_path, interval_s=INTERVAL_S) as fleet:
+        yield fleet.url
 
 
 def _ws(url: str) -> str:

@@ -11,15 +11,35 @@ from typing import Any
 
 import httpx
 
-from config.processes import PYTHON, ManagedProcess
+from config.processes import PYTHON, ManagedProcess, free_port, http_ready
 from tests.conftest import database_url
 from tests.factories import PASSWORD
-from tests.support.web_process import running_web
+
+
+class FleetWeb:
+    """The web process (uvicorn serving config.asgi) on a port of its own, restartable on
+    that port: what a page sees when its server goes away and comes back."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._env = env
+        self.process: ManagedProcess | None = None
+
+    def start(self) -> None:
+        argv = [PYTHON, "-m", "uvicorn", "config.asgi:application", "--port", str(self.port)]
+        self.process = ManagedProcess(f"web-{self.port}", argv, env=self._env)
+        self.process.start(ready=http_ready(f"{self.url}/accounts/login/", expect=200), timeout=60)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
 
 
 @contextlib.contextmanager
-def fleet_web(valkey_url: str, run_dir: Path, *, interval_s: float = 1.0) -> Iterator[str]:
-    """A web process and a fleet publisher; yields the web process's base URL."""
+def fleet_web(valkey_url: str, run_dir: Path, *, interval_s: float = 1.0) -> Iterator[FleetWeb]:
+    """A web process and a fleet publisher, on the test's Valkey and database."""
     env = {
         "SWITCHYARD_VALKEY_URL": valkey_url,
         "SWITCHYARD_DATABASE_URL": database_url(),
@@ -28,10 +48,12 @@ def fleet_web(valkey_url: str, run_dir: Path, *, interval_s: float = 1.0) -> Ite
     }
     publisher = ManagedProcess("fleet-publisher", [PYTHON, "-m", "portal.fleet.publisher"], env=env)
     publisher.start(ready=lambda: "fleet_publisher_started" in publisher.log_text(), timeout=60)
+    web = FleetWeb(env)
     try:
-        with running_web(env) as url:
-            yield url
+        web.start()
+        yield web
     finally:
+        web.stop()
         publisher.stop()
 
 

@@ -44,10 +44,16 @@
     return cell;
   }
 
-  function td(text, numeric) { return el("td", text, numeric ? "num" : ""); }
+  // ``field`` names the snapshot's value the cell shows (data-field): for tests and styles.
+  function td(text, field) {
+    var cell = el("td", text, "num");
+    cell.dataset.field = field;
+    return cell;
+  }
 
   function state(text, kind) {
     var cell = document.createElement("td");
+    cell.dataset.field = "state";
     cell.appendChild(el("span", text, "status status-" + kind));
     return cell;
   }
@@ -56,10 +62,11 @@
     var first = th(name);
     var tr = row([
       first,
-      td(num(rates.admitted, 2), true), td(num(rates.queued, 2), true),
-      td(num(rates.shed, 2), true), td(num(rates.refused, 2), true),
-      td(num(rates.prompt_tokens, 1), true), td(num(rates.completion_tokens, 1), true),
-      td(num(rates.tokens, 1), true)
+      td(num(rates.admitted, 2), "admitted"), td(num(rates.queued, 2), "queued"),
+      td(num(rates.shed, 2), "shed"), td(num(rates.refused, 2), "refused"),
+      td(num(rates.prompt_tokens, 1), "prompt_tokens"),
+      td(num(rates.completion_tokens, 1), "completion_tokens"),
+      td(num(rates.tokens, 1), "tokens")
     ]);
     tr.dataset.model = isTotal ? "" : name;
     if (isTotal) tr.className = "fleet-total";
@@ -98,11 +105,11 @@
     var replicas = model.replicas.map(function (r) {
       var tr = row([
         th(r.replica),
-        td(num(r.running), true), td(num(r.waiting), true), td(percent(r.kv_usage), true),
-        td(num(r.in_flight), true),
+        td(num(r.running), "running"), td(num(r.waiting), "waiting"),
+        td(percent(r.kv_usage), "kv_usage"), td(num(r.in_flight), "in_flight"),
         !r.reachable ? state(r.age_ms === null ? "no metrics" : "unreachable", "revoked")
           : r.saturated ? state("saturated", "pending") : state("has room", "active"),
-        td(duration(r.age_ms), true)
+        td(duration(r.age_ms), "age_ms")
       ]);
       tr.dataset.replica = r.replica;
       return tr;
@@ -113,9 +120,9 @@
     ], replicas));
     var classes = model.classes.map(function (c) {
       var tr = row([
-        th(c.priority_class), td(c.rank, true), td(num(c.depth), true),
-        td(duration(c.oldest_wait_ms), true),
-        td(c.in_flight === null ? "—" : num(c.in_flight), true)
+        th(c.priority_class), td(c.rank, "rank"), td(num(c.depth), "depth"),
+        td(duration(c.oldest_wait_ms), "oldest_wait_ms"),
+        td(c.in_flight === null ? "—" : num(c.in_flight), "in_flight")
       ]);
       tr.dataset.priorityClass = c.priority_class;
       return tr;
