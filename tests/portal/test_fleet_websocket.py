@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +20,11 @@ import httpx
 import pytest
 import valkey
 import websockets
+from django.contrib.auth import get_user_model
 from websockets.asyncio.client import ClientConnection
 
 from gateway.scheduling import fleet_entry, keys
-from governance.roles import Role
+from governance.roles import Role, roles_set
 from tests.factories import make_tenant, make_user
 from tests.support.fleet import fleet_web, session_cookie, web_password
 from tests.support.policy import PolicyBuilder
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 MODEL = "granite"
 R1 = "http://10.1.0.1:8000"
 INTERVAL_S = 0.5
+RECHECK_S = 1.0  # how often an open socket's session is checked again (30 s by default)
 
 
 def _valkey_ms(client: valkey.Valkey) -> int:
@@ -55,7 +58,12 @@ def web(valkey_client: valkey.Valkey, valkey_url: str, tmp_path: Path) -> Iterat
         web_password(user)
     PolicyBuilder().model(MODEL, [R1]).priority_class("prod", rank=1).publish(valkey_client)
     _write_fleet(valkey_client, running=3)
-    with fleet_web(valkey_url, tmp_path, interval_s=INTERVAL_S) as fleet:
+    with fleet_web(
+        valkey_url,
+        tmp_path,
+        interval_s=INTERVAL_S,
+        SWITCHYARD_FLEET_RECHECK_SECONDS=str(RECHECK_S),
+    ) as fleet:
         yield fleet.url
 
 
@@ -155,6 +163,47 @@ def test_a_developer_and_an_anonymous_visitor_are_refused_with_4403(web: str) ->
     assert _refusal(web, session_cookie(web, "devon")) == 4403
     assert _refusal(web, None) == 4403
     assert _refusal(web, "not-a-session") == 4403
+
+
+def test_an_open_socket_closes_when_the_role_is_revoked_or_the_person_signs_out(
+    web: str,
+) -> None:
+    """GIVEN olivia and audrey watching the fleet
+    WHEN olivia's officer role is revoked and audrey signs out (in another tab)
+    THEN both sockets are closed with 4403 within the recheck interval and a tick."""
+    olivia, audrey = session_cookie(web, "olivia"), session_cookie(web, "audrey")
+
+    def revoke_olivia_and_sign_audrey_out() -> None:
+        roles_set(get_user_model().objects.get(username="olivia"), [])
+        with httpx.Client(base_url=web, cookies={"sessionid": audrey}) as client:
+            page = client.get("/fleet/")
+            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+            assert token is not None, "no sign-out form on the page"
+            out = client.post("/accounts/logout/", data={"csrfmiddlewaretoken": token[1]})
+            assert out.status_code == 302, out.text
+
+    async def closed_with(socket: ClientConnection) -> int | None:
+        """The close code, or None if it stayed open past the recheck and a few ticks."""
+        deadline = time.monotonic() + RECHECK_S + INTERVAL_S * 6
+        try:
+            while time.monotonic() < deadline:  # ticks arrive until the next recheck
+                await _next(socket, wait_s=RECHECK_S + INTERVAL_S * 4)
+        except websockets.ConnectionClosed as closed:
+            return closed.rcvd.code if closed.rcvd else None
+        return None
+
+    async def scenario() -> list[int | None]:
+        sockets = [await _connect(web, olivia), await _connect(web, audrey)]
+        try:
+            for socket in sockets:
+                await _next(socket)
+            await asyncio.to_thread(revoke_olivia_and_sign_audrey_out)
+            return [await closed_with(socket) for socket in sockets]
+        finally:
+            for socket in sockets:
+                await socket.close()
+
+    assert asyncio.run(scenario()) == [4403, 4403]
 
 
 def test_another_sites_page_cannot_open_it_with_the_visitors_cookie(web: str) -> None:

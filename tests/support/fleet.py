@@ -38,9 +38,13 @@ class FleetWeb:
 
 
 @contextlib.contextmanager
-def fleet_web(valkey_url: str, run_dir: Path, *, interval_s: float = 1.0) -> Iterator[FleetWeb]:
-    """A web process and a fleet publisher, on the test's Valkey and database."""
+def fleet_web(
+    valkey_url: str, run_dir: Path, *, interval_s: float = 1.0, **settings: str
+) -> Iterator[FleetWeb]:
+    """A web process and a fleet publisher, on the test's Valkey and database; ``settings``:
+    more environment (SWITCHYARD_*) for both."""
     env = {
+        **settings,
         "SWITCHYARD_VALKEY_URL": valkey_url,
         "SWITCHYARD_DATABASE_URL": database_url(),
         "SWITCHYARD_RUN_DIR": str(run_dir),
