@@ -6,7 +6,7 @@ GIVEN olivia (officer) on the live fleet page
 WHEN a chat request goes through the gateway
 THEN within two seconds the page shows it in flight on the replica, then admitted and its
 tokens; when the web process restarts the page says "reconnecting" and comes back live by
-itself.
+itself; when the publisher stops it says "stale".
 """
 
 from __future__ import annotations
@@ -143,6 +143,12 @@ def test_a_request_through_the_gateway_shows_on_the_live_page_within_two_seconds
     web.start()
     expect(status).to_have_attribute("data-state", "live", timeout=15_000)
     expect(page.locator(_in_flight_cell(MODEL, replica))).to_have_text("0")
+
+    # The publisher stops: the socket is still open, but the page no longer says "live".
+    web.stop_publisher()
+    expect(status).to_have_attribute("data-state", "stale", timeout=6_000)
+    web.start_publisher()
+    expect(status).to_have_attribute("data-state", "live", timeout=6_000)
     assert accessibility_violations(page) == []
 
 

@@ -18,13 +18,15 @@ from tests.factories import PASSWORD
 
 class FleetWeb:
     """The web process (uvicorn serving config.asgi) on a port of its own, restartable on
-    that port: what a page sees when its server goes away and comes back."""
+    that port (what a page sees when its server goes away and comes back), and the fleet
+    publisher, stoppable and restartable too."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._env = env
         self.process: ManagedProcess | None = None
+        self.publisher: ManagedProcess | None = None
 
     def start(self) -> None:
         argv = [PYTHON, "-m", "uvicorn", "config.asgi:application", "--port", str(self.port)]
@@ -35,6 +37,17 @@ class FleetWeb:
         if self.process is not None:
             self.process.stop()
             self.process = None
+
+    def start_publisher(self) -> None:
+        argv = [PYTHON, "-m", "portal.fleet.publisher"]
+        publisher = ManagedProcess("fleet-publisher", argv, env=self._env)
+        self.publisher = publisher
+        publisher.start(ready=lambda: "fleet_publisher_started" in publisher.log_text(), timeout=60)
+
+    def stop_publisher(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
+            self.publisher = None
 
 
 @contextlib.contextmanager
@@ -50,15 +63,14 @@ def fleet_web(
         "SWITCHYARD_RUN_DIR": str(run_dir),
         "SWITCHYARD_FLEET_PUBLISH_INTERVAL_SECONDS": str(interval_s),
     }
-    publisher = ManagedProcess("fleet-publisher", [PYTHON, "-m", "portal.fleet.publisher"], env=env)
-    publisher.start(ready=lambda: "fleet_publisher_started" in publisher.log_text(), timeout=60)
     web = FleetWeb(env)
     try:
+        web.start_publisher()
         web.start()
         yield web
     finally:
         web.stop()
-        publisher.stop()
+        web.stop_publisher()
 
 
 def web_password(user: Any) -> None:

@@ -156,7 +156,8 @@
   function connect() {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     socket = new WebSocket(scheme + location.host + "/ws/fleet/");
-    socket.onopen = function () { attempt = 0; };
+    // Open but silent for long (no publisher, or one that stopped): "stale", not "live".
+    socket.onopen = function () { attempt = 0; lastMessageAt = Date.now(); };
     socket.onmessage = function (event) {
       lastMessageAt = Date.now();
       render(JSON.parse(event.data));
@@ -180,7 +181,7 @@
   function watchStaleness() {
     setInterval(function () {
       if (refused || !socket || socket.readyState !== WebSocket.OPEN) return;
-      if (lastMessageAt && Date.now() - lastMessageAt > STALE_MS) show("stale", "stale", "pending");
+      if (Date.now() - lastMessageAt > STALE_MS) show("stale", "stale", "pending");
     }, 1000);
   }
 
