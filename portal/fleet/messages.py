@@ -62,6 +62,7 @@ class FleetSnapshot(TypedDict):
     at_ms: int  # Valkey's clock when read
     policy_version: int | None
     models: list[ModelRow]
+    classes: list[ClassRow]  # every model's queues by class: depth summed, oldest wait
     rates: Rates
     per_model: dict[str, Rates]
 

@@ -156,6 +156,7 @@ class FleetReader:
             "at_ms": now,
             "policy_version": policy.version if policy else None,
             "models": rows,
+            "classes": _across_models(rows),
             "rates": total.rates(window_s, capped=capped),
             "per_model": {
                 name: counter.rates(window_s, capped=capped)
@@ -209,6 +210,24 @@ class FleetReader:
             "leases": _int(chunk[2]),
             "queued": _int(chunk[5]),
         }
+
+
+def _across_models(rows: Sequence[ModelRow]) -> list[ClassRow]:
+    """Each class over every model's pool: waiters summed, the longest wait, in flight summed
+    (None when no pool counts it)."""
+    total: dict[str, ClassRow] = {}
+    for model in rows:
+        for row in model["classes"]:
+            seen = total.setdefault(
+                row["priority_class"],
+                {**row, "depth": 0, "in_flight": None, "oldest_wait_ms": None},
+            )
+            seen["depth"] += row["depth"]
+            if row["oldest_wait_ms"] is not None:
+                seen["oldest_wait_ms"] = max(seen["oldest_wait_ms"] or 0, row["oldest_wait_ms"])
+            if row["in_flight"] is not None:
+                seen["in_flight"] = (seen["in_flight"] or 0) + row["in_flight"]
+    return list(total.values())
 
 
 def _model_names(policy: Policy | None) -> list[str]:

@@ -83,12 +83,20 @@ def test_a_request_through_the_gateway_shows_on_the_live_page_within_two_seconds
 ) -> None:
     web, gateway, key, replica = stack
     page = _sign_in(browser, web, "olivia")
+    # Console errors and CSP violations (an inline script, a blocked websocket) until the
+    # web process is restarted on purpose below.
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Live fleet").click()
     expect(page.get_by_role("heading", level=1)).to_have_text("Live fleet")
     status = page.locator("#fleet-status")
     expect(status).to_have_attribute("data-state", "live")
     expect(status).to_have_text("live")
     expect(page.locator(_in_flight_cell(MODEL, replica))).to_have_text("0")
+    prod = page.locator('#fleet-classes tr[data-priority-class="prod"]')
+    expect(prod.locator('td[data-field="depth"]')).to_have_text("0")
+    expect(prod.locator('td[data-field="oldest_wait_ms"]')).to_have_text("—")
     assert accessibility_violations(page) == []
 
     answers: list[httpx.Response] = []
@@ -135,6 +143,8 @@ def test_a_request_through_the_gateway_shows_on_the_live_page_within_two_seconds
     )
     assert time.monotonic() - finished < 2.0
     expect(page.locator(_in_flight_cell(MODEL, replica))).to_have_text("0")
+
+    assert problems == []
 
     # The web process goes away: the page says so, and comes back live by itself.
     web.stop()

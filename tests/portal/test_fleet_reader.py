@@ -23,7 +23,7 @@ import valkey.asyncio as avalkey
 
 from gateway.accounting import Accounting, Decision
 from gateway.fleet_watcher import ReplicaLoad
-from gateway.scheduling import fleet_entry, saturated_entry, write_fleet
+from gateway.scheduling import fleet_entry, keys, saturated_entry, write_fleet
 from portal.fleet.messages import FleetSnapshot
 from portal.fleet.reader import FleetReader
 from tests.gateway.scheduling.conftest import Lua
@@ -161,6 +161,8 @@ def test_reader_shows_what_the_watcher_scheduler_and_gateway_wrote(
     assert classes["batch"]["oldest_wait_ms"] == read_at - (now - 700)
     assert classes["batch"]["in_flight"] == 1  # "d", counted in cif: for its pool share
     assert classes["prod"]["in_flight"] is None  # no pool share: not counted there
+    # One model: the fleet-wide view of each class is that model's.
+    assert during["classes"] == model["classes"]
 
     assert before["rates"]["admitted"] == 0
     rates = during["rates"]
@@ -217,3 +219,50 @@ def test_an_empty_valkey_reads_as_an_empty_fleet(
     assert snapshot["models"] == []
     assert snapshot["policy_version"] is None
     assert abs(snapshot["at_ms"] - started) < 5_000  # Valkey's clock, in milliseconds
+
+
+def test_queues_by_class_add_every_models_waiters_and_keep_the_longest_wait(
+    valkey_client: valkey.Valkey, valkey_url: str
+) -> None:
+    """GIVEN two models whose only replicas are saturated, with waiters of both classes
+    WHEN the reader reads the fleet
+    THEN each class's fleet-wide depth is the sum over the models and its oldest wait the
+    longest of any model's."""
+    other = "mistral"
+    policy = PolicyBuilder().model(MODEL, [R1]).model(other, [R2])
+    policy.priority_class("prod", rank=1).priority_class("batch", rank=5)
+    policy.key()
+    policy.publish(valkey_client)
+    now = _valkey_ms(valkey_client)
+    busy = fleet_entry(waiting=5, running=8, kv_usage=0.9, scraped_at_ms=now)
+    valkey_client.hset(keys.fleet(MODEL), mapping={R1: busy})
+    valkey_client.hset(keys.fleet(other), mapping={R2: busy})
+    lua = Lua(valkey_client)
+    for at, request, model, cls, rank, replica in (
+        (now - 3000, "p1", MODEL, "prod", 1, R1),
+        (now - 1000, "b1", MODEL, "batch", 5, R1),
+        (now - 500, "p2", other, "prod", 1, R2),
+        (now - 400, "p3", other, "prod", 1, R2),
+    ):
+        reply = lua.acquire(
+            at, request, model=model, priority_class=cls, rank=rank, replicas=((replica, 2),)
+        )
+        assert reply[0] == 0, reply  # queued: the replica is saturated
+
+    async def scenario() -> FleetSnapshot:
+        client = avalkey.Valkey.from_url(valkey_url)
+        try:
+            return await FleetReader(client).read()
+        finally:
+            await client.aclose()
+
+    snapshot = asyncio.run(scenario())
+    fleet = {row["priority_class"]: row for row in snapshot["classes"]}
+    assert [row["priority_class"] for row in snapshot["classes"]] == ["prod", "batch"]
+    assert fleet["prod"]["depth"] == 3
+    assert fleet["prod"]["oldest_wait_ms"] == snapshot["at_ms"] - (now - 3000)
+    assert fleet["batch"]["depth"] == 1
+    assert fleet["batch"]["oldest_wait_ms"] == snapshot["at_ms"] - (now - 1000)
+    by_model = {row["model"]: row for row in snapshot["models"]}
+    assert by_model[other]["queued"] == 2
+    assert by_model[other]["replicas"][0]["saturated"] is True

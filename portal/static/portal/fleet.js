@@ -5,7 +5,7 @@
 (function () {
   var FORBIDDEN = 4403;
   var STALE_MS = 3000; // a second's updates missed three times over: say so
-  var statusEl, updatedEl, policyEl, ratesBody, modelsEl, emptyEl;
+  var statusEl, updatedEl, policyEl, ratesBody, classesBody, modelsEl, emptyEl;
   var socket = null;
   var attempt = 0;
   var lastMessageAt = 0;
@@ -93,6 +93,16 @@
     return wrap;
   }
 
+  function classRow(c) {
+    var tr = row([
+      th(c.priority_class), td(c.rank, "rank"), td(num(c.depth), "depth"),
+      td(duration(c.oldest_wait_ms), "oldest_wait_ms"),
+      td(c.in_flight === null ? "—" : num(c.in_flight), "in_flight")
+    ]);
+    tr.dataset.priorityClass = c.priority_class;
+    return tr;
+  }
+
   function modelSection(model, index) {
     var section = el("section", null, "fleet-model");
     section.dataset.model = model.model;
@@ -118,15 +128,7 @@
       ["Replica"], ["Running", 1], ["Waiting (vLLM)", 1], ["KV cache", 1], ["In flight", 1],
       ["State"], ["Metrics age", 1]
     ], replicas));
-    var classes = model.classes.map(function (c) {
-      var tr = row([
-        th(c.priority_class), td(c.rank, "rank"), td(num(c.depth), "depth"),
-        td(duration(c.oldest_wait_ms), "oldest_wait_ms"),
-        td(c.in_flight === null ? "—" : num(c.in_flight), "in_flight")
-      ]);
-      tr.dataset.priorityClass = c.priority_class;
-      return tr;
-    });
+    var classes = model.classes.map(classRow);
     section.appendChild(table("Priority classes", [
       ["Class"], ["Rank", 1], ["Queue depth", 1], ["Oldest wait", 1], ["In flight (pool share)", 1]
     ], classes));
@@ -139,6 +141,7 @@
       rates.push(rateRow(name, snapshot.per_model[name], false));
     });
     ratesBody.replaceChildren.apply(ratesBody, rates);
+    classesBody.replaceChildren.apply(classesBody, snapshot.classes.map(classRow));
     modelsEl.replaceChildren.apply(modelsEl, snapshot.models.map(modelSection));
     emptyEl.hidden = snapshot.models.length > 0;
     var at = new Date(snapshot.at_ms);
@@ -190,6 +193,7 @@
     updatedEl = document.getElementById("fleet-updated");
     policyEl = document.getElementById("fleet-policy");
     ratesBody = document.querySelector("#fleet-rates tbody");
+    classesBody = document.querySelector("#fleet-classes tbody");
     modelsEl = document.getElementById("fleet-models");
     emptyEl = document.getElementById("fleet-empty");
     var initial = JSON.parse(document.getElementById("fleet-initial").textContent);
