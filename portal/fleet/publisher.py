@@ -19,6 +19,7 @@ import valkey
 import valkey.asyncio as avalkey
 
 from config.env import env_float
+from portal.fleet.leader import Leadership
 from portal.fleet.messages import (
     GROUP,
     LAST_SNAPSHOT_KEY,
@@ -52,13 +53,23 @@ async def run(*, interval_s: float = INTERVAL_S, stop: asyncio.Event | None = No
     stop = stop or asyncio.Event()
     client = avalkey.Valkey.from_url(settings.VALKEY_URL)
     reader = FleetReader(client)
+    leadership = Leadership(client, ttl_ms=max(int(interval_s * 3000), 1000))
+    leading = False
     logger.info("fleet_publisher_started interval_s=%s group=%s", interval_s, GROUP)
     try:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                snapshot = await reader.read()
-                await publish(client, snapshot)
+                if await leadership.hold():
+                    if not leading:
+                        logger.info("fleet_publisher_leading")
+                        reader.since_ms = None  # count rates from now, not from a past tick
+                    leading = True
+                    snapshot = await reader.read()
+                    await publish(client, snapshot)
+                elif leading:
+                    leading = False
+                    logger.info("fleet_publisher_standby")
             except (valkey.ValkeyError, OSError) as exc:
                 # Valkey away: the pages show their last picture as stale; try again.
                 logger.warning("fleet_publish_failed error=%s", exc.__class__.__name__)
@@ -68,6 +79,8 @@ async def run(*, interval_s: float = INTERVAL_S, stop: asyncio.Event | None = No
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
     finally:
+        with contextlib.suppress(valkey.ValkeyError, OSError):
+            await leadership.release()
         await client.aclose()
         logger.info("fleet_publisher_stopped")
 
