@@ -25,9 +25,11 @@ class ReplicaRow(TypedDict):
     waiting: int | None  # vLLM's own queue; None when unknown or unreachable
     kv_usage: float | None  # 0..1
     in_flight: int  # requests the gateways granted it and have not released
+    cap: int | None  # the most the scheduler sends it at once (policy cap, learned batch size)
     age_ms: int | None  # how old the watcher's scrape is
     reachable: bool
     saturated: bool  # the scheduler's own test: stale, unreachable, or queue at threshold
+    full: bool  # in flight at its cap: no room even though vLLM's queue is short
 
 
 class ClassRow(TypedDict):

@@ -177,10 +177,14 @@ class FleetReader:
         stale_ms = _int(chunk[3][0], DEFAULT_STALE_MS)
         threshold = _int(chunk[3][1], DEFAULT_WAITING_THRESHOLD)
         class_in_flight = _texts(chunk[4])
-        listed = list(policy.models[model].replicas) if policy and model in policy.models else []
+        entry = policy.models.get(model) if policy else None
+        listed = list(entry.replicas) if entry else []
         replicas = listed + sorted(set(fleet) - set(listed))
+        policy_cap = entry.max_in_flight_per_replica if entry else None
         replica_rows = [
-            _replica_row(url, fleet.get(url), _int(inflight.get(url)), now, stale_ms, threshold)
+            _replica_row(
+                url, fleet.get(url), _int(inflight.get(url)), now, stale_ms, threshold, policy_cap
+            )
             for url in replicas
         ]
         oldest: dict[str, int] = {}
@@ -235,7 +239,13 @@ def _model_names(policy: Policy | None) -> list[str]:
 
 
 def _replica_row(
-    url: str, raw: str | None, in_flight: int, now: int, stale_ms: int, threshold: int
+    url: str,
+    raw: str | None,
+    in_flight: int,
+    now: int,
+    stale_ms: int,
+    threshold: int,
+    policy_cap: int | None,
 ) -> ReplicaRow:
     if raw is None:
         return {
@@ -244,26 +254,31 @@ def _replica_row(
             "waiting": None,
             "kv_usage": None,
             "in_flight": in_flight,
+            "cap": policy_cap,
             "age_ms": None,
             "reachable": False,
             "saturated": True,  # no metrics: the scheduler counts it saturated, never idle
+            "full": policy_cap is not None and in_flight >= policy_cap,
         }
     try:
         load = ReplicaLoad.decode(raw)
     except ValueError:
         load = ReplicaLoad.unreachable(0)
     reachable = load.waiting < UNREACHABLE_FROM
+    cap = load.cap(policy_cap, threshold) if policy_cap is not None else None
     return {
         "replica": url,
         "running": load.running if reachable else None,
         "waiting": load.waiting_now(in_flight) if reachable else None,
         "kv_usage": load.kv_usage if reachable else None,
         "in_flight": in_flight,
+        "cap": cap,
         "age_ms": max(load.age_ms(now), 0),
         "reachable": reachable,
         "saturated": not load.has_room(
             now=now, stale_ms=stale_ms, waiting_threshold=threshold, in_flight=in_flight
         ),
+        "full": cap is not None and in_flight >= cap,
     }
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import valkey
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from governance.roles import Role
 from tests.conftest import GatewayFactory, SimulatorFactory
@@ -66,23 +66,38 @@ def stack(
         yield web, gateway.base_url, key, simulator.base_url
 
 
-def _sign_in(browser: Browser, web: FleetWeb, username: str) -> Page:
-    context = browser.new_context(base_url=web.url)
-    context.set_default_timeout(10_000)
-    page = context.new_page()
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in", exact=True).click()
-    expect(page.locator(".who")).to_contain_text(username)
-    return page
+SignIn = Callable[[FleetWeb, str], Page]
+
+
+@pytest.fixture
+def sign_in(browser: Browser) -> Iterator[SignIn]:
+    """Signed-in pages, closed after the test: a live page left open keeps reconnecting."""
+    contexts: list[BrowserContext] = []
+
+    def open_as(web: FleetWeb, username: str) -> Page:
+        context = browser.new_context(base_url=web.url)
+        contexts.append(context)
+        context.set_default_timeout(10_000)
+        page = context.new_page()
+        page.goto("/accounts/login/")
+        page.get_by_label("Username").fill(username)
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Sign in", exact=True).click()
+        expect(page.locator(".who")).to_contain_text(username)
+        return page
+
+    try:
+        yield open_as
+    finally:
+        for context in contexts:
+            context.close()
 
 
 def test_a_request_through_the_gateway_shows_on_the_live_page_within_two_seconds(
-    browser: Browser, stack: tuple[FleetWeb, str, str, str], tmp_path: Path
+    stack: tuple[FleetWeb, str, str, str], sign_in: SignIn, tmp_path: Path
 ) -> None:
     web, gateway, key, replica = stack
-    page = _sign_in(browser, web, "olivia")
+    page = sign_in(web, "olivia")
     # Console errors and CSP violations (an inline script, a blocked websocket) until the
     # web process is restarted on purpose below.
     problems: list[str] = []
@@ -163,10 +178,10 @@ def test_a_request_through_the_gateway_shows_on_the_live_page_within_two_seconds
 
 
 def test_a_developer_has_no_live_fleet_page(
-    browser: Browser, stack: tuple[FleetWeb, str, str, str]
+    stack: tuple[FleetWeb, str, str, str], sign_in: SignIn
 ) -> None:
     web = stack[0]
-    page = _sign_in(browser, web, "devon")
+    page = sign_in(web, "devon")
     nav = page.get_by_role("navigation", name="Main")
     expect(nav.get_by_role("link", name="My use cases & keys")).to_be_visible()
     expect(nav.get_by_role("link", name="Live fleet")).to_have_count(0)

@@ -140,6 +140,9 @@ def test_reader_shows_what_the_watcher_scheduler_and_gateway_wrote(
     assert rows[R1]["running"] == 4
     assert rows[R1]["kv_usage"] == 0.25
     assert rows[R1]["in_flight"] == 2
+    # The scheduler's cap: the policy's 64, lowered to the learned batch size + threshold.
+    assert rows[R1]["cap"] == 16 + 3
+    assert rows[R1]["full"] is False
     assert rows[R1]["reachable"] is True
     assert rows[R1]["saturated"] is False  # age under the bound: the test is fresh enough
     assert rows[R2]["waiting"] == 5
@@ -266,3 +269,32 @@ def test_queues_by_class_add_every_models_waiters_and_keep_the_longest_wait(
     by_model = {row["model"]: row for row in snapshot["models"]}
     assert by_model[other]["queued"] == 2
     assert by_model[other]["replicas"][0]["saturated"] is True
+    assert by_model[other]["replicas"][0]["cap"] == 64  # the policy's: no batch size learned
+
+
+def test_a_replica_at_its_cap_is_full_though_vllms_queue_is_short(
+    valkey_client: valkey.Valkey, valkey_url: str
+) -> None:
+    policy = PolicyBuilder().model(MODEL, [R1], max_in_flight_per_replica=2)
+    policy.priority_class("prod", rank=1).key()
+    policy.publish(valkey_client)
+    now = _valkey_ms(valkey_client)
+    valkey_client.hset(
+        keys.fleet(MODEL),
+        mapping={R1: fleet_entry(waiting=0, running=2, kv_usage=0.1, scraped_at_ms=now)},
+    )
+    lua = Lua(valkey_client)
+    for request in ("a", "b"):
+        assert lua.acquire(now, request, replicas=((R1, 2),))[0] == 1
+
+    async def scenario() -> FleetSnapshot:
+        client = avalkey.Valkey.from_url(valkey_url)
+        try:
+            return await FleetReader(client).read()
+        finally:
+            await client.aclose()
+
+    [row] = asyncio.run(scenario())["models"][0]["replicas"]
+    assert (row["in_flight"], row["cap"]) == (2, 2)
+    assert row["full"] is True
+    assert row["saturated"] is False

@@ -117,8 +117,10 @@
         th(r.replica),
         td(num(r.running), "running"), td(num(r.waiting), "waiting"),
         td(percent(r.kv_usage), "kv_usage"), td(num(r.in_flight), "in_flight"),
+        td(r.cap === null ? "—" : num(r.cap), "cap"),
         !r.reachable ? state(r.age_ms === null ? "no metrics" : "unreachable", "revoked")
-          : r.saturated ? state("saturated", "pending") : state("has room", "active"),
+          : r.saturated ? state("saturated", "pending")
+          : r.full ? state("full", "pending") : state("has room", "active"),
         td(duration(r.age_ms), "age_ms")
       ]);
       tr.dataset.replica = r.replica;
@@ -126,7 +128,7 @@
     });
     section.appendChild(table("Replicas", [
       ["Replica"], ["Running", 1], ["Waiting (vLLM)", 1], ["KV cache", 1], ["In flight", 1],
-      ["State"], ["Metrics age", 1]
+      ["Cap", 1], ["State"], ["Metrics age", 1]
     ], replicas));
     var classes = model.classes.map(classRow);
     section.appendChild(table("Priority classes", [
