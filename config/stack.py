@@ -296,6 +296,8 @@ class Stack:
         # After the seed (the policy names the replicas) and before the gateway, so that the
         # fleet hashes the gateway schedules by are already being written when it starts.
         self._child("fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"])
+        # The portal's live fleet view: one reader of the fleet for every open page.
+        self._child("fleet-publisher", [PYTHON, "-m", "portal.fleet.publisher"])
         # Before the gateway: its workers load their models (seconds) while the rest starts.
         guardrails = self._child("guardrails", [PYTHON, "-m", "guardrails.service"])
         gateway = self._child("gateway", gateway_command(config.host, config.gateway_port))
@@ -394,6 +396,7 @@ Switchyard is up (embedded demo: local Valkey, SeaweedFS, SQLite, simulated vLLM
 
   Portal      {stack.web_url}/            admin login: {admin}
   Admin       {stack.web_url}/admin/
+  Live fleet  {stack.web_url}/fleet/       (officers, admins, auditors; websocket /ws/fleet/)
   REST API    {stack.web_url}/api/
   Gateway     {gateway}/v1
   Guardrails  http://{stack.config.host}:{stack.config.guardrail_port}/healthz

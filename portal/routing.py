@@ -1,7 +1,13 @@
-"""Websocket routes of the web process (the live fleet view arrives with the portal screens)."""
+"""Websocket routes of the web process."""
 
 from __future__ import annotations
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from django.urls import path
+
+from portal.fleet.consumers import FleetConsumer
+
+websocket_urlpatterns: list[Any] = [
+    path("ws/fleet/", FleetConsumer.as_asgi()),
+]

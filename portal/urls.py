@@ -5,6 +5,7 @@ from portal import async_views, files_views, records_views, views
 from portal.audit import views as audit_views
 from portal.charts import views as usage_views
 from portal.developer import views as developer_views
+from portal.fleet import views as fleet_views
 from portal.officer import views as officer_views
 
 app_name = "portal"
@@ -24,6 +25,8 @@ urlpatterns = [
     path("audit/", audit_views.audit_trail, name="audit_trail"),
     path("audit/verify/", audit_views.audit_chain_verify, name="audit_verify"),
     path("audit/export/", audit_views.audit_export_download, name="audit_export"),
+    # The live fleet view (docs/portal.md "Live fleet view"); its websocket: portal/routing.py.
+    path("fleet/", fleet_views.fleet, name="fleet"),
     # Files (docs/files.md "In the portal"): progress, parts, history, audited downloads.
     path("files/", files_views.files, name="files"),
     path("files/<int:pk>/", files_views.file_detail, name="file_detail"),

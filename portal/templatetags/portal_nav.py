@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 
 from governance.roles import Role, can_govern, can_read_everything, has_role, roles_of
+from portal.fleet.access import may_watch_fleet
 from portal.selectors import can_act, review_queue_size
 from scheduler.record_reading import may_search_records
 
@@ -60,6 +61,8 @@ def portal_nav(context: template.Context) -> Nav:
     if can_read_everything(user):
         wanted.append(("Dead letters", reverse("portal:async_dead_letters"), None))
         wanted.append(("Audit trail", reverse("portal:audit_trail"), None))
+    if may_watch_fleet(user):
+        wanted.append(("Live fleet", reverse("portal:fleet"), None))
     if getattr(user, "is_staff", False):
         wanted.append(("Admin", reverse("admin:index"), None))
     items = [
