@@ -269,7 +269,15 @@ async def test_a_full_queue_refuses_with_a_retry_after_from_the_pool(client_url)
             waiter.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
         await gateway.release(holder)
-        assert await leaked(client) == NOTHING
+        # A cancelled waiter's cancel goes out from a background task: the release may reach
+        # Valkey first and grant it, and the cancel then gives that grant back.
+        await eventually(
+            lambda: _nothing_leaked(client), message="a cancelled waiter's grant was kept"
+        )
+
+
+async def _nothing_leaked(client: Any) -> bool:
+    return await leaked(client) == NOTHING
 
 
 def test_retry_after_follows_the_depth_and_the_service_rate():
