@@ -330,7 +330,9 @@ async def test_a_lower_class_refused_while_better_ranks_keep_arriving_waits_for_
             waiter.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
         await gateway.release(holder)
-        assert await leaked(client) == NOTHING
+        await eventually(  # as in the test above: a cancel may give a raced grant back
+            lambda: _nothing_leaked(client), message="a cancelled waiter's grant was kept"
+        )
 
 
 async def test_a_queue_timeout_removes_the_waiter(client_url):
