@@ -72,8 +72,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
         seed = getattr(connection, "_test_serialized_contents", None)
         if seed is not None:
+            from django.apps import apps
             from django.contrib.contenttypes.models import ContentType
             from django.core.management import call_command
+            from django.core.management.color import no_style
 
             with item.config.stash[blocking_manager_key].unblock():
                 # Empty again first: something may have written since the flush (content
@@ -81,6 +83,12 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
                 call_command("flush", verbosity=0, interactive=False, inhibit_post_migrate=True)
                 ContentType.objects.clear_cache()
                 connection.creation.deserialize_db_from_string(seed)
+                # The seed's rows keep their primary keys; PostgreSQL's sequences (reset by
+                # the flush) must move past them, or the next insert takes id 1 again.
+                statements = connection.ops.sequence_reset_sql(no_style(), apps.get_models())
+                with connection.cursor() as cursor:
+                    for statement in statements:
+                        cursor.execute(statement)
     return result
 
 
