@@ -431,8 +431,23 @@ def test_two_batchers_share_the_partitions_and_run_each_task_once(
     WHEN 200 tasks arrive THEN both run some (no global lock), and every task ends done
     exactly once."""
     ports = [free_port(), free_port()]
+    # The model's partitions known before the batchers start, and both reading every
+    # partition before the work arrives: one that joined late could find it all taken.
+    world.client.hsetnx(layout.partitions_registry(), world.embed.model, "2")
     for port in ports:
         start_batcher(SWITCHYARD_BATCHER_MAX_HELD="20", SWITCHYARD_BATCHER_METRICS_PORT=str(port))
+
+    def both_reading() -> bool:
+        streams = [layout.stream(world.embed.model, p) for p in range(2)]
+        try:
+            return all(
+                len(cast(list[Any], world.client.xinfo_consumers(s, layout.GROUP))) == 2
+                for s in streams
+            )
+        except valkey.ResponseError:  # the group not created yet
+            return False
+
+    assert wait_until(both_reading, timeout=10), "both batchers never joined every partition"
     ids = [world.submit(EMBED, {"input": f"shared work {i}"}) for i in range(200)]
     views = wait_ended(world.client, ids)
     assert {v["status"] for v in views} == {"done"}
