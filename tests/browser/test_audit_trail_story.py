@@ -20,8 +20,9 @@ from governance.audit import Actor
 from governance.audit_export import export_verify, signing_public_key
 from governance.models import AuditEvent
 from governance.roles import Role
-from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
+from tests.factories import make_model, make_tenant, make_use_case, make_user
 from tests.support.axe import accessibility_violations
+from tests.support.browser import sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,11 +46,7 @@ def test_an_auditor_verifies_filters_and_downloads_the_trail(
     page = context.new_page()
     page.set_default_timeout(10_000)
     try:
-        page.goto("/accounts/login/")
-        page.get_by_label("Username").fill("avery")
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Sign in", exact=True).click()
-        expect(page.locator(".who")).to_contain_text("avery")
+        sign_in(page, "avery")
 
         page.goto("/audit/")
         expect(page.locator("#view-audited")).to_contain_text("audit.viewed")

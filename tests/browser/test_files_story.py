@@ -20,7 +20,8 @@ from playwright.sync_api import Browser, Page, expect
 from governance.models import AuditEvent
 from governance.roles import Role
 from tests.conftest import RecordsStore
-from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
+from tests.factories import make_model, make_tenant, make_use_case, make_user
+from tests.support.browser import sign_in
 from tests.support.files import files_bucket, finish, make_file, part_done, start, upload, wav_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,11 +37,7 @@ def files_store(records_store: RecordsStore) -> Iterator[str]:
 
 
 def _sign_in(page: Page, username: str) -> None:
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in", exact=True).click()
-    expect(page.locator(".who")).to_contain_text(username)
+    sign_in(page, username)
 
 
 def test_an_auditor_watches_a_file_progress_listens_and_downloads_the_transcript(

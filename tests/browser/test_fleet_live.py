@@ -23,8 +23,9 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from governance.roles import Role
 from tests.conftest import GatewayFactory, SimulatorFactory
-from tests.factories import PASSWORD, make_tenant, make_user
+from tests.factories import make_tenant, make_user
 from tests.support.axe import accessibility_violations
+from tests.support.browser import sign_in as sign_in_page
 from tests.support.fleet import FleetWeb, fleet_web, web_password
 from tests.support.policy import PolicyBuilder
 
@@ -79,11 +80,7 @@ def sign_in(browser: Browser) -> Iterator[SignIn]:
         contexts.append(context)
         context.set_default_timeout(10_000)
         page = context.new_page()
-        page.goto("/accounts/login/")
-        page.get_by_label("Username").fill(username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Sign in", exact=True).click()
-        expect(page.locator(".who")).to_contain_text(username)
+        sign_in_page(page, username)
         return page
 
     try:

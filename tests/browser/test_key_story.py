@@ -18,7 +18,8 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect
 from config.processes import wait_until
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
-from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
+from tests.factories import make_model, make_tenant, make_use_case, make_user
+from tests.support.browser import sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,11 +47,7 @@ def _signed_in(browser: Browser, base_url: str, username: str) -> tuple[BrowserC
     )
     context.set_default_timeout(10_000)
     page = context.new_page()
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in", exact=True).click()
-    expect(page.locator(".who")).to_contain_text(username)
+    sign_in(page, username)
     return context, page
 
 

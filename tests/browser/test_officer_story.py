@@ -18,8 +18,9 @@ from playwright.sync_api import Browser, Locator, Page, expect
 from gateway.policy import VERSION_KEY
 from governance.models import AuditEvent, PriorityClass, PriorityRule, Tenant, UseCase
 from governance.roles import Role
-from tests.factories import PASSWORD, make_model, make_user
+from tests.factories import make_model, make_user
 from tests.support.axe import accessibility_violations
+from tests.support.browser import sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,11 +48,7 @@ def test_officer_creates_a_tenant_and_a_use_case_reviewing_each_plan(
     context = browser.new_context(base_url=portal_server, viewport={"width": 1280, "height": 2200})
     context.set_default_timeout(10_000)
     page = context.new_page()
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill("olivia")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in", exact=True).click()
-    expect(page.locator(".who")).to_contain_text("olivia")
+    sign_in(page, "olivia")
 
     # --- a tenant
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Governance").click()
@@ -172,10 +169,7 @@ def test_officer_pages_read_well_and_pass_axe(
     context = browser.new_context(base_url=portal_server, viewport={"width": 1280, "height": 1600})
     context.set_default_timeout(10_000)
     page = context.new_page()
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill("olivia")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in", exact=True).click()
+    sign_in(page, "olivia")
 
     page.goto("/govern/")
     expect(page.locator("#officer-use-cases")).to_contain_text("acme/summariser")

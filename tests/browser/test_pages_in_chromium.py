@@ -27,6 +27,7 @@ from governance.roles import Role
 from scheduler.models import GuardrailFinding, GuardrailHour
 from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
 from tests.support.axe import accessibility_violations
+from tests.support.browser import sign_in
 from tests.support.records import make_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,11 +85,7 @@ def _open_as(browser: Browser, base_url: str, username: str) -> tuple[Page, list
 
     page.on("console", on_console)
     page.on("pageerror", lambda error: problems.append(f"{page.url}: {error}"))
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in", exact=True).click()
-    expect(page.locator(".who")).to_contain_text(username)
+    sign_in(page, username)
     return page, problems
 
 

@@ -21,7 +21,8 @@ from governance.audit_export import export_verify, signing_public_key
 from governance.models import AuditEvent
 from governance.roles import Role
 from tests.conftest import RecordsStore
-from tests.factories import PASSWORD, make_key, make_tenant, make_use_case, make_user
+from tests.factories import make_key, make_tenant, make_use_case, make_user
+from tests.support.browser import sign_in
 from tests.support.records import (
     chat_request,
     chat_response,
@@ -37,11 +38,7 @@ def _signed_in(browser: Browser, base_url: str, username: str) -> tuple[BrowserC
     context = browser.new_context(base_url=base_url, accept_downloads=True)
     context.set_default_timeout(10_000)
     page = context.new_page()
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in", exact=True).click()
-    expect(page.locator(".who")).to_contain_text(username)
+    sign_in(page, username)
     return context, page
 
 

@@ -25,8 +25,9 @@ from governance.audit import Actor
 from governance.models import GuardrailSelection
 from governance.roles import Role
 from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour
-from tests.factories import PASSWORD, make_key, make_model, make_tenant, make_use_case, make_user
+from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
 from tests.support.axe import accessibility_violations
+from tests.support.browser import sign_in
 from tests.support.records import make_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -149,11 +150,7 @@ def _shots(ids: dict[str, str]) -> list[Shot]:
 def _sign_in(browser: Browser, base_url: str, username: str) -> Page:
     page = browser.new_context(base_url=base_url, viewport=VIEWPORT).new_page()  # type: ignore[arg-type]
     page.set_default_timeout(10_000)
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in", exact=True).click()
-    expect(page.locator(".who")).to_contain_text(username)
+    sign_in(page, username)
     return page
 
 

@@ -14,18 +14,15 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
 from scheduler.models import AdmissionDecision, UsageMinute
-from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
+from tests.factories import make_model, make_tenant, make_use_case, make_user
 from tests.support.axe import accessibility_violations
+from tests.support.browser import sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _sign_in(page: Page, username: str) -> None:
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in", exact=True).click()
-    expect(page.locator(".who")).to_contain_text(username)
+    sign_in(page, username)
 
 
 def _hover_last_bar(page: Page, chart: str) -> dict[str, Any]:
