@@ -2,13 +2,13 @@
 
 ``python -m gateway.fleet_watcher`` keeps the policy snapshot current (the models and their
 replicas), and every ``SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS`` scrapes every replica's
-``/metrics`` at once over one pooled session. Each cycle rewrites ``sy:{sy}:fleet:<model>``
+``/metrics`` at once over one pooled session. Each cycle rewrites ``sy:{sy/<model>}:fleet:<model>``
 (replica base URL → ``"<waiting>|<running>|<kv_usage>|<scraped_at_ms>|<in_flight>|<max_running>"``)
 in one MULTI/EXEC, so readers never see a half-written model and replicas dropped from the
 policy disappear.
 
 Two fields let the scheduler judge vLLM's queue between scrapes. ``in_flight``: the pool's
-requests in flight on the replica (``sy:{sy}:inflight:<model>``), read just before the
+requests in flight on the replica (``sy:{sy/<model>}:inflight:<model>``), read just before the
 scrape, so that the scripts count the grants and releases made since. ``max_running``: the
 replica's batch size as learned here, the most requests seen running while it kept a queue
 (the backpressure threshold reached on two scrapes in a row: vLLM's ``max_num_seqs``, or
@@ -66,7 +66,9 @@ from gateway.scheduling.clock import ValkeyClock
 
 logger = logging.getLogger("gateway.fleet_watcher")
 
-FLEET_KEY_PREFIX = scheduling_keys.KEY_PREFIX + "fleet:"
+# Every pool's fleet hash, whatever its model: "sy:{sy/*}:fleet:*" (a SCAN pattern; braces
+# are plain characters to it).
+FLEET_KEY_PATTERN = scheduling_keys.pool_prefix("*") + "fleet:*"
 HEARTBEAT_KEY = "sy:{sy}:fleet:watcher:heartbeat"
 # Far above any real queue, so every "waiting < threshold" test fails for a replica we cannot
 # see, whatever threshold a gateway is configured with.
@@ -614,8 +616,8 @@ class FleetWatcher:
     async def _models_in_valkey(self) -> set[str]:
         """Models a previous watcher wrote, so that ones removed while we were down go too."""
         found: set[str] = set()
-        async for key in self.client.scan_iter(match=FLEET_KEY_PREFIX + "*", _type="HASH"):
-            found.add((key.decode() if isinstance(key, bytes) else key)[len(FLEET_KEY_PREFIX) :])
+        async for key in self.client.scan_iter(match=FLEET_KEY_PATTERN, _type="HASH"):
+            found.add(_text(key).split("}:fleet:", 1)[1])
         return found
 
     def _drained(self, loads: dict[str, dict[str, ReplicaLoad]]) -> frozenset[str]:

@@ -57,7 +57,7 @@ from gateway.scheduling import (
     wall_ms,
     write_fleet,
 )
-from gateway.scheduling.keys import KEY_PREFIX
+from gateway.scheduling.keys import pool_prefix
 from gateway.settings import DEFAULT_LONG_PROMPT_TOKENS
 
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
@@ -196,7 +196,9 @@ async def check_release(scheduler: Scheduler) -> None:
     token window corrected (what the timed releases do without returning it)."""
     grant = await granted(scheduler.acquire(ticket(-1)))
     reply = await scheduler.pipe.script(
-        "release", [KEY_PREFIX], [wall_ms(), grant.lease_id, grant.model, *reconcile(grant)]
+        "release",
+        [pool_prefix(grant.model)],
+        [wall_ms(), grant.lease_id, grant.model, *reconcile(grant)],
     )
     assert [int(x) for x in reply] == [1, 0, TOKEN_WINDOWS], reply
 

@@ -323,7 +323,7 @@ async def sample_queue(
             if ids:
                 async with client.pipeline(transaction=False) as pipe:
                     for request_id in ids:
-                        pipe.hget(keys.waiter(request_id.decode()), "tenant")
+                        pipe.hget(keys.waiter(request_id.decode(), model), "tenant")
                     for tenant in await pipe.execute():
                         if tenant is not None:
                             tenants[tenant.decode()] += 1

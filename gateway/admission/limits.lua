@@ -3,10 +3,12 @@
 --
 -- Each limit is a sliding window made of two fixed windows: the estimate at `now` is
 -- prev * (1 - elapsed / W) + cur, where elapsed is the time since the current window began.
--- Counters are KEYS[1] .. "rl:<limit-id>:<window-index>", window-index = floor(now_ms / W).
+-- Counters are "<stem>:<window-index>", window-index = floor(now_ms / W), where the stem is
+-- the limit's key in its slot, e.g. "sy:{sy/@acme}:rl:uc:12:rpm" (gateway/slots.py: the
+-- caller places each limit; the scripts do not add a prefix).
 --
--- A limit comes as five ARGV values: id, kind ("req" | "tok"), window_ms, limit, cost.
--- A reconciliation comes as four: id, window_ms, window index at admission, delta
+-- A limit comes as five ARGV values: stem, kind ("req" | "tok"), window_ms, limit, cost.
+-- A reconciliation comes as four: stem, window_ms, window index at admission, delta
 -- (actual - estimated tokens; negative refunds).
 
 -- Reads every counter the limits at argv[first ..] need (one MGET) and judges them, writing
@@ -25,7 +27,7 @@ local function limits_check(now, argv, first)
     local base = first + (i - 1) * 5
     local window = tonumber(argv[base + 2])
     local index = math.floor(now / window)
-    local stem = KEYS[1] .. "rl:" .. argv[base] .. ":"
+    local stem = argv[base] .. ":"
     names[2 * i - 1] = stem .. string.format("%d", index)
     names[2 * i] = stem .. string.format("%d", index - 1)
     limits[i] = {window = window, limit = tonumber(argv[base + 3]),
@@ -119,7 +121,7 @@ local function limits_reconcile(now, argv, first)
     local index = tonumber(argv[base + 2])
     local delta = tonumber(argv[base + 3])
     if delta ~= 0 and index >= math.floor(now / window) - 1 then
-      local key = KEYS[1] .. "rl:" .. argv[base] .. ":" .. string.format("%d", index)
+      local key = argv[base] .. ":" .. string.format("%d", index)
       local value = redis.call("INCRBY", key, delta)
       if value == delta and redis.call("PTTL", key) == -1 then
         redis.call("DEL", key)

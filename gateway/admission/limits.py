@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway import slots
 from gateway.policy import Limits, Policy, Principal
 
 MINUTE_MS = 60_000
@@ -24,7 +25,10 @@ class Limit:
     """One sliding-window limit and what this request costs on it.
 
     ``id`` names the counter in Valkey (stable while the policy row keeps its name);
-    ``name`` is for people: it goes into the 429's ``error.message``.
+    ``name`` is for people: it goes into the 429's ``error.message``. ``slot``: the key
+    prefix of the slot its counters live in (gateway/slots.py): a model pool's for
+    the limits of one model, a tenant's for those that span pools, the shared one (the
+    default) for the global limit.
     """
 
     id: str
@@ -33,6 +37,12 @@ class Limit:
     limit: int
     cost: int
     name: str
+    slot: str = slots.KEY_PREFIX
+
+    @property
+    def stem(self) -> str:
+        """Its counters' key without the window index: what limits.lua is given."""
+        return slots.rate_limit(self.id, prefix=self.slot)
 
 
 def estimate_tokens(
@@ -65,27 +75,33 @@ def limits_for(
     above, so the most general limit is reported when several would refuse.
     """
     applicable: list[Limit] = []
+    pool = slots.pool_prefix(model_id)
+    account = slots.account_prefix(principal.tenant)
     for rule in policy.rate_limits:
         if rule.scope == "global":
-            who = "global"
+            who, slot = "global", slots.KEY_PREFIX
         elif rule.scope == "model":
             if rule.model != model_id:
                 continue
-            who = f"model {model_id}"
+            who, slot = f"model {model_id}", pool
         elif rule.scope == "tenant":
             if rule.tenant != principal.tenant:
                 continue
-            who = f"tenant {principal.tenant}"
+            who, slot = f"tenant {principal.tenant}", account
         else:
             if rule.tenant != principal.tenant or rule.model != model_id:
                 continue
-            who = f"tenant {principal.tenant} on model {model_id}"
-        applicable.extend(_windows(f"p:{rule.name}", who, rule.limits, estimated_tokens))
+            who, slot = f"tenant {principal.tenant} on model {model_id}", pool
+        applicable.extend(_windows(f"p:{rule.name}", who, rule.limits, estimated_tokens, slot))
     use_case = policy.use_cases.get(principal.use_case_id)
     if use_case is not None:
         applicable.extend(
             _windows(
-                f"uc:{use_case.id}", f"use case {use_case.slug}", use_case.limits, estimated_tokens
+                f"uc:{use_case.id}",
+                f"use case {use_case.slug}",
+                use_case.limits,
+                estimated_tokens,
+                account,
             )
         )
     return applicable
@@ -99,7 +115,7 @@ _WINDOWS: tuple[tuple[str, str, LimitKind, int, str], ...] = (
 )
 
 
-def _windows(base: str, who: str, limits: Limits, tokens: int) -> list[Limit]:
+def _windows(base: str, who: str, limits: Limits, tokens: int, slot: str) -> list[Limit]:
     windows: list[Limit] = []
     for field, suffix, kind, window_ms, words in _WINDOWS:
         limit = getattr(limits, field)
@@ -112,6 +128,7 @@ def _windows(base: str, who: str, limits: Limits, tokens: int) -> list[Limit]:
                     limit=limit,
                     cost=1 if kind == "req" else tokens,
                     name=f"{who} {words}",
+                    slot=slot,
                 )
             )
     return windows
@@ -121,7 +138,7 @@ def limit_args(limits: Sequence[Limit]) -> list[str | int]:
     """The limits as acquire.lua takes them: five values each (limits.lua)."""
     args: list[str | int] = []
     for limit in limits:
-        args += [limit.id, limit.kind, limit.window_ms, limit.limit, limit.cost]
+        args += [limit.stem, limit.kind, limit.window_ms, limit.limit, limit.cost]
     return args
 
 
@@ -140,5 +157,5 @@ def reconcile_args(
     for limit in limits:
         delta = actual_tokens - limit.cost
         if limit.kind == "tok" and delta:
-            args += [limit.id, limit.window_ms, admitted_ms // limit.window_ms, delta]
+            args += [limit.stem, limit.window_ms, admitted_ms // limit.window_ms, delta]
     return args

@@ -92,7 +92,7 @@ def merged_limits(per_task: Sequence[Sequence[Limit]]) -> list[Limit]:
             else:
                 merged[limit.id] = Limit(
                     found.id, found.kind, found.window_ms, found.limit,
-                    found.cost + limit.cost, found.name,
+                    found.cost + limit.cost, found.name, found.slot,
                 )  # fmt: skip
     return list(merged.values())
 
@@ -109,7 +109,7 @@ class LimitPlan:
         parts: list[bytes] = []
         current = b""
         for limit in self.limits:
-            current += pack_values((limit.id, limit.kind, limit.window_ms, limit.limit))
+            current += pack_values((limit.stem, limit.kind, limit.window_ms, limit.limit))
             if limit.kind == "req":
                 current += bulk(1)
             else:
@@ -126,7 +126,9 @@ class LimitPlan:
         return [
             limit
             if limit.kind == "req"
-            else Limit(limit.id, "tok", limit.window_ms, limit.limit, tokens, limit.name)
+            else Limit(
+                limit.id, "tok", limit.window_ms, limit.limit, tokens, limit.name, limit.slot
+            )
             for limit in self.limits
         ]
 

@@ -3,7 +3,7 @@
 -- common.lua are prepended at load time, as for acquire.lua. Either every task is queued
 -- and counted, or nothing is written at all.
 --
--- KEYS[1]  the key prefix "sy:{sy}:" (what limits.lua names its counters from)
+-- KEYS[1]  the key prefix "sy:{sy}:" (the limits come with their keys: limits.lua)
 -- ARGV     now_ms, max_backlog, queue_ttl_ms, result_ttl_s, the partitions registry key,
 --          F, then the F names of a stream entry's fields (layout.ENTRY_FIELDS),
 --          M, then per model: model, depth key, its task count, partitions, drain-rate key,

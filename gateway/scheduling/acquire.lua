@@ -1,7 +1,8 @@
 -- acquire.lua: admission in one atomic call: the rate limits, then dispatch now, or enqueue
 -- in the model pool's priority queue. (limits.lua and common.lua are prepended at load time.)
 --
--- KEYS[1]  the key prefix "sy:{sy}:"
+-- KEYS[1]  the model pool's slot prefix "sy:{sy/<model>}:"; KEYS[2] the tenant's,
+--          "sy:{sy/@<tenant>}:" (the use case's max concurrent; gateway/slots.py)
 -- ARGV     now_ms, request id, model, rank, class, max queue length, tenant, use case id,
 --          max concurrent (0 = none), the class's pool share in thousandths (1000 = all of
 --          the pool; common.lua class_full), cost (tokens), prefix hash (or ""), long
@@ -81,7 +82,7 @@ end
 -- Waiting or in flight: a waiter counts from the moment it enqueues, so that once at the
 -- head of the queue it can always be granted (a capped use case never blocks the pump).
 if w.maxc > 0 then
-  local admitted = tonumber(redis.call("GET", P .. "conc:" .. w.uc) or "0")
+  local admitted = tonumber(redis.call("GET", ACCOUNT .. "conc:" .. w.uc) or "0")
   if admitted >= w.maxc then
     return {-1, "max_concurrent", admitted, hold_ms(model)}
   end
@@ -120,7 +121,7 @@ limits_commit(limits)
 keep_charge(id, limits)
 local conc_key = ""
 if w.maxc > 0 then
-  conc_key = P .. "conc:" .. w.uc
+  conc_key = ACCOUNT .. "conc:" .. w.uc
   redis.call("INCR", conc_key)
 end
 w.start = start_tag(model, w.tenant, cost)

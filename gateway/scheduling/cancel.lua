@@ -1,7 +1,7 @@
 -- cancel.lua: a waiter gives up (queue timeout, client gone, task cancelled).
 -- (common.lua is prepended at load time.)
 --
--- KEYS[1]  the key prefix "sy:{sy}:"
+-- KEYS[1]  the model pool's slot prefix "sy:{sy/<model>}:" (gateway/slots.py)
 -- ARGV     now_ms, request id, model, keep ("1": if it was granted meanwhile, keep the grant;
 --          "0": release it)
 -- Returns  {1, ahead, hold_ms, in_flight, higher_rate}  it was still waiting; removed,

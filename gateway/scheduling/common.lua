@@ -1,9 +1,11 @@
 -- common.lua: the functions acquire, release, pump, cancel, reap and renew share.
 --
 -- Not a script of its own: scheduler.py prepends it to each of them when it loads them, so
--- every script is still one atomic call. KEYS[1] is the key prefix "sy:{sy}:" in all of them.
+-- every script is still one atomic call. KEYS[1] is the prefix of the model pool's slot,
+-- "sy:{sy/<model>}:", in all of them (gateway/slots.py); acquire's KEYS[2] is the tenant's
+-- slot, "sy:{sy/@<tenant>}:", where the use cases' max-concurrent counts live.
 --
--- Keys (all KEYS[1] .. name; docs/gateway-scheduling.md has the table):
+-- Keys (KEYS[1] .. name unless said; docs/gateway-scheduling.md has the table):
 --   q:<model>            zset   waiters; score = rank * 2^40 + virtual start
 --   qi:<id>              hash   a waiter (tenant, class, cost, rank, deadline, ...)
 --   qdl:<model>          zset   waiters by deadline, so reap finds the expired ones at once
@@ -14,7 +16,8 @@
 --                               hold only a share of the pool (class_full)
 --   lease:<model>        zset   request id -> lease expiry (ms)
 --   li:<id>              hash   a lease (replica, model, tenant, use case, gateway, conc key)
---   conc:<use-case>      int    the use case's requests waiting or in flight (only with a
+--   conc:<use-case>      int    (KEYS[2] .. name, the tenant's slot; its full name is kept
+--                               in qi/li as "ck") the use case's requests waiting or in flight (only with a
 --                               max set): a waiter is counted when it enqueues, so one at
 --                               the head can always be granted and never blocks the pump
 --   grant:<id>           string replica granted to a waiter (the waiter's fallback poll)
@@ -22,7 +25,8 @@
 --                               optionally, "|in_flight_at_scrape|max_running" (the watcher)
 --   pool:<model>         hash   replica -> cap, "_stale_ms", "_threshold", "_sig" (acquire)
 --   svc:<model>          hash   "hold_ms" = moving average of how long a grant is held
---   pools                set    models with a pool hash (what reap walks)
+--   pools                set    the pool's own model, once it has a pool hash (what reap
+--                               walks; the shared slot's registry is the Python side's)
 --   aff:<model>:<hash>   string replica that last served this prompt prefix
 --   gone:<id>            string a cancel that found nothing: a late acquire must not enqueue
 --   rf:<id>              string what acquire counted on the rate limits (limits_spec), while
@@ -31,7 +35,8 @@
 --                               release arriving after all puts it back (a key of its own: in
 --                               qi/li its length would turn those hashes from listpacks into
 --                               hash tables, several µs a call)
---   gws                  zset   gateway id -> heartbeat expiry (ms); missing or past: dead
+--   gws                  zset   gateway id -> heartbeat expiry (ms), written by each gateway
+--                               into the pools it uses; missing or past: dead
 --   arr:<model>:<window> hash   rank -> requests enqueued in that window (ARRIVAL_WINDOW_MS)
 --   lng:<model>          hash   replica -> long prompts granted and not released (lanes only)
 --   drn:<model>          string the replica being drained of interactive requests so that a
@@ -40,6 +45,7 @@
 --                               granted and not released (lanes only)
 
 local P = KEYS[1]
+local ACCOUNT = KEYS[2] or P      -- the tenant's slot: max-concurrent counts (acquire only)
 local RANK_SCALE = 1099511627776  -- 2^40
 local REBASE_AT = 549755813888    -- 2^39: rebase virtual time long before it reaches 2^40
 local AFFINITY_TTL_MS = 600000
@@ -371,7 +377,7 @@ local function grant(model, pool, room, id, replica, w, now)
   local conc_key = w.ck or ""
   if w.ck == nil and w.maxc > 0 then
     -- Granted at once (a waiter was counted when it enqueued).
-    conc_key = P .. "conc:" .. w.uc
+    conc_key = ACCOUNT .. "conc:" .. w.uc
     redis.call("INCR", conc_key)
   end
   redis.call("ZADD", P .. "lease:" .. model, now + w.lease, id)

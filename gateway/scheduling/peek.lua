@@ -3,7 +3,7 @@
 -- workers nothing. acquire.lua still checks and counts the limits atomically afterwards; this
 -- is only an early refusal. (limits.lua and common.lua are prepended at load time.)
 --
--- KEYS[1]  the key prefix "sy:{sy}:"
+-- KEYS[1]  the model pool's slot prefix "sy:{sy/<model>}:" (gateway/slots.py)
 -- ARGV     now_ms, then the rate limits, five values each (limits.lua)
 -- Returns  {1}                                  room on every limit
 --          {-4, "rate_limited", i, retry_after_ms}   limit i would overflow

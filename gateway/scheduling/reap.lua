@@ -7,7 +7,7 @@
 -- Idempotent; every gateway runs it every second.
 -- (common.lua is prepended at load time.)
 --
--- KEYS[1]  the key prefix "sy:{sy}:"
+-- KEYS[1]  the model pool's slot prefix "sy:{sy/<model>}:" (gateway/slots.py)
 -- ARGV     now_ms
 -- Returns  {leases released, waiters dropped, waiters granted}
 

@@ -2,7 +2,7 @@
 -- counted in by what it really used, and grant the next waiters: the end of a request in one
 -- atomic call. (limits.lua and common.lua are prepended at load time.)
 --
--- KEYS[1]  the key prefix "sy:{sy}:"
+-- KEYS[1]  the model pool's slot prefix "sy:{sy/<model>}:" (gateway/slots.py)
 -- ARGV     now_ms, request id, model, then token reconciliations, four values each
 --          (limits.lua); none is fine.
 -- Returns  {released, granted, adjusted}: released is 1 when the lease existed (0: already

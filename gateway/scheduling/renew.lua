@@ -1,7 +1,7 @@
 -- renew.lua: extend running requests' leases; each gateway renews all of its own in one call
 -- every lease_ms / 3. (limits.lua and common.lua are prepended at load time.)
 --
--- KEYS[1]  the key prefix "sy:{sy}:"
+-- KEYS[1]  the model pool's slot prefix "sy:{sy/<model>}:" (gateway/slots.py)
 -- ARGV     now_ms, lease_ms, then request id/model pairs
 -- Returns  one value per pair: 1 when renewed; 0 when that lease is gone (reaped, released).
 

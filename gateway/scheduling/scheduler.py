@@ -12,8 +12,13 @@ round trips that it shares with every other request in flight, acquire and relea
 - ``release`` runs release.lua, which also reconciles the token windows and grants the next
   waiters (on whichever gateway).
 - One renewal task extends every lease this process holds, in one call every lease_ms / 3.
-- A reaper task writes this gateway's heartbeat every second (``sy:{sy}:gws``: gateway id →
-  expiry, ``heartbeat_ms`` ahead) and runs reap.lua every ``reap_interval_s``: the leases
+- Every key of a model pool is in that pool's own slot (gateway/slots.py), so each script
+  call names its pool's prefix; a request's use case max-concurrent count is in its tenant's
+  slot. A gateway "joins" a pool before its first request there: its heartbeat goes into the
+  pool's slot, and the pool into the shared registry of pools the reapers walk.
+- A reaper task writes this gateway's heartbeat every second into each pool it has joined
+  (``sy:{sy/<model>}:gws``: gateway id → expiry, ``heartbeat_ms`` ahead) and runs reap.lua
+  on every pool of the registry every ``reap_interval_s``: the leases
   and waiters of a gateway whose heartbeat expired are released and dropped (a process
   killed with requests in flight gives its capacity back within ``heartbeat_ms``, not the
   lease), leases past their expiry are released, and waiters past their deadline dropped.
@@ -129,6 +134,7 @@ class _PackedPlan:
 
     __slots__ = (
         "count",
+        "keys",
         "limit_parts",
         "limits",
         "model_to_max_concurrent",
@@ -139,6 +145,7 @@ class _PackedPlan:
 
     def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
         self.scheduler = scheduler  # its staleness bound and threshold are in ``pool``
+        self.keys = b"$1\r\n2\r\n" + pack_values(scheduler._acquire_keys(ticket))
         self.model_to_max_concurrent = pack_values(_class_values(ticket))
         self.pool = pack_values(scheduler._pool_values(ticket))
         # The limits, cut where a token window's cost (this request's estimate) goes; a
@@ -147,7 +154,7 @@ class _PackedPlan:
         current = b""
         self.token_at = -1
         for index, limit in enumerate(ticket.limits):
-            current += pack_values([limit.id, limit.kind, limit.window_ms, limit.limit])
+            current += pack_values([limit.stem, limit.kind, limit.window_ms, limit.limit])
             if limit.kind == "req":
                 current += bulk(limit.cost)
             else:
@@ -158,7 +165,7 @@ class _PackedPlan:
         parts.append(current)
         self.limit_parts = tuple(parts)
         self.limits = len(ticket.limits)
-        self.count = 2 + 20 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
+        self.count = 3 + 20 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
 
 
 def _class_values(ticket: Ticket) -> list[Arg]:
@@ -227,13 +234,15 @@ class Scheduler:
         self._valkey_clock = ValkeyClock() if clock is None else None
         self._clock: Callable[[], int] = clock or self._valkey_clock or wall_ms
         self._prefix = prefix
-        self._keys: list[Arg] = [prefix]
+        # model -> [its pool's slot prefix]: the KEYS of every script but acquire's.
+        self._pool_keys: dict[str, list[Arg]] = {}
+        # Pools this gateway has joined (its heartbeat is in their slots).
+        self._pools: set[str] = set()
         # Lease ids: unique without a random number per request.
         self._lease_tag = secrets.token_hex(4)
         self._lease_seq = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[str]] = {}
         self._held: dict[str, Grant] = {}
-        self._numkeys_and_key = b"$1\r\n1\r\n" + bulk(prefix)
         self._lease_and_gateway = pack_values([lease_ms, self.gateway_id])
         self._background: set[asyncio.Future[Any]] = set()
         self._pubsub: PubSub | None = None
@@ -284,6 +293,8 @@ class Scheduler:
         """
         if self._pubsub is None:
             raise RuntimeError("Scheduler.start() must run before acquire()")
+        if ticket.model not in self._pools:
+            await self.join(ticket.model)
         lease_id = f"{ticket.request_id}.{self._lease_tag}{next(self._lease_seq):x}"
         granted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiting[lease_id] = granted
@@ -327,7 +338,7 @@ class Scheduler:
             # Cancelled (or Valkey failed) at any point: whatever acquire.lua did — enqueue or
             # grant, even one that raced in just now — is undone before the error goes on.
             # The pipe runs commands in order, so the cancel lands after the acquire.
-            self._send_nowait("cancel", [self._clock(), lease_id, ticket.model, "0"])
+            self._send_nowait("cancel", ticket.model, [self._clock(), lease_id, ticket.model, "0"])
             raise
         finally:
             self._waiting.pop(lease_id, None)
@@ -339,7 +350,7 @@ class Scheduler:
         if not ticket.limits:
             return
         reply = await self.pipe.script(
-            "peek", self._keys, [self._clock(), *limit_args(ticket.limits)]
+            "peek", self._keys(ticket.model), [self._clock(), *limit_args(ticket.limits)]
         )
         if int(reply[0]) == -4:
             raise RateLimited(ticket.limits[int(reply[2]) - 1], retry_after_ms=int(reply[3]))
@@ -361,6 +372,17 @@ class Scheduler:
         if ticket.limits:
             args += limit_args(ticket.limits)
         return args
+
+    def _keys(self, model: str) -> list[Arg]:
+        """KEYS of a script on ``model``'s pool: its slot's prefix."""
+        found = self._pool_keys.get(model)
+        if found is None:
+            found = self._pool_keys[model] = [keys.pool_prefix(model, prefix=self._prefix)]
+        return found
+
+    def _acquire_keys(self, ticket: Ticket) -> list[Arg]:
+        """acquire.lua's KEYS: the pool's slot, then the tenant's (max concurrent)."""
+        return [*self._keys(ticket.model), keys.account_prefix(ticket.tenant, prefix=self._prefix)]
 
     def _lanes(self, ticket: Ticket) -> bool:
         """Whether the ticket's pool keeps long prompts apart (docs/gateway-scheduling.md)."""
@@ -398,12 +420,12 @@ class Scheduler:
                 packed = plan.packed = _PackedPlan(self, ticket)
         if packed is None or packed.limits != len(ticket.limits):
             args = self.acquire_args(ticket, lease_id, now)
-            return pack_values([1, self._prefix, *args]), 2 + len(args)
+            return pack_values([2, *self._acquire_keys(ticket), *args]), 3 + len(args)
         tokens = bulk(ticket.limits[packed.token_at].cost) if packed.token_at >= 0 else b""
         deadline = now + max(1, round(ticket.queue_timeout_s * 1000))
         call = b"".join(
             (
-                self._numkeys_and_key,
+                packed.keys,
                 bulk(now),
                 bulk(lease_id),
                 packed.model_to_max_concurrent,
@@ -433,16 +455,15 @@ class Scheduler:
     ) -> asyncio.Future[Any]:
         """``release``, returning once the command is on its way: its reply's future."""
         self._held.pop(grant.lease_id, None)
-        return await self.pipe.send_script(
-            "release", self._keys, [self._clock(), grant.lease_id, grant.model, *reconcile]
-        )
+        args = [self._clock(), grant.lease_id, grant.model, *reconcile]
+        return await self.pipe.send_script("release", self._keys(grant.model), args)
 
     async def release_unused(self, grant: Grant) -> None:
         """Release a grant no replica served: capacity back, rate-limit charge refunded,
         waiters pumped (cancel.lua's granted path), so a retry is charged afresh."""
         self._held.pop(grant.lease_id, None)
         await self.pipe.script(
-            "cancel", self._keys, [self._clock(), grant.lease_id, grant.model, "0"]
+            "cancel", self._keys(grant.model), [self._clock(), grant.lease_id, grant.model, "0"]
         )
 
     @contextlib.asynccontextmanager
@@ -482,7 +503,7 @@ class Scheduler:
 
     async def pump(self, model: str) -> int:
         """Grant waiters of ``model`` while a replica has room; returns how many."""
-        return int(await self.pipe.script("pump", self._keys, [self._clock(), model]))
+        return int(await self.pipe.script("pump", self._keys(model), [self._clock(), model]))
 
     def now_ms(self) -> int:
         """The time the scripts are given (Valkey's clock): for anything written next to
@@ -490,39 +511,75 @@ class Scheduler:
         return self._clock()
 
     async def heartbeat(self) -> None:
-        """Say this gateway is alive for the next ``heartbeat_ms`` (the reaper repeats it).
-        Re-measures Valkey's clock first, so the expiry is in the clock reapers compare."""
+        """Say this gateway is alive for the next ``heartbeat_ms`` in every pool it has
+        joined (the reaper repeats it). Re-measures Valkey's clock first, so the expiry is in
+        the clock reapers compare."""
         if self._valkey_clock is not None:
             await self._valkey_clock.sync(self._server_time)
-        await self.pipe.execute(
-            "ZADD",
-            keys.gateways(prefix=self._prefix),
-            self._clock() + self.heartbeat_ms,
-            self.gateway_id,
+        expiry = self._clock() + self.heartbeat_ms
+        if self._pools:
+            registry = keys.pools(prefix=self._prefix)
+            commands: list[tuple[Arg, ...]] = []
+            for model in sorted(self._pools):
+                commands.append(
+                    ("ZADD", keys.gateways(model, prefix=self._prefix), expiry, self.gateway_id)
+                )
+                # Again each time: a Valkey that lost its data (a restart without persistence)
+                # would otherwise leave the pool out of every reaper's walk.
+                commands.append(("SADD", registry, model))
+            await self.pipe.execute_many(commands)
+
+    async def join(self, model: str) -> None:
+        """Before this gateway's first request in ``model``'s pool: its heartbeat there (a
+        pump drops the waiters of a gateway without one) and the pool in the registry the
+        reapers walk. Idempotent; once per pool and process on the request path."""
+        await self.pipe.execute_many(
+            [
+                (
+                    "ZADD",
+                    keys.gateways(model, prefix=self._prefix),
+                    self._clock() + self.heartbeat_ms,
+                    self.gateway_id,
+                ),
+                ("SADD", keys.pools(prefix=self._prefix), model),
+            ]
         )
+        self._pools.add(model)
 
     async def _server_time(self) -> Any:
         return await self.pipe.execute("TIME")
 
     async def reap(self) -> tuple[int, int, int]:
-        """One reaper pass: (leases released, waiters dropped, waiters granted)."""
-        reply = await self.pipe.script("reap", self._keys, [self._clock()])
-        return int(reply[0]), int(reply[1]), int(reply[2])
+        """One reaper pass over every pool of the registry, one reap.lua call each (a pool's
+        slot is its own): (leases released, waiters dropped, waiters granted)."""
+        models = await self.pipe.execute("SMEMBERS", keys.pools(prefix=self._prefix))
+        now = self._clock()
+        replies = await asyncio.gather(
+            *(self.pipe.script("reap", self._keys(_text(m)), [now]) for m in sorted(models))
+        )
+        return (
+            sum(int(r[0]) for r in replies),
+            sum(int(r[1]) for r in replies),
+            sum(int(r[2]) for r in replies),
+        )
 
     async def renew_held(self) -> int:
         """Extend every lease this process holds; returns how many were lost (reaped)."""
-        held = list(self._held.values())
+        by_model: dict[str, list[Grant]] = {}
+        for grant in list(self._held.values()):
+            by_model.setdefault(grant.model, []).append(grant)
         lost = 0
-        for start in range(0, len(held), RENEW_BATCH):
-            batch = held[start : start + RENEW_BATCH]
-            args: list[Arg] = [self._clock(), self.lease_ms]
-            for grant in batch:
-                args += [grant.lease_id, grant.model]
-            renewed = await self.pipe.script("renew", self._keys, args)
-            for grant, ok in zip(batch, renewed, strict=True):
-                if not int(ok) and self._held.pop(grant.lease_id, None) is not None:
-                    lost += 1
-                    logger.warning("scheduler_lease_lost lease=%s", grant.lease_id)
+        for model, held in by_model.items():  # one pool's slot per call
+            for start in range(0, len(held), RENEW_BATCH):
+                batch = held[start : start + RENEW_BATCH]
+                args: list[Arg] = [self._clock(), self.lease_ms]
+                for grant in batch:
+                    args += [grant.lease_id, grant.model]
+                renewed = await self.pipe.script("renew", self._keys(model), args)
+                for grant, ok in zip(batch, renewed, strict=True):
+                    if not int(ok) and self._held.pop(grant.lease_id, None) is not None:
+                        lost += 1
+                        logger.warning("scheduler_lease_lost lease=%s", grant.lease_id)
         return lost
 
     # -- internals -----------------------------------------------------------------------
@@ -546,7 +603,7 @@ class Scheduler:
         self, ticket: Ticket, lease_id: str, granted: asyncio.Future[str], started: float
     ) -> str:
         deadline = started + ticket.queue_timeout_s
-        grant_key = keys.grant(lease_id, prefix=self._prefix)
+        grant_key = keys.grant(lease_id, ticket.model, prefix=self._prefix)
         while (remaining := deadline - time.monotonic()) > 0:
             await asyncio.wait((granted,), timeout=min(self._poll_s, remaining))
             if granted.done():
@@ -556,7 +613,7 @@ class Scheduler:
             if replica is not None:
                 return _text(replica)
         reply = await self.pipe.script(
-            "cancel", self._keys, [self._clock(), lease_id, ticket.model, "1"]
+            "cancel", self._keys(ticket.model), [self._clock(), lease_id, ticket.model, "1"]
         )
         if int(reply[0]) == 2:  # granted at the last moment: better served than refused
             return _text(reply[1])
@@ -577,15 +634,15 @@ class Scheduler:
             ),
         )
 
-    def _send_nowait(self, name: str, args: list[Arg]) -> None:
+    def _send_nowait(self, name: str, model: str, args: list[Arg]) -> None:
         """Run a script that must happen even though the caller is being cancelled."""
-        task = asyncio.ensure_future(self._send_logged(name, args))
+        task = asyncio.ensure_future(self._send_logged(name, model, args))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _send_logged(self, name: str, args: list[Arg]) -> None:
+    async def _send_logged(self, name: str, model: str, args: list[Arg]) -> None:
         try:
-            await self.pipe.script(name, self._keys, args)
+            await self.pipe.script(name, self._keys(model), args)
         except (valkey.ValkeyError, OSError) as exc:
             # The lease expires and the waiter's deadline passes: the reaper cleans up.
             logger.warning("scheduler_%s_failed lease=%s error=%r", name, args[1], exc)

@@ -172,7 +172,9 @@ class TicketPlan:
             limits = tuple(
                 limit
                 if limit.kind == "req"
-                else Limit(limit.id, "tok", limit.window_ms, limit.limit, cost, limit.name)
+                else Limit(
+                    limit.id, "tok", limit.window_ms, limit.limit, cost, limit.name, limit.slot
+                )
                 for limit in limits
             )
         return Ticket(

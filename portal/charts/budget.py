@@ -2,8 +2,9 @@
 
 The limits come from the policy snapshot the gateway enforces (published to Valkey by
 governance/snapshot.py), expanded by the gateway's own ``limits_for``; the counters are the
-sliding windows limits.lua keeps (``sy:{sy}:rl:<limit-id>:<window-index>``), judged with the
-same formula at Valkey's clock. Nothing is written: this is a read of two keys a window.
+sliding windows limits.lua keeps (``<slot>rl:<limit-id>:<window-index>``, the slot chosen as
+gateway/slots.py says), judged with the same formula at Valkey's clock. Nothing is written:
+this is a read of two keys a window.
 """
 
 from __future__ import annotations
@@ -117,13 +118,13 @@ def use_case_budgets(
     for planned in plans.values():
         for limit, _ in planned:
             index = now_ms // limit.window_ms
-            names += [keys.rate_window(limit.id, index), keys.rate_window(limit.id, index - 1)]
+            names += [keys.rate_window(limit.stem, index), keys.rate_window(limit.stem, index - 1)]
     try:
         pipe = client.pipeline(transaction=False)
         if names:
             pipe.mget(names)
         for uc in use_cases:
-            pipe.get(keys.concurrency(uc.pk))
+            pipe.get(keys.concurrency(uc.tenant.slug, uc.pk))
         replies: list[Any] = pipe.execute()  # type: ignore[no-untyped-call]  # untyped in valkey-py
     except (valkey.ValkeyError, OSError):
         return Budgets(available=False, by_use_case={})

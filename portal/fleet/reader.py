@@ -118,7 +118,7 @@ class FleetReader:
             first.hgetall(keys.in_flight(model, prefix=self.prefix))
             first.zcard(keys.leases(model, prefix=self.prefix))
             first.hmget(keys.pool(model, prefix=self.prefix), ["_stale_ms", "_threshold"])
-            first.hgetall(f"{self.prefix}cif:{model}")
+            first.hgetall(f"{keys.pool_prefix(model, prefix=self.prefix)}cif:{model}")
             first.zcard(keys.queue(model, prefix=self.prefix))
             first.zrange(keys.queue(model, prefix=self.prefix), 0, self.queue_cap - 1)
             for cls in classes:
@@ -133,7 +133,9 @@ class FleetReader:
             waiters = [_text(member) for member in chunk[6]]
             per_model.append((model, chunk, waiters))
             for waiter in waiters:
-                second.hmget(keys.waiter(waiter, prefix=self.prefix), ["class", "enqueued_at"])
+                second.hmget(
+                    keys.waiter(waiter, model, prefix=self.prefix), ["class", "enqueued_at"]
+                )
         streams = now - 1 >= since  # else a clock that did not move: nothing new to count
         if streams:
             end = str(now - 1)

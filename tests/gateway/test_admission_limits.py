@@ -49,8 +49,9 @@ def away_from_the_minute_boundary(margin_s: float) -> None:
 
 
 def counted(client, limit_id: str) -> int:
-    """What a limit's windows hold now (current and previous window together)."""
-    names = client.keys(keys.rate_window(limit_id, 0).removesuffix("0") + "*")
+    """What a limit's windows hold now (current and previous window together), in whichever
+    slot it lives (gateway/slots.py)."""
+    names = client.keys(keys.rate_limit(limit_id, prefix="sy:{sy*}:") + ":*")
     return sum(int(client.get(name) or 0) for name in names)
 
 

@@ -47,7 +47,7 @@ def nothing_held(client) -> bool:
         all(int(v) == 0 for v in in_flight.values())
         and client.zcard(keys.leases(MODEL)) == 0
         and client.zcard(keys.queue(MODEL)) == 0
-        and not client.keys(keys.lease("*"))
+        and not client.keys(keys.lease("*", MODEL))
     )
 
 
@@ -156,7 +156,7 @@ def test_a_gateway_killed_with_requests_queued_frees_its_capacity_within_its_hea
         lines = stream.iter_lines()
         assert next(lines).startswith("data: ")
         [(lease_id, _)] = leases(valkey_client)
-        dead_gateway = valkey_client.hget(keys.lease(lease_id.decode()), "gw").decode()
+        dead_gateway = valkey_client.hget(keys.lease(lease_id.decode(), MODEL), "gw").decode()
         listener = valkey_client.pubsub(ignore_subscribe_messages=True)
         listener.subscribe(keys.gateway_channel(dead_gateway))
 
@@ -191,10 +191,10 @@ def test_a_gateway_killed_with_requests_queued_frees_its_capacity_within_its_hea
         thread.join(timeout=5)
         assert not thread.is_alive()
     assert all(isinstance(outcome[f"doomed-{n}"], httpx.HTTPError) for n in range(3))
-    assert valkey_client.zscore(keys.gateways(), dead_gateway) is None
+    assert valkey_client.zscore(keys.gateways(MODEL), dead_gateway) is None
     assert not any(
         valkey_client.hget(info, "gw") == dead_gateway.encode()
-        for info in valkey_client.keys(keys.lease("*"))
+        for info in valkey_client.keys(keys.lease("*", MODEL))
     )
     assert wait_until(lambda: nothing_held(valkey_client), timeout=3), (
         valkey_client.hgetall(keys.in_flight(MODEL)),

@@ -558,7 +558,7 @@ def test_fair_queueing_charges_tokens_so_a_short_burst_overtakes_a_queue_of_28k_
             sent.send(f"small-{n}", partial(post, gateway.base_url, small_one, small, f"small-{n}"))
         assert wait_until(lambda: queued(valkey_client) == 7, timeout=10)
         waiting_order = [
-            valkey_client.hget(keys.waiter(member.decode()), "tenant").decode()
+            valkey_client.hget(keys.waiter(member.decode(), MODEL), "tenant").decode()
             for member in valkey_client.zrange(keys.queue(MODEL), 0, -1)
         ]
     sent.join(timeout=30)

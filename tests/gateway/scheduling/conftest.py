@@ -51,8 +51,11 @@ class Lua:
             for name in ("acquire", "release", "pump", "cancel", "reap", "renew")
         }
 
-    def __call__(self, name: str, *args: Any) -> Any:
-        return self._scripts[name](keys=[keys.KEY_PREFIX], args=list(args))
+    def __call__(self, name: str, *args: Any, model: str = MODEL, tenant: str = "") -> Any:
+        """``model``: whose pool's slot the script runs on (KEYS[1]); ``tenant``: acquire's
+        KEYS[2], the tenant's slot."""
+        slots = [keys.pool_prefix(model)] + ([keys.account_prefix(tenant)] if tenant else [])
+        return self._scripts[name](keys=slots, args=list(args))
 
     def acquire(
         self,
@@ -74,7 +77,7 @@ class Lua:
         stale_ms: int = 1_000,
         threshold: int = 3,
         replicas: Sequence[tuple[str, int]] = ((R1, 1),),
-        limits: Sequence[tuple[str, str, int, int, int]] = (),
+        limits: Sequence[tuple[str, str, int, int, int]] = (),  # stem, kind, window, limit, cost
         pool_share: int = 1000,
         long: bool = False,
         lanes: bool = False,
@@ -92,7 +95,7 @@ class Lua:
             args += [url, cap]
         for limit in limits:
             args += list(limit)
-        return [_text(v) for v in self("acquire", *args)]
+        return [_text(v) for v in self("acquire", *args, model=model, tenant=tenant)]
 
     def release(
         self,
@@ -106,10 +109,13 @@ class Lua:
         args: list[Any] = [now, request_id, model]
         for window in reconcile:
             args += list(window)
-        return [int(v) for v in self("release", *args)]
+        return [int(v) for v in self("release", *args, model=model)]
 
     def cancel(self, now: int, request_id: str, *, keep: bool = False, model: str = MODEL):
-        return [_text(v) for v in self("cancel", now, request_id, model, "1" if keep else "0")]
+        return [
+            _text(v)
+            for v in self("cancel", now, request_id, model, "1" if keep else "0", model=model)
+        ]
 
     def fleet(
         self,
@@ -137,9 +143,10 @@ class Lua:
             },
         )
 
-    def heartbeat(self, gateway: str, expiry_ms: int) -> None:
-        """What Scheduler.heartbeat writes: ``gateway`` is alive until ``expiry_ms``."""
-        self.client.zadd(keys.gateways(), {gateway: expiry_ms})
+    def heartbeat(self, gateway: str, expiry_ms: int, model: str = MODEL) -> None:
+        """What Scheduler.heartbeat writes: ``gateway`` is alive until ``expiry_ms`` (in
+        ``model``'s pool)."""
+        self.client.zadd(keys.gateways(model), {gateway: expiry_ms})
 
     def in_flight(self, model: str = MODEL) -> dict[str, int]:
         return {_text(k): int(v) for k, v in self.client.hgetall(keys.in_flight(model)).items()}

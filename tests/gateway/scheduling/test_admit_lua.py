@@ -23,7 +23,8 @@ def admit(lua: Lua):
     ids = itertools.count()
 
     def call(now: int, *limits: tuple[str, str, int, int, int]) -> list[int]:
-        reply = lua.acquire(now, f"r{next(ids)}", replicas=(), limits=limits)
+        stems = [(keys.rate_limit(limit_id), *rest) for limit_id, *rest in limits]
+        reply = lua.acquire(now, f"r{next(ids)}", replicas=(), limits=stems)  # type: ignore[arg-type]
         if int(reply[0]) in (0, 1):  # enqueued or granted: admitted by the limits
             return [1]
         assert reply[:2] == [-4, "rate_limited"], reply
@@ -35,7 +36,8 @@ def admit(lua: Lua):
 @pytest.fixture
 def reconcile(lua: Lua):
     def call(now: int, *windows: tuple[str, int, int, int]) -> int:
-        released, _, adjusted = lua.release(now, "no-such-lease", reconcile=windows)
+        stems = [(keys.rate_limit(limit_id), *rest) for limit_id, *rest in windows]
+        released, _, adjusted = lua.release(now, "no-such-lease", reconcile=stems)  # type: ignore[arg-type]
         assert released == 0
         return adjusted
 
@@ -54,9 +56,9 @@ def windows(db: valkey.Valkey) -> list[Any]:
 def test_an_admitted_request_counts_on_every_window(db, admit):
     now = WINDOW_START + 5_000
     assert admit(now, ("rpm", "req", W, 10, 1), ("tpm", "tok", W, 10_000, 750)) == [1]
-    assert db.get(keys.rate_window("rpm", 1000)) == b"1"
-    assert db.get(keys.rate_window("tpm", 1000)) == b"750"
-    assert 0 < db.pttl(keys.rate_window("tpm", 1000)) <= 2 * W
+    assert db.get(keys.rate_window(keys.rate_limit("rpm"), 1000)) == b"1"
+    assert db.get(keys.rate_window(keys.rate_limit("tpm"), 1000)) == b"750"
+    assert 0 < db.pttl(keys.rate_window(keys.rate_limit("tpm"), 1000)) <= 2 * W
 
 
 def test_a_refused_request_leaves_every_counter_unchanged(db, admit):
@@ -67,13 +69,15 @@ def test_a_refused_request_leaves_every_counter_unchanged(db, admit):
     assert admit(now, *limits, ("uc", "req", W, 2, 1)) == [1]
     assert admit(now, *limits, ("uc", "req", W, 2, 1)) == [1]
     before = counters(db)
-    ttl = db.pttl(keys.rate_window("global", 1000))
+    ttl = db.pttl(keys.rate_window(keys.rate_limit("global"), 1000))
 
     refused = admit(now + 10, *limits, ("uc", "req", W, 2, 1))
 
     assert refused[:2] == [0, 3]
     assert counters(db) == before  # nor the queue: a refusal writes nothing at all
-    assert db.pttl(keys.rate_window("global", 1000)) <= ttl  # not even the TTL was touched
+    assert (
+        db.pttl(keys.rate_window(keys.rate_limit("global"), 1000)) <= ttl
+    )  # not even the TTL was touched
 
 
 def test_retry_after_waits_for_the_previous_window_to_fade(admit):
@@ -117,30 +121,30 @@ def test_a_request_larger_than_the_limit_never_fits(db, admit):
 def test_reconcile_refunds_and_charges_the_admission_windows(db, admit, reconcile):
     now = WINDOW_START + 1_000
     assert admit(now, ("tpm", "tok", W, 10_000, 2_000), ("tpd", "tok", 86_400_000, 10**6, 2_000))
-    ttl = db.pttl(keys.rate_window("tpm", 1000))
+    ttl = db.pttl(keys.rate_window(keys.rate_limit("tpm"), 1000))
     day = now // 86_400_000
 
     assert reconcile(now + 500, ("tpm", W, 1000, -1_500), ("tpd", 86_400_000, day, -1_500)) == 2
-    assert db.get(keys.rate_window("tpm", 1000)) == b"500"
-    assert db.get(keys.rate_window("tpd", day)) == b"500"
-    assert 0 < db.pttl(keys.rate_window("tpm", 1000)) <= ttl  # the TTL was kept
+    assert db.get(keys.rate_window(keys.rate_limit("tpm"), 1000)) == b"500"
+    assert db.get(keys.rate_window(keys.rate_limit("tpd"), day)) == b"500"
+    assert 0 < db.pttl(keys.rate_window(keys.rate_limit("tpm"), 1000)) <= ttl  # the TTL was kept
 
     assert reconcile(now + 600, ("tpm", W, 1000, 300)) == 1
-    assert db.get(keys.rate_window("tpm", 1000)) == b"800"
+    assert db.get(keys.rate_window(keys.rate_limit("tpm"), 1000)) == b"800"
 
 
 def test_reconcile_never_goes_below_zero_nor_recreates_windows(db, admit, reconcile):
     now = WINDOW_START + 1_000
     assert admit(now, ("tpm", "tok", W, 10_000, 100)) == [1]
     assert reconcile(now, ("tpm", W, 1000, -5_000)) == 1
-    assert db.get(keys.rate_window("tpm", 1000)) == b"0"
+    assert db.get(keys.rate_window(keys.rate_limit("tpm"), 1000)) == b"0"
 
     # At zero, a charge still lands on the window (with the TTL admission set).
     assert reconcile(now, ("tpm", W, 1000, 40)) == 1
-    assert db.get(keys.rate_window("tpm", 1000)) == b"40"
-    assert db.pttl(keys.rate_window("tpm", 1000)) > 0
+    assert db.get(keys.rate_window(keys.rate_limit("tpm"), 1000)) == b"40"
+    assert db.pttl(keys.rate_window(keys.rate_limit("tpm"), 1000)) > 0
 
-    db.delete(keys.rate_window("tpm", 1000))  # expired
+    db.delete(keys.rate_window(keys.rate_limit("tpm"), 1000))  # expired
     assert reconcile(now, ("tpm", W, 1000, -50)) == 0
     assert reconcile(now, ("tpm", W, 1000, 50)) == 0
     assert windows(db) == []
@@ -150,4 +154,4 @@ def test_reconcile_leaves_windows_that_no_longer_count(db, admit, reconcile):
     assert admit(WINDOW_START, ("tpm", "tok", W, 10_000, 1_000)) == [1]
     two_windows_later = WINDOW_START + 2 * W + 1
     assert reconcile(two_windows_later, ("tpm", W, 1000, -1_000)) == 0
-    assert db.get(keys.rate_window("tpm", 1000)) == b"1000"
+    assert db.get(keys.rate_window(keys.rate_limit("tpm"), 1000)) == b"1000"

@@ -33,7 +33,7 @@ def test_a_rank_0_use_case_capped_at_2_does_not_hold_back_rank_1_while_replicas_
     assert [reply[0] for reply in replies[:2]] == [0, 0]  # queued: no replica had room
     # The rest would be the use case's 3rd..40th request in flight or waiting.
     assert {tuple(reply[:2]) for reply in replies[2:]} == {(-1, "max_concurrent")}
-    assert lua.client.get(keys.concurrency("7")) == b"2"
+    assert lua.client.get(keys.concurrency("acme", "7")) == b"2"
 
     lua.fleet(T0 + 1, (R1, 0), (R2, 0))
     assert lua("pump", T0 + 1, MODEL) == 2
@@ -43,7 +43,7 @@ def test_a_rank_0_use_case_capped_at_2_does_not_hold_back_rank_1_while_replicas_
         reply = lua.acquire(T0 + 2, f"rank1-{n}", rank=1, use_case="8", **POOL)
         assert reply[0] == 1, f"rank-1 request {n} was not granted at once: {reply}"
     assert sum(lua.in_flight().values()) == 8
-    assert lua.client.get(keys.concurrency("7")) == b"2"
+    assert lua.client.get(keys.concurrency("acme", "7")) == b"2"
 
 
 def test_waiters_of_a_capped_use_case_give_their_place_in_the_cap_back_when_they_leave(lua):
@@ -56,13 +56,13 @@ def test_waiters_of_a_capped_use_case_give_their_place_in_the_cap_back_when_they
     assert lua.acquire(T0, "c", **capped)[:2] == [-1, "max_concurrent"]
 
     assert lua.cancel(T0 + 1, "b")[0] == 1
-    assert lua.client.get(keys.concurrency("7")) == b"1"
+    assert lua.client.get(keys.concurrency("acme", "7")) == b"1"
     assert [int(v) for v in lua("reap", T0 + 100)] == [0, 1, 0]  # "a" past its deadline
-    assert lua.client.exists(keys.concurrency("7")) == 0
+    assert lua.client.exists(keys.concurrency("acme", "7")) == 0
 
     assert lua.acquire(T0 + 101, "d", **capped)[0] == 0
     lua.fleet(T0 + 102, (R1, 0))
     assert lua("pump", T0 + 102, MODEL) == 1
-    assert lua.client.get(keys.concurrency("7")) == b"1"  # "d" now runs
+    assert lua.client.get(keys.concurrency("acme", "7")) == b"1"  # "d" now runs
     assert lua.release(T0 + 103, "d")[0] == 1
-    assert lua.client.exists(keys.concurrency("7")) == 0
+    assert lua.client.exists(keys.concurrency("acme", "7")) == 0

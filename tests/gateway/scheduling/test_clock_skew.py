@@ -123,7 +123,7 @@ async def test_a_gateway_whose_clock_runs_behind_is_not_taken_for_dead(
                 released, dropped, _ = await reaper.reap()
             assert (released, dropped) == (0, 0)
             assert valkey_client.zscore(keys.leases(MODEL), grant.lease_id) is not None
-            assert valkey_client.zscore(keys.gateways(), "gw-slow") is not None
+            assert valkey_client.zscore(keys.gateways(MODEL), "gw-slow") is not None
             await slow.release(grant)
         finally:
             await slow.close()

@@ -35,7 +35,7 @@ def long(lua: Lua, now: int, request_id: str, **options: Any) -> list[Any]:
 
 
 def replica_of(lua: Lua, request_id: str) -> str:
-    return lua.client.hget(keys.lease(request_id), "replica").decode()
+    return lua.client.hget(keys.lease(request_id, MODEL), "replica").decode()
 
 
 def longs_in_flight(lua: Lua) -> dict[str, int]:

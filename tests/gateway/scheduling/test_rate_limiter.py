@@ -205,7 +205,8 @@ def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
 
     def packed_both_ways(ticket: Ticket, scheduler: Scheduler = scheduler) -> None:
         args = scheduler.acquire_args(ticket, "lease-1", NOW)
-        expected = (pack_values([1, keys.KEY_PREFIX, *args]), 2 + len(args))
+        slots = [keys.pool_prefix(ticket.model), keys.account_prefix(ticket.tenant)]
+        expected = (pack_values([2, *slots, *args]), 3 + len(args))
         assert scheduler._acquire_call(ticket, "lease-1", NOW) == expected
 
     used = []
@@ -295,7 +296,7 @@ async def test_acquire_counts_all_limits_or_none_and_names_the_refusing_one(
     async with scheduler_at(valkey_url, clock) as scheduler:
         await scheduler.acquire(_ticket("a", roomy, tight))
         await scheduler.acquire(_ticket("b", roomy, tight))
-        window = keys.rate_window("roomy", NOW // MINUTE_MS)
+        window = keys.rate_window(keys.rate_limit("roomy"), NOW // MINUTE_MS)
         assert valkey_client.get(window) == b"10000"
         clock[0] = NOW + 1
 
@@ -333,11 +334,13 @@ async def test_release_refunds_what_the_request_did_not_use(valkey_client, valke
 
         clock[0] = NOW + 2
         corrections = reconcile_args(tokens, admitted_ms=first.admitted_ms, actual_tokens=1_000)
-        assert corrections == ["tpm", MINUTE_MS, NOW // MINUTE_MS, -7_000]
+        assert corrections == [keys.rate_limit("tpm"), MINUTE_MS, NOW // MINUTE_MS, -7_000]
         await scheduler.release(first, corrections)
 
-        assert valkey_client.get(keys.rate_window("tpm", NOW // MINUTE_MS)) == b"1000"
-        assert valkey_client.get(keys.rate_window("rpm", NOW // MINUTE_MS)) == b"1"
+        assert (
+            valkey_client.get(keys.rate_window(keys.rate_limit("tpm"), NOW // MINUTE_MS)) == b"1000"
+        )
+        assert valkey_client.get(keys.rate_window(keys.rate_limit("rpm"), NOW // MINUTE_MS)) == b"1"
         clock[0] = NOW + 3
         await scheduler.acquire(_ticket("c", *tokens))
 

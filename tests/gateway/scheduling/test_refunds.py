@@ -253,7 +253,7 @@ def test_a_request_leaves_no_charge_record_behind_once_it_ends(lua):
     cancel or a drop; a reaped lease's is kept only for a while."""
     lua.fleet(T0, (R1, 0))
     assert lua.acquire(T0, "served", limits=LIMITS, replicas=[(R1, 2)])[0] == 1
-    assert lua.client.exists(keys.KEY_PREFIX + "rf:served") == 1
+    assert lua.client.exists(keys.pool_prefix(MODEL) + "rf:served") == 1
     lua.release(T0 + 1, "served")
     saturate(lua)
     assert lua.acquire(T0, "cancelled", limits=LIMITS)[0] == 0
@@ -262,12 +262,14 @@ def test_a_request_leaves_no_charge_record_behind_once_it_ends(lua):
     lua("reap", T0 + 10)
 
     assert (
-        lua.client.exists(*(keys.KEY_PREFIX + f"rf:{n}" for n in ("served", "cancelled", "late")))
+        lua.client.exists(
+            *(keys.pool_prefix(MODEL) + f"rf:{n}" for n in ("served", "cancelled", "late"))
+        )
         == 0
     )
 
     assert [int(v) for v in lua("reap", T0 + 30_000)] == [1, 0, 0]  # the holder's lease
-    assert 0 < lua.client.pttl(keys.KEY_PREFIX + "rf:holder") <= 3_600_000
+    assert 0 < lua.client.pttl(keys.pool_prefix(MODEL) + "rf:holder") <= 3_600_000
 
 
 class _Unreached(Exception):

@@ -70,11 +70,11 @@ async def leaked(client: Any) -> dict[str, object]:
         "in_flight": await client.hgetall(keys.in_flight(MODEL)),
         "leases": await client.zcard(keys.leases(MODEL)),
         "queue": await client.zcard(keys.queue(MODEL)),
-        "waiters": await client.keys(keys.waiter("*")),
-        "lease_infos": await client.keys(keys.lease("*")),
-        "grants": await client.keys(keys.grant("*")),
+        "waiters": await client.keys(keys.waiter("*", "*")),
+        "lease_infos": await client.keys(keys.lease("*", "*")),
+        "grants": await client.keys(keys.grant("*", "*")),
         "queue_lengths": await client.keys(keys.queue_length(MODEL, "*")),
-        "concurrency": await client.keys(keys.concurrency("*")),
+        "concurrency": await client.keys(keys.concurrency("*", "*")),
     }
 
 
@@ -348,7 +348,7 @@ async def test_a_queue_timeout_removes_the_waiter(client_url):
         assert 0.3 <= time.monotonic() - started < 1.0
         assert timed_out.value.retry_after_s >= 1
         assert await client.zcard(keys.queue(MODEL)) == 0
-        assert await client.keys(keys.waiter("*")) == []
+        assert await client.keys(keys.waiter("*", "*")) == []
         await gateway.release(holder)
         assert await leaked(client) == NOTHING
 
@@ -465,9 +465,10 @@ async def test_a_dead_gateways_waiters_are_never_granted_and_its_capacity_return
     options: dict[str, Any] = {"lease_ms": 30_000, "reap_interval_s": 0.05, "heartbeat_ms": 300}
     async with running_schedulers(client_url, 2, **options) as [a, b]:
         client = b._client
-        assert await client.zscore(keys.gateways(), "gw-0") > wall_ms()  # start() announced it
         await write_fresh_fleet(client, [R1])
         await a.acquire(ticket("held-by-a"))
+        # Its first request joined the pool: its heartbeat is in the pool's slot.
+        assert await client.zscore(keys.gateways(MODEL), "gw-0") > wall_ms()
         a_waiter = asyncio.create_task(a.acquire(ticket("a-waiter", queue_timeout_s=2.0)))
         await queued(client, 1)
         b_waiter = asyncio.create_task(b.acquire(ticket("b-waiter")))
@@ -482,7 +483,7 @@ async def test_a_dead_gateways_waiters_are_never_granted_and_its_capacity_return
         assert not a_waiter.done()
         with pytest.raises(QueueTimeout):
             await a_waiter
-        assert await client.zscore(keys.gateways(), "gw-0") is None
+        assert await client.zscore(keys.gateways(MODEL), "gw-0") is None
         await b.release(grant)
         assert await leaked(client) == NOTHING
 

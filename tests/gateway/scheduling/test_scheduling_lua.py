@@ -46,7 +46,7 @@ def test_a_request_is_granted_at_once_when_a_replica_has_room(lua):
 
     assert lua.in_flight() == {R1: 1}
     assert lua.client.zscore(keys.leases(MODEL), "r1") == T0 + 5_000
-    assert lua.client.hget(keys.lease("r1"), "replica") == R1.encode()
+    assert lua.client.hget(keys.lease("r1", MODEL), "replica") == R1.encode()
     assert lua.queue() == []
 
 
@@ -78,7 +78,7 @@ def test_a_draining_replica_is_pumped_to_its_waiters(lua):
     assert lua("pump", T0 + 250, MODEL) == 2
 
     assert lua.queue() == ["w2"]
-    assert lua.client.get(keys.grant("w0")) == R1.encode()
+    assert lua.client.get(keys.grant("w0", MODEL)) == R1.encode()
     messages = []
     for _ in range(10):  # the subscribe confirmation comes first, and reads as None
         message = listener.get_message(timeout=1.0)
@@ -113,7 +113,7 @@ def test_a_better_rank_waiting_sends_newcomers_of_a_worse_rank_to_the_queue(lua)
     # acquire's own pump grants "b".
     assert lua.acquire(T0, "c", rank=3, replicas=[(R1, 2)])[0] == 0
     assert lua.queue() == ["c"]
-    assert lua.client.get(keys.grant("b")) == R1.encode()
+    assert lua.client.get(keys.grant("b", MODEL)) == R1.encode()
 
 
 def test_fair_queueing_shares_tokens_between_a_heavy_and_a_light_tenant(lua):
@@ -151,7 +151,7 @@ def test_a_full_class_queue_refuses_while_another_class_still_queues(lua):
     assert refused[:3] == [-2, "queue_full", 2]
     assert lua.acquire(T0, "other", priority_class="qa", rank=4, max_queue=2)[0] == 0
     assert lua.client.get(keys.queue_length(MODEL, "dev")) == b"2"
-    assert lua.client.exists(keys.waiter("q2")) == 0
+    assert lua.client.exists(keys.waiter("q2", MODEL)) == 0
 
 
 def test_max_concurrent_refuses_at_the_limit_and_frees_with_a_release(lua):
@@ -163,7 +163,7 @@ def test_max_concurrent_refuses_at_the_limit_and_frees_with_a_release(lua):
     assert lua.acquire(T0, "c3", **options)[:3] == [-1, "max_concurrent", 2]
 
     lua.release(T0 + 1_000, "c1")
-    assert lua.client.get(keys.concurrency("7")) == b"1"
+    assert lua.client.get(keys.concurrency("acme", "7")) == b"1"
     assert lua.acquire(T0 + 1_000, "c4", **options) == [1, R1]
 
 
@@ -185,7 +185,7 @@ def test_a_use_case_waiter_counts_against_its_max_concurrent_and_never_blocks_th
 
     lua.release(T0 + 2, "o2")
     assert lua.queue() == []
-    assert lua.client.get(keys.concurrency("7")) == b"1"
+    assert lua.client.get(keys.concurrency("acme", "7")) == b"1"
 
 
 def test_cancel_removes_a_waiter(lua):
@@ -195,7 +195,7 @@ def test_cancel_removes_a_waiter(lua):
     assert lua.cancel(T0 + 1, "w")[0] == 1
 
     assert lua.queue() == []
-    assert lua.client.exists(keys.waiter("w"), keys.queue_length(MODEL, "prod")) == 0
+    assert lua.client.exists(keys.waiter("w", MODEL), keys.queue_length(MODEL, "prod")) == 0
     assert lua.client.zcard(keys.queue_deadlines(MODEL)) == 0
 
 
@@ -211,7 +211,7 @@ def test_cancel_after_a_grant_raced_in_releases_it_or_keeps_it(lua):
     assert lua.cancel(T0 + 3, "w1") == [0, R1]  # released, and w2 pumped into the slot
     assert holder_of(lua) == "w2"
     assert lua.in_flight() == {R1: 1}
-    assert lua.client.exists(keys.lease("w1"), keys.grant("w1")) == 0
+    assert lua.client.exists(keys.lease("w1", MODEL), keys.grant("w1", MODEL)) == 0
 
 
 def test_a_cancel_that_arrives_before_its_acquire_makes_the_acquire_refuse(lua):
@@ -226,7 +226,7 @@ def test_release_is_idempotent_and_never_goes_below_zero(lua):
     assert lua.release(T0 + 1, "holder") == [1, 0, 0]
     assert lua.release(T0 + 2, "holder") == [0, 0, 0]
     assert lua.in_flight() == {}
-    assert lua.client.exists(keys.concurrency("3")) == 0
+    assert lua.client.exists(keys.concurrency("acme", "3")) == 0
 
 
 def test_reap_releases_expired_leases_and_grants_the_waiters(lua):
@@ -306,7 +306,7 @@ def test_the_pool_is_recorded_for_the_scripts_that_are_not_given_it(lua):
     stored = {k.decode(): v.decode() for k, v in lua.client.hgetall(keys.pool(MODEL)).items()}
     assert stored.pop("_sig")
     assert stored == {R1: "3", R2: "5", "_stale_ms": "800", "_threshold": "4", "_lanes": "0"}
-    assert set(lua.client.smembers(keys.pools())) == {MODEL.encode()}
+    assert set(lua.client.smembers(keys.pool_members(MODEL))) == {MODEL.encode()}
 
     lua.acquire(T0, "s", replicas=[(R2, 5)], stale_ms=800, threshold=4)
     assert set(lua.client.hkeys(keys.pool(MODEL))) == {
@@ -410,8 +410,8 @@ def test_a_waiter_of_a_gateway_without_heartbeat_is_dropped_not_granted(lua):
 
     assert holder_of(lua) == "w-gw-a"
     assert lua.queue() == []
-    assert lua.client.exists(keys.grant("w-gw-dead"), keys.grant("w-gw-never")) == 0
-    assert lua.client.exists(keys.waiter("w-gw-dead"), keys.waiter("w-gw-never")) == 0
+    assert lua.client.exists(keys.grant("w-gw-dead", MODEL), keys.grant("w-gw-never", MODEL)) == 0
+    assert lua.client.exists(keys.waiter("w-gw-dead", MODEL), keys.waiter("w-gw-never", MODEL)) == 0
     assert lua.client.exists(keys.queue_length(MODEL, "dev")) == 0
     messages = []
     for _ in range(10):
@@ -450,9 +450,9 @@ def test_reap_releases_the_leases_and_drops_the_waiters_of_a_gateway_whose_heart
 
     assert holder_of(lua) == "a-waiter"
     assert lua.queue() == []
-    assert lua.client.exists(keys.lease("holder"), keys.waiter("c-waiter")) == 0
-    assert lua.client.zscore(keys.gateways(), "gw-c") is None
-    assert lua.client.zscore(keys.gateways(), "gw-a") is not None
+    assert lua.client.exists(keys.lease("holder", MODEL), keys.waiter("c-waiter", MODEL)) == 0
+    assert lua.client.zscore(keys.gateways(MODEL), "gw-c") is None
+    assert lua.client.zscore(keys.gateways(MODEL), "gw-a") is not None
     assert lua("reap", T0 + 6_000) == [0, 0, 0]
 
 
@@ -501,7 +501,7 @@ def test_a_class_with_a_pool_share_is_granted_only_up_to_its_share(lua):
     replies = [lua.acquire(T0, f"b{n}", **batch)[0] for n in range(6)]
 
     assert replies == [1, 1, 1, 1, 0, 0]
-    assert lua.client.hget(keys.KEY_PREFIX + f"cif:{MODEL}", "batch") == b"4"
+    assert lua.client.hget(keys.pool_prefix(MODEL) + f"cif:{MODEL}", "batch") == b"4"
     assert lua.queue() == ["b4", "b5"]
     assert lua.acquire(T0, "prod", rank=0, replicas=pool)[0] == 1
 
@@ -521,7 +521,7 @@ def test_a_release_of_a_capped_class_grants_its_next_waiter_and_skips_it_when_fu
 
     assert lua.release(T0 + 20, "b0")[1] == 1
     assert lua.queue() == []
-    assert lua.client.hget(keys.KEY_PREFIX + f"cif:{MODEL}", "batch") == b"2"
+    assert lua.client.hget(keys.pool_prefix(MODEL) + f"cif:{MODEL}", "batch") == b"2"
 
 
 def test_a_full_capped_class_does_not_hold_up_waiters_of_a_worse_rank_behind_it(lua):
@@ -540,7 +540,7 @@ def test_a_full_capped_class_does_not_hold_up_waiters_of_a_worse_rank_behind_it(
     lua.release(T0 + 250, "holder")
 
     assert lua.queue() == ["b1"]  # still bounded by its share; the worse rank went ahead
-    assert lua.client.hexists(keys.lease("late"), "replica")
+    assert lua.client.hexists(keys.lease("late", MODEL), "replica")
 
 
 def test_a_reaped_lease_of_a_capped_class_gives_its_share_back(lua):
@@ -554,4 +554,4 @@ def test_a_reaped_lease_of_a_capped_class_gives_its_share_back(lua):
     lua("reap", T0 + 2_000)
 
     assert lua.queue() == []  # b0's lease expired: its share went to b1
-    assert lua.client.hget(keys.KEY_PREFIX + f"cif:{MODEL}", "batch") == b"1"
+    assert lua.client.hget(keys.pool_prefix(MODEL) + f"cif:{MODEL}", "batch") == b"1"
