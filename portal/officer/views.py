@@ -201,7 +201,9 @@ def _step(request: HttpRequest, page: Page) -> HttpResponse:
 def _validate(request: HttpRequest, page: Page, name: str) -> HttpResponse:
     """One field's errors, for htmx to put under it: the same checks as "Review change" (the
     form's, then the plan's and the rehearsed services'), without saving anything."""
-    field = next((f[name] for f in page.forms() if name in f.fields), None) if name else None
+    field = next(
+        (f[n] for f in page.forms() for n in f.fields if f[n].html_name == name and name), None
+    )
     if field is None:
         return HttpResponse("No such field.", status=400, content_type="text/plain")
     if _valid(page):
