@@ -298,6 +298,7 @@ def test_officer_adds_a_model_a_deployment_and_an_sla_class_checked_field_by_fie
     page.goto("/govern/")
     page.get_by_role("link", name="SLA classes of acme/chatbot").click()
     expect(page.get_by_role("heading", name="SLA classes")).to_be_visible()
+    _accessible(page)
     page.get_by_role("link", name="New SLA class").click()
     page.get_by_label("Name", exact=True).fill("overnight")
     page.get_by_label("Audio (transcription)").check()
