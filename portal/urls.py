@@ -98,3 +98,35 @@ urlpatterns += [
     ),
     path("govern/priority-matrix/", officer_views.priority_matrix, name="priority_matrix"),
 ]
+
+# Models and deployments, and a use case's SLA classes (officer forms, plan → apply).
+urlpatterns += [
+    path("govern/models/", officer_views.models_list, name="models"),
+    path("govern/models/new/", officer_views.model_new, name="model_new"),
+    path("govern/models/<int:pk>/edit/", officer_views.model_edit, name="model_edit"),
+    path(
+        "govern/models/<int:pk>/deployments/new/",
+        officer_views.deployment_new,
+        name="deployment_new",
+    ),
+    path(
+        "govern/models/<int:pk>/deployments/<int:deployment_pk>/edit/",
+        officer_views.deployment_edit,
+        name="deployment_edit",
+    ),
+    path(
+        "govern/use-cases/<int:pk>/sla-classes/new/",
+        officer_views.sla_class_new,
+        name="sla_class_new",
+    ),
+    path(
+        "govern/use-cases/<int:pk>/sla-classes/<slug:name>/edit/",
+        officer_views.sla_class_edit,
+        name="sla_class_edit",
+    ),
+    path(
+        "govern/use-cases/<int:pk>/sla-classes/<slug:name>/delete/",
+        officer_views.sla_class_delete,
+        name="sla_class_delete",
+    ),
+]
