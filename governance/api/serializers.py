@@ -15,12 +15,14 @@ from governance.models import (
     Deployment,
     GuardrailSelection,
     Model,
+    ModelPrice,
     PriorityClass,
     PriorityRule,
     RateLimitPolicy,
     Tenant,
     UseCase,
 )
+from governance.prices import currency
 from governance.services import RETENTION_DAYS_MAX
 
 User = get_user_model()
@@ -150,8 +152,26 @@ class DeploymentSummarySerializer(serializers.ModelSerializer[Deployment]):
         read_only_fields = fields
 
 
+class ModelPriceSerializer(serializers.ModelSerializer[ModelPrice]):
+    """One price of a model's history; it applies from ``effective_from`` until the next one.
+    Set through policy as code (docs/policy-as-code.md "Prices"); amounts are exact decimals."""
+
+    currency = serializers.SerializerMethodField(help_text="ISO 4217, e.g. EUR")
+
+    class Meta:
+        model = ModelPrice
+        fields = ("effective_from", "input_per_mtok", "output_per_mtok", "currency")
+        read_only_fields = fields
+
+    def get_currency(self, price: ModelPrice) -> str:
+        return currency()
+
+
 class ModelSerializer(serializers.ModelSerializer[Model]):
     deployments = DeploymentSummarySerializer(many=True, read_only=True)
+    prices = ModelPriceSerializer(
+        many=True, read_only=True, help_text="Price history per million tokens, oldest first"
+    )
     capabilities = UniqueListField(
         child=serializers.ChoiceField(Capability.choices),
         min_length=1,
@@ -168,6 +188,7 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
             "timeout_seconds",
             "max_tokens",
             "deployments",
+            "prices",
             "created_at",
             "updated_at",
         )

@@ -167,7 +167,7 @@ class ModelViewSet(GovernedViewSet):
     """The model catalogue: every model the fleet offers and where it runs."""
 
     serializer_class = s.ModelSerializer
-    queryset = Model.objects.prefetch_related("deployments")
+    queryset = Model.objects.prefetch_related("deployments", "prices")
     lookup_field = "public_id"
     lookup_value_regex = r"[^/]+"
     search_fields = ("public_id", "description")
