@@ -99,7 +99,10 @@ def price_moment(value: Any) -> datetime:
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise PriceError("must give a time zone, e.g. 2026-01-01T00:00:00Z or +01:00")
-        return value.astimezone(UTC)
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:  # 0001-01-01T00:00+01:00 is before the first UTC moment
+            raise PriceError("is out of the range of dates") from None
     if isinstance(value, date):
         raise PriceError("must be a date and time with a time zone, e.g. 2026-01-01T00:00:00Z")
     raise PriceError(

@@ -3,6 +3,7 @@ models' ``clean()`` via the services, so every door gives the same message."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -165,6 +166,28 @@ class ModelPriceSerializer(serializers.ModelSerializer[ModelPrice]):
 
     def get_currency(self, price: ModelPrice) -> str:
         return currency()
+
+
+class ModelPriceInputSerializer(serializers.Serializer[Any]):
+    """A new price for a model's history (officers); governance/prices.py checks it against
+    the history: a price may start in the past only before the model's first price."""
+
+    effective_from = serializers.CharField(
+        max_length=64,
+        help_text="ISO 8601 date and time with a time zone, e.g. 2026-07-01T00:00:00Z",
+    )
+    input_per_mtok = serializers.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        min_value=Decimal(0),
+        help_text="Price of a million prompt tokens, in the company's currency",
+    )
+    output_per_mtok = serializers.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        min_value=Decimal(0),
+        help_text="Price of a million completion tokens, in the company's currency",
+    )
 
 
 class ModelSerializer(serializers.ModelSerializer[Model]):

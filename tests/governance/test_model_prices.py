@@ -132,6 +132,7 @@ def test_a_start_is_a_moment_with_a_time_zone_kept_in_utc() -> None:
         (date(2026, 1, 1), "a date and time with a time zone"),
         ("next tuesday", "ISO 8601"),
         (20260101, "ISO 8601"),
+        ("0001-01-01T00:00:00+01:00", "out of the range of dates"),
     ):
         with pytest.raises(PriceError, match=message):
             price_moment(bad)
@@ -493,3 +494,44 @@ def test_two_prices_of_a_model_starting_together_cannot_be_stored() -> None:
     )
     with pytest.raises(ValidationError, match="already exists"):
         duplicate.full_clean()
+
+
+def test_an_officer_adds_a_price_through_the_api_and_a_developer_may_not() -> None:
+    make_model("llama")
+    olivia, alice = APIClient(), APIClient()
+    olivia.force_authenticate(make_user("olivia", Role.OFFICER))
+    alice.force_authenticate(make_user("alice", Role.DEVELOPER, tenants=(make_tenant("acme"),)))
+    body = {"effective_from": LAST_YEAR, "input_per_mtok": "0.25", "output_per_mtok": "1"}
+
+    refused = alice.post("/api/models/llama/prices/", body, format="json")
+    added = olivia.post("/api/models/llama/prices/", body, format="json")
+    naive = olivia.post(
+        "/api/models/llama/prices/",
+        {**body, "effective_from": "2030-01-01T00:00:00"},
+        format="json",
+    )
+    backdated = olivia.post(
+        "/api/models/llama/prices/", {**body, "effective_from": LAST_MONTH}, format="json"
+    )
+    negative = olivia.post(
+        "/api/models/llama/prices/", {**body, "input_per_mtok": "-1"}, format="json"
+    )
+
+    assert refused.status_code == 403
+    assert added.status_code == 201
+    assert added.json() == {
+        "effective_from": "2025-01-01T00:00:00Z",
+        "input_per_mtok": "0.250000",
+        "output_per_mtok": "1.000000",
+        "currency": "EUR",
+    }
+    assert naive.status_code == 400
+    assert naive.json()["effective_from"] == [
+        "must give a time zone, e.g. 2026-01-01T00:00:00Z or +01:00"
+    ]
+    assert backdated.status_code == 400
+    assert "would reprice usage already priced" in backdated.json()["effective_from"][0]
+    assert negative.status_code == 400
+    assert list(negative.json()) == ["input_per_mtok"]
+    assert stored() == [("2025-01-01T00:00:00+00:00", Decimal("0.25"), Decimal(1))]
+    assert AuditEvent.objects.get(action="modelprice.create").actor == "olivia"
