@@ -4,6 +4,7 @@ decimal strings, the tooltip quotes the amount with the currency as the table wr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,7 +36,7 @@ def _minute(use_case_id: int, model: str, prompt: int, completion: int) -> None:
 
 
 def test_an_officer_hovers_the_spend_and_reads_it_in_the_currency(
-    browser: Browser, portal_server: str, settings: Any
+    browser: Browser, portal_server: str, settings: Any, screenshot_dir: Path
 ) -> None:
     settings.CURRENCY = "CHF"
     acme = make_tenant("acme")
@@ -74,6 +75,7 @@ def test_an_officer_hovers_the_spend_and_reads_it_in_the_currency(
     tooltip = _hover_last_bar(page, "spend")
     assert tooltip["lines"] == ["llama: 2.80 CHF"]
     assert tooltip["values"] == [2.804]  # drawn at its height; the text is the exact amount's
+    spend.screenshot(path=str(screenshot_dir / "spend-chart.png"))
     spend.get_by_text("Numbers").click()
     expect(spend.locator("tbody tr").last.locator("td")).to_have_text(["2.80"])
     assert accessibility_violations(page) == []
