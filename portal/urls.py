@@ -5,6 +5,7 @@ from portal import async_views, files_views, records_views, views
 from portal.audit import views as audit_views
 from portal.charts import views as usage_views
 from portal.developer import views as developer_views
+from portal.developer import work_views
 from portal.fleet import views as fleet_views
 from portal.officer import views as officer_views
 
@@ -129,4 +130,11 @@ urlpatterns += [
         officer_views.sla_class_delete,
         name="sla_class_delete",
     ),
+]
+
+# "My work" (docs/portal.md "My work"): the files and async tasks of a person's use cases.
+urlpatterns += [
+    path("my-work/", work_views.my_work, name="my_work"),
+    path("my-work/tasks/", work_views.my_work_tasks, name="my_work_tasks"),
+    path("my-work/tasks/<str:task_id>/", work_views.my_work_task, name="my_work_task"),
 ]
