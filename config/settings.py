@@ -261,6 +261,13 @@ else:
         "SWITCHYARD_JOB_KEY_SECRET",
         hashlib.sha256(b"switchyard-job-keys-demo:" + SECRET_KEY.encode()).hexdigest(),
     )
+# --- Model prices and spend (docs/portal.md "Spend") ----------------------------------------
+# The company's currency (ISO 4217): every model price is entered in it and spend shown in it.
+CURRENCY = env_str("SWITCHYARD_CURRENCY", "EUR")
+if not (len(CURRENCY) == 3 and CURRENCY.isascii() and CURRENCY.isalpha() and CURRENCY.isupper()):
+    raise ConfigurationError(
+        f"SWITCHYARD_CURRENCY must be an ISO 4217 code such as EUR, not {CURRENCY!r}"
+    )
 # --- File jobs: dispatcher, runner and webhooks (docs/files.md, "Jobs") ----------------------
 # Jobs running at once across all workers, and parts of one job running at once.
 FILE_JOBS_CONCURRENCY = env_int("SWITCHYARD_FILE_JOBS_CONCURRENCY", 4, minimum=1)

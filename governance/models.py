@@ -134,6 +134,42 @@ class Model(models.Model):
             raise ValidationError({"capabilities": "List at least one capability."})
 
 
+class ModelPrice(models.Model):
+    """What a model's tokens cost from one moment on, in ``settings.CURRENCY`` per million.
+
+    A price holds until the model's next one starts; spend is always priced with the price
+    in force when the tokens were used, so a new price never changes what was spent before
+    it (governance/prices.py keeps prices already in force from being rewritten).
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="prices")
+    effective_from = models.DateTimeField(help_text="When this price starts to apply")
+    input_per_mtok = models.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        validators=[MinValueValidator(0)],
+        help_text="Price of a million prompt (input) tokens",
+    )
+    output_per_mtok = models.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        validators=[MinValueValidator(0)],
+        help_text="Price of a million completion (output) tokens",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model__public_id", "effective_from"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "effective_from"], name="model_price_effective_from"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} from {self.effective_from.isoformat()}"
+
+
 class Deployment(models.Model):
     """Where a model runs: vLLM replicas serving it under one served name, on one node pool."""
 

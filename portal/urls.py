@@ -5,6 +5,7 @@ from portal import async_views, files_views, records_views, views
 from portal.audit import views as audit_views
 from portal.charts import views as usage_views
 from portal.developer import views as developer_views
+from portal.developer import work_views
 from portal.fleet import views as fleet_views
 from portal.officer import views as officer_views
 
@@ -97,4 +98,43 @@ urlpatterns += [
         name="priority_class_edit",
     ),
     path("govern/priority-matrix/", officer_views.priority_matrix, name="priority_matrix"),
+]
+
+# Models and deployments, and a use case's SLA classes (officer forms, plan → apply).
+urlpatterns += [
+    path("govern/models/", officer_views.models_list, name="models"),
+    path("govern/models/new/", officer_views.model_new, name="model_new"),
+    path("govern/models/<int:pk>/edit/", officer_views.model_edit, name="model_edit"),
+    path(
+        "govern/models/<int:pk>/deployments/new/",
+        officer_views.deployment_new,
+        name="deployment_new",
+    ),
+    path(
+        "govern/models/<int:pk>/deployments/<int:deployment_pk>/edit/",
+        officer_views.deployment_edit,
+        name="deployment_edit",
+    ),
+    path(
+        "govern/use-cases/<int:pk>/sla-classes/new/",
+        officer_views.sla_class_new,
+        name="sla_class_new",
+    ),
+    path(
+        "govern/use-cases/<int:pk>/sla-classes/<slug:name>/edit/",
+        officer_views.sla_class_edit,
+        name="sla_class_edit",
+    ),
+    path(
+        "govern/use-cases/<int:pk>/sla-classes/<slug:name>/delete/",
+        officer_views.sla_class_delete,
+        name="sla_class_delete",
+    ),
+]
+
+# "My work" (docs/portal.md "My work"): the files and async tasks of a person's use cases.
+urlpatterns += [
+    path("my-work/", work_views.my_work, name="my_work"),
+    path("my-work/tasks/", work_views.my_work_tasks, name="my_work_tasks"),
+    path("my-work/tasks/<str:task_id>/", work_views.my_work_task, name="my_work_task"),
 ]

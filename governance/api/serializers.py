@@ -3,6 +3,7 @@ models' ``clean()`` via the services, so every door gives the same message."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -15,12 +16,14 @@ from governance.models import (
     Deployment,
     GuardrailSelection,
     Model,
+    ModelPrice,
     PriorityClass,
     PriorityRule,
     RateLimitPolicy,
     Tenant,
     UseCase,
 )
+from governance.prices import currency
 from governance.services import RETENTION_DAYS_MAX
 
 User = get_user_model()
@@ -150,8 +153,48 @@ class DeploymentSummarySerializer(serializers.ModelSerializer[Deployment]):
         read_only_fields = fields
 
 
+class ModelPriceSerializer(serializers.ModelSerializer[ModelPrice]):
+    """One price of a model's history; it applies from ``effective_from`` until the next one.
+    Set through policy as code (docs/policy-as-code.md "Prices"); amounts are exact decimals."""
+
+    currency = serializers.SerializerMethodField(help_text="ISO 4217, e.g. EUR")
+
+    class Meta:
+        model = ModelPrice
+        fields = ("effective_from", "input_per_mtok", "output_per_mtok", "currency")
+        read_only_fields = fields
+
+    def get_currency(self, price: ModelPrice) -> str:
+        return currency()
+
+
+class ModelPriceInputSerializer(serializers.Serializer[Any]):
+    """A new price for a model's history (officers); governance/prices.py checks it against
+    the history: a price may start in the past only before the model's first price."""
+
+    effective_from = serializers.CharField(
+        max_length=64,
+        help_text="ISO 8601 date and time with a time zone, e.g. 2026-07-01T00:00:00Z",
+    )
+    input_per_mtok = serializers.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        min_value=Decimal(0),
+        help_text="Price of a million prompt tokens, in the company's currency",
+    )
+    output_per_mtok = serializers.DecimalField(
+        max_digits=18,
+        decimal_places=6,
+        min_value=Decimal(0),
+        help_text="Price of a million completion tokens, in the company's currency",
+    )
+
+
 class ModelSerializer(serializers.ModelSerializer[Model]):
     deployments = DeploymentSummarySerializer(many=True, read_only=True)
+    prices = ModelPriceSerializer(
+        many=True, read_only=True, help_text="Price history per million tokens, oldest first"
+    )
     capabilities = UniqueListField(
         child=serializers.ChoiceField(Capability.choices),
         min_length=1,
@@ -168,6 +211,7 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
             "timeout_seconds",
             "max_tokens",
             "deployments",
+            "prices",
             "created_at",
             "updated_at",
         )

@@ -40,6 +40,7 @@ from governance.models import (
     Tenant,
     UseCase,
 )
+from governance.prices import model_price_add
 from governance.roles import AnyUser, can_govern, can_read_everything, roles_of, visible_tenants
 from governance.selectors import (
     api_keys_visible,
@@ -167,10 +168,23 @@ class ModelViewSet(GovernedViewSet):
     """The model catalogue: every model the fleet offers and where it runs."""
 
     serializer_class = s.ModelSerializer
-    queryset = Model.objects.prefetch_related("deployments")
+    queryset = Model.objects.prefetch_related("deployments", "prices")
     lookup_field = "public_id"
     lookup_value_regex = r"[^/]+"
     search_fields = ("public_id", "description")
+
+    @extend_schema(request=s.ModelPriceInputSerializer, responses={201: s.ModelPriceSerializer})
+    @action(detail=True, methods=["post"], url_path="prices")
+    def add_price(self, request: Request, public_id: str | None = None) -> Response:
+        """Add a price to the model's history (officers). It applies from ``effective_from``
+        until the next price; a price already in force is never changed (docs/policy-as-code.md
+        "Prices")."""
+        body = s.ModelPriceInputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        price = model_price_add(
+            actor=actor_of(request), model=self.get_object(), **body.validated_data
+        )
+        return Response(s.ModelPriceSerializer(price).data, status=201)
 
 
 class DeploymentViewSet(GovernedViewSet):

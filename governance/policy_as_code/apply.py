@@ -25,6 +25,7 @@ from governance.models import (
     Deployment,
     GuardrailSelection,
     Model,
+    ModelPrice,
     PriorityClass,
     PriorityRule,
     RateLimitPolicy,
@@ -45,6 +46,12 @@ from governance.policy_as_code.plan import (
 )
 from governance.policy_as_code.schema import PolicyDocument
 from governance.policy_as_code.selectors import policy_current
+from governance.prices import (
+    model_price_add,
+    model_price_delete,
+    model_price_update,
+    price_moment,
+)
 from governance.services import (
     USE_CASE_TRANSITIONS,
     api_key_issue,
@@ -202,6 +209,7 @@ class _Applier:
         steps: list[tuple[Section, tuple[Action, ...], Callable[[Change], None]]] = [
             (Section.MODELS, _UPSERT, self.upsert),
             (Section.DEPLOYMENTS, _UPSERT, self.upsert),
+            (Section.MODEL_PRICES, _UPSERT, self.price_upsert),
             (Section.TENANTS, _UPSERT, self.tenant_upsert),
             (Section.USE_CASES, _UPSERT, self.use_case_upsert),
             # Removed guardrails first: one the file moves to another stage is a delete and a
@@ -223,6 +231,7 @@ class _Applier:
             (Section.PRIORITY_MATRIX, delete, self.delete),
             (Section.USE_CASES, (Action.RETIRE,), self.use_case_move),
             (Section.DEPLOYMENTS, delete, self.delete),
+            (Section.MODEL_PRICES, delete, self.price_delete),
             (Section.MODELS, delete, self.delete),
             (Section.TENANTS, delete, self.delete),
             (Section.PRIORITY_CLASSES, delete, self.delete),
@@ -408,6 +417,31 @@ class _Applier:
         sla_class = self.row(change.section, change.key)
         assert isinstance(sla_class, SlaClass)
         sla_class_delete(actor=self.actor, sla_class=sla_class)
+
+    def price(self, key: Key) -> ModelPrice:
+        return ModelPrice.objects.select_related("model").get(
+            model__public_id=key[0], effective_from=price_moment(key[1])
+        )
+
+    def price_upsert(self, change: Change) -> None:
+        """Through the price services, which hold the history rule the plan checked."""
+        assert change.after is not None
+        amounts = {
+            "input_per_mtok": change.after["input_per_mtok"],
+            "output_per_mtok": change.after["output_per_mtok"],
+        }
+        if change.action is Action.CREATE:
+            model_price_add(
+                actor=self.actor,
+                model=self.model(change.key[0]),
+                effective_from=change.key[1],
+                **amounts,
+            )
+        else:
+            model_price_update(actor=self.actor, price=self.price(change.key), **amounts)
+
+    def price_delete(self, change: Change) -> None:
+        model_price_delete(actor=self.actor, price=self.price(change.key))
 
     def delete(self, change: Change) -> None:
         record_delete(actor=self.actor, instance=self.row(change.section, change.key))

@@ -27,6 +27,7 @@ from governance.policy_as_code.schema import (
     UseCaseSpec,
 )
 from governance.policy_as_code.selectors import policy_current
+from governance.prices import amount_text, moment_text
 
 HEADER = (
     "# Switchyard governance policy (policy as code, format 1).\n"
@@ -98,6 +99,19 @@ def _model(spec: ModelSpec) -> dict[str, Any]:
         **_some(
             deployments=[
                 _deployment(d) for d in sorted(spec.deployments, key=lambda d: d.served_name)
+            ]
+        ),
+        # Amounts as quoted decimal strings, so that no reader takes them for floats.
+        **_some(
+            prices=[
+                _Flow(
+                    {
+                        "from": moment_text(p.effective_from),
+                        "input_per_mtok": amount_text(p.input_per_mtok),
+                        "output_per_mtok": amount_text(p.output_per_mtok),
+                    }
+                )
+                for p in sorted(spec.prices or (), key=lambda p: p.effective_from)
             ]
         ),
     }

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
+
+from django.utils import timezone
 
 from governance.choices import UseCaseStatus
 from governance.policy_as_code.errors import PolicyInvalid, Problem
@@ -21,6 +24,7 @@ from governance.policy_as_code.schema import (
     UseCaseSpec,
     reference_problems,
 )
+from governance.prices import amount_text, history_problem, moment_text, price_moment
 from governance.services import USE_CASE_TRANSITIONS
 
 Key = tuple[str, ...]
@@ -32,6 +36,7 @@ class Section(StrEnum):
 
     MODELS = "models"
     DEPLOYMENTS = "deployments"
+    MODEL_PRICES = "model_prices"
     TENANTS = "tenants"
     USE_CASES = "use_cases"
     GUARDRAILS = "guardrails"
@@ -59,6 +64,8 @@ def record_path(section: Section, key: Key) -> str:
     match section:
         case Section.DEPLOYMENTS:
             return f"models[{key[0]}].deployments[{key[1]}]"
+        case Section.MODEL_PRICES:
+            return f"models[{key[0]}].prices[{key[1]}]"
         case Section.USE_CASES:
             return f"use_cases[{key[0]}/{key[1]}]"
         case Section.GUARDRAILS:
@@ -203,6 +210,15 @@ def document_records(document: PolicyDocument) -> dict[Section, dict[Key, Record
             for m in models
             for d in m.deployments
         }
+        # Amounts as their exact digits: JSON-safe for the plan, and "0.50" equals "0.5".
+        records[Section.MODEL_PRICES] = {
+            (m.id, moment_text(p.effective_from)): {
+                "input_per_mtok": amount_text(p.input_per_mtok),
+                "output_per_mtok": amount_text(p.output_per_mtok),
+            }
+            for m in models
+            for p in m.prices or ()
+        }
     if document.tenants is not None:
         records[Section.TENANTS] = {
             (t.id,): {
@@ -322,6 +338,7 @@ class _Builder:
     current: PolicyDocument
     prune: bool
     mint_keys: bool
+    now: datetime
     want: dict[Section, dict[Key, Record] | None] = field(init=False)
     have: dict[Section, dict[Key, Record]] = field(init=False)
     changes: list[Change] = field(default_factory=list)
@@ -473,6 +490,42 @@ class _Builder:
                 )
             )
 
+    # -- prices: what is already in force is history (governance/prices.py)
+    def _priced_models(self) -> set[str]:
+        """The models whose prices the file manages (it lists ``prices:`` for them)."""
+        return {m.id for m in self.desired.models or () if m.prices is not None}
+
+    def price_history(self) -> None:
+        starts: dict[str, list[datetime]] = {}
+        for model, start in self.have[Section.MODEL_PRICES]:
+            starts.setdefault(model, []).append(price_moment(start))
+        for change in self.changes:
+            if change.section is not Section.MODEL_PRICES:
+                continue
+            model, start = change.key
+            problem = history_problem(
+                starts=starts.get(model, ()),
+                effective_from=price_moment(start),
+                creating=change.action is Action.CREATE,
+                now=self.now,
+            )
+            if problem is not None:
+                self.problems.append(Problem(change.path, problem))
+
+    def orphan_prices(self) -> None:
+        managed = self._priced_models()
+        for key in self.orphans(Section.MODEL_PRICES):
+            if key[0] not in managed:
+                continue  # the file says nothing of this model's prices (or of the model)
+            if price_moment(key[1]) <= self.now:
+                self.keep(
+                    Section.MODEL_PRICES,
+                    key,
+                    "not in the file; kept, since it is in force (prices in force are history)",
+                )
+            else:
+                self.remove(Section.MODEL_PRICES, key)
+
     def orphan_models(self) -> None:
         orphan_models = set(self.orphans(Section.MODELS))
         for key in self.orphans(Section.DEPLOYMENTS):
@@ -569,9 +622,11 @@ class _Builder:
 
     def build(self) -> Plan:
         self.upserts()
+        self.price_history()
         self.service_account_clashes()
         self.orphan_rate_limits_and_matrix()
         self.orphan_use_cases()
+        self.orphan_prices()
         self.orphan_models()
         self.orphan_tenants()
         self.orphan_priority_classes()
@@ -596,14 +651,16 @@ def plan_build(
     *,
     prune: bool = False,
     mint_keys: bool = False,
+    now: datetime | None = None,
 ) -> Plan:
     """What it takes to bring ``current`` (the database) to ``desired`` (the file).
 
     Raises ``PolicyInvalid`` when the file cannot be applied to this database: a reference to
     a record neither defines, a status no lifecycle path reaches, a prune that would silently
-    take records of a section the file does not manage with it.
+    take records of a section the file does not manage with it, a price change that would
+    reprice usage already priced (judged at ``now``).
     """
     problems = reference_problems(desired, _known(desired, current))
     if problems:
         raise PolicyInvalid(problems)
-    return _Builder(desired, current, prune, mint_keys).build()
+    return _Builder(desired, current, prune, mint_keys, now or timezone.now()).build()

@@ -42,6 +42,7 @@ from governance.policy_as_code.fields import (
     check_slug,
     is_json,
 )
+from governance.prices import Price, PriceError, price_amount, price_moment, prices_problems
 from guardrails.base import SettingsError
 from guardrails.catalogue import entries as catalogue_entries
 from guardrails.catalogue import validate_selection
@@ -83,6 +84,9 @@ class ModelSpec:
     timeout_seconds: float = 60.0
     max_tokens: int | None = None
     deployments: tuple[DeploymentSpec, ...] = ()
+    # The model's price history (``prices:``); None where the file says nothing about prices,
+    # which leaves the stored ones as they are.
+    prices: tuple[Price, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -278,8 +282,54 @@ def _deployments(raw: list[Any], path: str, problems: list[Problem]) -> tuple[De
     return tuple(deployments)
 
 
+def _prices(raw: Any, path: str, problems: list[Problem]) -> tuple[Price, ...]:
+    """``prices:`` as a list of ``{from, input_per_mtok, output_per_mtok}``; amounts in the
+    company's currency per million tokens, ``from`` an ISO date and time with a time zone."""
+    if not isinstance(raw, list):
+        problems.append(Problem(f"{path}.prices", "must be a list"))
+        return ()
+    prices: list[Price] = []
+    for index, item in enumerate(raw):
+        item_path = f"{path}.prices[{index}]"
+        if not isinstance(item, dict):
+            problems.append(Problem(item_path, "must be a mapping"))
+            continue
+        Reader(item, item_path, problems, ("from", "input_per_mtok", "output_per_mtok"))
+        values: dict[str, Any] = {}
+        for name, read in (
+            ("from", price_moment),
+            ("input_per_mtok", price_amount),
+            ("output_per_mtok", price_amount),
+        ):
+            if item.get(name) is None:
+                problems.append(Problem(f"{item_path}.{name}", "is required"))
+                continue
+            try:
+                values[name] = read(item[name])
+            except PriceError as exc:
+                problems.append(Problem(f"{item_path}.{name}", str(exc)))
+        if len(values) == 3:
+            prices.append(
+                Price(
+                    effective_from=values["from"],
+                    input_per_mtok=values["input_per_mtok"],
+                    output_per_mtok=values["output_per_mtok"],
+                )
+            )
+    problems.extend(Problem(f"{path}.prices", p) for p in prices_problems(prices))
+    return tuple(sorted(prices, key=lambda p: p.effective_from))
+
+
 def _models(raw: Any, problems: list[Problem]) -> tuple[ModelSpec, ...]:
-    known = ("id", "description", "capabilities", "timeout_seconds", "max_tokens", "deployments")
+    known = (
+        "id",
+        "description",
+        "capabilities",
+        "timeout_seconds",
+        "max_tokens",
+        "deployments",
+        "prices",
+    )
     models: list[ModelSpec] = []
     seen: dict[str, str] = {}
     for path, item in _records(raw, "models", problems, "id"):
@@ -296,6 +346,12 @@ def _models(raw: Any, problems: list[Problem]) -> tuple[ModelSpec, ...]:
                 ),
                 max_tokens=r.optional_positive("max_tokens"),
                 deployments=_deployments(r.listing("deployments"), path, problems),
+                # ``prices: []`` (or a bare ``prices:``) manages none; no key leaves them.
+                prices=(
+                    _prices([] if item["prices"] is None else item["prices"], path, problems)
+                    if "prices" in item
+                    else None
+                ),
             )
         )
     return tuple(models)

@@ -13,6 +13,7 @@ from governance.models import (
     Deployment,
     GuardrailSelection,
     Model,
+    ModelPrice,
     PriorityClass,
     PriorityRule,
     RateLimitPolicy,
@@ -36,6 +37,7 @@ from governance.policy_as_code.schema import (
     TenantSpec,
     UseCaseSpec,
 )
+from governance.prices import price_of
 from governance.selectors import legal_hold_reason
 
 
@@ -139,7 +141,8 @@ def _live_keys(now: datetime) -> tuple[KeySpec, ...]:
 def policy_current(*, now: datetime | None = None) -> PolicyDocument:
     """Every governance record policy as code manages, every section present, in stable order."""
     models = Model.objects.prefetch_related(
-        Prefetch("deployments", queryset=Deployment.objects.order_by("id"))
+        Prefetch("deployments", queryset=Deployment.objects.order_by("id")),
+        Prefetch("prices", queryset=ModelPrice.objects.order_by("effective_from")),
     ).order_by("public_id")
     use_cases = (
         UseCase.objects.select_related("tenant")
@@ -162,6 +165,7 @@ def policy_current(*, now: datetime | None = None) -> PolicyDocument:
                 timeout_seconds=float(model.timeout_seconds),
                 max_tokens=model.max_tokens,
                 deployments=_deployments(model),
+                prices=tuple(price_of(row) for row in model.prices.all()),
             )
             for model in models
         ),

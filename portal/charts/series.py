@@ -1,5 +1,5 @@
-"""A use case's usage as chart series: tokens, refusals by reason, guardrail findings and
-queue waits, summed into fixed UTC buckets from the roll-ups the persister already keeps.
+"""A use case's usage as chart series: tokens, spend, refusals by reason, guardrail findings
+and queue waits, summed into fixed UTC buckets from the roll-ups the persister already keeps.
 
 Every series is computed here once and rendered three ways (the chart, its table, its CSV),
 so what a person hovers, reads and downloads are the same numbers.
@@ -8,14 +8,17 @@ so what a person hovers, reads and downloads are the same numbers.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any, Literal
 
 from django.db.models import Count, Max, Sum
 from django.db.models.functions import TruncHour
 
+from governance.prices import amount_text, currency, money_text
+from portal.charts.spend import usage_priced
 from portal.selectors import decision_reason_text
 from scheduler.models import AdmissionDecision, GuardrailHour, UsageMinute
 
@@ -41,14 +44,17 @@ DEFAULT_RANGE = "24h"
 # Colours with at least 4.5:1 contrast on white, distinguishable in hue and order.
 PALETTE = ("#1f4e9c", "#b3261e", "#1b6e3a", "#8a5a00", "#6b3fa0", "#00607a", "#9c1f6e", "#4a4a4a")
 
-CHART_NAMES = ("tokens", "refusals", "findings", "waits")
+CHART_NAMES = ("tokens", "spend", "refusals", "findings", "waits")
+NO_PRICE = "no price"  # a spend cell whose usage had no price in force: unknown, not 0
+# A count, or an amount of money (None: no price was in force for that usage).
+Value = int | Decimal | None
 REFUSALS = (AdmissionDecision.Kind.REJECTED, AdmissionDecision.Kind.SHED)
 
 
 @dataclass(frozen=True)
 class Series:
     label: str
-    values: list[int]
+    values: Sequence[Value]
 
 
 @dataclass(frozen=True)
@@ -61,40 +67,81 @@ class Chart:
     stacked: bool
     starts: list[datetime]
     series: list[Series]
+    # Set for money: the values are exact Decimals in this currency, or None ("no price").
+    currency: str = ""
+    # Said under the chart, whether or not it has series (e.g. usage that has no price).
+    notice: str = ""
 
     @property
     def script_id(self) -> str:
         return f"chart-{self.name}-data"
 
     @property
-    def total(self) -> int | None:
-        """The sum over the range, for counts (a sum of waits means nothing)."""
-        return sum(sum(s.values) for s in self.series) if self.stacked else None
+    def total(self) -> int | Decimal | None:
+        """The sum over the range, for counts and money (a sum of waits means nothing); an
+        amount sums what was priced (the notice says what was not)."""
+        if not self.stacked:
+            return None
+        values = [v for s in self.series for v in s.values if v is not None]
+        return sum(values, Decimal(0)) if self.currency else sum(int(v) for v in values)
 
     @property
-    def rows(self) -> list[tuple[datetime, list[int]]]:
-        """The table alternative: one row a bucket, one value a series."""
-        return [(start, [s.values[i] for s in self.series]) for i, start in enumerate(self.starts)]
+    def total_text(self) -> str:
+        total = self.total
+        if total is None:
+            return ""
+        return money_text(Decimal(total)) if self.currency else str(total)
+
+    def _text(self, value: Value) -> str:
+        """A value for people: an amount to the cent, a count as it is."""
+        if value is None:
+            return NO_PRICE
+        return money_text(Decimal(value)) if self.currency else str(value)
+
+    def _exact(self, value: Value) -> str:
+        """A value for a CSV or a program: every digit of an amount."""
+        if value is None:
+            return NO_PRICE
+        return amount_text(value) if isinstance(value, Decimal) else str(value)
+
+    @property
+    def rows(self) -> list[tuple[datetime, list[str]]]:
+        """The table alternative: one row a bucket, one value a series, as people read it."""
+        return [
+            (start, [self._text(s.values[i]) for s in self.series])
+            for i, start in enumerate(self.starts)
+        ]
 
     def config(self) -> dict[str, Any]:
-        """What charts.js hands to Chart.js (read from a json_script element, never inline)."""
+        """What charts.js hands to Chart.js (read from a json_script element, never inline).
+
+        Amounts go as exact decimal strings (Chart.js reads them as numbers to draw) with
+        the text the table shows, which the tooltip quotes, so hover and table agree."""
+        datasets: list[dict[str, Any]] = []
+        for i, s in enumerate(self.series):
+            dataset: dict[str, Any] = {"label": s.label, "color": PALETTE[i % len(PALETTE)]}
+            if self.currency:
+                dataset["data"] = [None if v is None else self._exact(v) for v in s.values]
+                dataset["display"] = [self._text(v) for v in s.values]
+            else:
+                dataset["data"] = s.values
+            datasets.append(dataset)
         return {
             "type": self.kind,
             "unit": self.unit,
             "stacked": self.stacked,
             "title": self.title,
+            "currency": self.currency,
             "labels": [_label(start, self.starts) for start in self.starts],
-            "datasets": [
-                {"label": s.label, "data": s.values, "color": PALETTE[i % len(PALETTE)]}
-                for i, s in enumerate(self.series)
-            ],
+            "datasets": datasets,
         }
 
     def csv_rows(self) -> list[list[str]]:
-        header = ["bucket_start_utc", *(s.label for s in self.series)]
+        suffix = f" ({self.currency})" if self.currency else ""
+        header = ["bucket_start_utc", *(f"{s.label}{suffix}" for s in self.series)]
         body = [
-            [start.strftime("%Y-%m-%dT%H:%M:%SZ"), *(str(v) for v in values)]
-            for start, values in self.rows
+            [start.strftime("%Y-%m-%dT%H:%M:%SZ"), *(self._exact(s.values[i]) for s in self.series)]
+            for i, start in enumerate(self.starts)
         ]
         return [header, *body]
 
@@ -134,6 +181,7 @@ def use_case_charts(use_case_id: int, time_range: TimeRange, now: datetime) -> l
     buckets = _Buckets(starts, time_range.bucket)
     return [
         _tokens(use_case_id, buckets),
+        _spend(use_case_id, buckets),
         _refusals(use_case_id, buckets),
         _findings(use_case_id, buckets),
         _waits(use_case_id, buckets),
@@ -165,8 +213,7 @@ def _tokens(use_case_id: int, b: _Buckets) -> Chart:
         name="tokens",
         title="Tokens",
         caption=(
-            "Tokens used per period, prompt and completion stacked. Governance records no model "
-            "prices, so spend is shown in tokens."
+            "Tokens used per period, prompt and completion stacked; the spend chart prices them."
         ),
         kind="bar",
         unit="tokens",
@@ -178,6 +225,60 @@ def _tokens(use_case_id: int, b: _Buckets) -> Chart:
         ]
         if rows
         else [],
+    )
+
+
+def _spend(use_case_id: int, b: _Buckets) -> Chart:
+    """Spend per model, each minute's tokens priced with the price in force then (a price
+    that changes mid-period splits the period at its start)."""
+    usage = _hours(
+        UsageMinute.objects.filter(use_case_id=use_case_id, minute__gte=b.first, minute__lt=b.end),
+        "minute",
+    )
+    amounts: dict[str, list[Decimal]] = {}
+    priced: dict[str, set[int]] = defaultdict(set)
+    unpriced: dict[str, set[int]] = defaultdict(set)
+    unpriced_tokens: dict[str, int] = defaultdict(int)
+    for part in usage_priced(usage, ("at",)):
+        i = b.index(part.group[0])
+        cells = amounts.setdefault(part.model, [Decimal(0)] * len(b.starts))
+        amount = part.amount
+        if amount is not None:
+            cells[i] += amount
+            priced[part.model].add(i)
+        elif part.tokens:
+            unpriced[part.model].add(i)
+            unpriced_tokens[part.model] += part.tokens
+    code = currency()
+    series = [
+        Series(
+            model,
+            [
+                None if i in unpriced[model] and i not in priced[model] else cells[i]
+                for i in range(len(cells))
+            ],
+        )
+        for model, cells in sorted(amounts.items())
+        if priced[model]  # a model never priced in the period has nothing to draw
+    ]
+    notice = ""
+    if unpriced_tokens:
+        listed = ", ".join(f"{m} ({n:,} tokens)" for m, n in sorted(unpriced_tokens.items()))
+        notice = f"No price was in force for some usage, which is not in the amounts: {listed}."
+    return Chart(
+        name="spend",
+        title="Spend",
+        caption=(
+            f"Spend per period in {code}, by model: each minute's tokens at the model's price "
+            "in force then (a new price applies from its start, never to earlier usage)."
+        ),
+        kind="bar",
+        unit=code,
+        stacked=True,
+        starts=b.starts,
+        series=series,
+        currency=code,
+        notice=notice,
     )
 
 

@@ -8,6 +8,7 @@ case's charts; a developer those of their own tenants.
 from __future__ import annotations
 
 import csv
+from datetime import UTC
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -19,6 +20,7 @@ from django_htmx.middleware import HtmxDetails
 
 from governance.files import valkey_client
 from governance.models import UseCase
+from governance.prices import currency
 from governance.roles import Role, has_role
 from governance.selectors import admission_decisions_visible
 from portal import selectors
@@ -32,6 +34,7 @@ from portal.charts.series import (
     chart_named,
     use_case_charts,
 )
+from portal.charts.spend import spend_by_use_case
 from scheduler.models import AdmissionDecision
 
 USE_CASES_PER_PAGE = 10
@@ -86,8 +89,8 @@ def use_case_usage_csv(request: HttpRequest, pk: int, chart: str) -> HttpRespons
 
 @login_required
 def my_usage(request: HttpRequest) -> HttpResponse:
-    """A developer's use cases: the limits in force, what is left of each window now, and
-    the latest refusals with their reasons."""
+    """A developer's use cases: the limits in force, what is left of each window now, what
+    they spent this month, and the latest refusals with their reasons."""
     user = request.user
     if not has_role(user, Role.DEVELOPER):
         raise Http404("This page shows a developer's own use cases.")
@@ -100,6 +103,8 @@ def my_usage(request: HttpRequest) -> HttpResponse:
     page = Paginator(mine, USE_CASES_PER_PAGE).get_page(request.GET.get("page"))
     use_cases = list(page.object_list)
     budgets = use_case_budgets(use_cases, client=valkey_client())
+    month_start = now().astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    spend = spend_by_use_case([uc.pk for uc in use_cases], month_start)
     refusals = admission_decisions_visible(user).filter(decision__in=REFUSALS)
     entries = []
     for uc in use_cases:
@@ -110,6 +115,7 @@ def my_usage(request: HttpRequest) -> HttpResponse:
             {
                 "use_case": uc,
                 "budget": budgets.by_use_case.get(uc.pk),
+                "spend": spend[uc.pk],
                 "refusals": [
                     (d, selectors.decision_reason_text(d.decision, d.reason)) for d in recent
                 ],
@@ -122,6 +128,8 @@ def my_usage(request: HttpRequest) -> HttpResponse:
             "page": page,
             "entries": entries,
             "budgets_available": budgets.available,
+            "month_start": month_start,
+            "currency": currency(),
             "refused_kind": AdmissionDecision.Kind,
         },
     )

@@ -72,3 +72,25 @@ class FleetSnapshot(TypedDict):
 class SnapshotMessage(TypedDict):
     type: SnapshotType
     snapshot: FleetSnapshot
+
+
+# What the page's consumer sends besides snapshots: the state of its own link to Valkey (the
+# Channels layer). The publisher cannot say "Valkey is away" to the pages — its messages go
+# through Valkey — so each consumer says it, from what its own layer calls answer.
+LayerEvent = Literal["fleet.unavailable", "fleet.available"]
+UNAVAILABLE_TYPE: Final[LayerEvent] = "fleet.unavailable"
+AVAILABLE_TYPE: Final[LayerEvent] = "fleet.available"
+
+
+class LayerMessage(TypedDict):
+    """Handed to the consumer's dispatch by its own layer receive, never sent by others."""
+
+    type: LayerEvent
+
+
+class StatusMessage(TypedDict):
+    """To the browser: ``unavailable`` while the portal cannot reach Valkey (the numbers on
+    the page stop being live), ``available`` once it can again (snapshots follow)."""
+
+    status: Literal["unavailable", "available"]
+    detail: str

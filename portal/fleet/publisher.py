@@ -3,6 +3,14 @@ and fans the picture out to every open live page through the Channels layer.
 
 One reader for any number of pages: the pages' websockets never touch the scheduling keys,
 so a hundred open tabs cost Valkey what one does.
+
+Valkey away (docs/portal.md "Live fleet view through a Valkey outage"): the fleet cannot be
+read and, the Channels layer being Valkey too, nothing can be sent; the process keeps
+running, logs the outage once (``fleet_valkey_unavailable``) and each retry with its next wait,
+and tries again with backoff (the interval doubling up to ``MAX_BACKOFF_S``) so that a long
+outage costs one connection attempt every few seconds. The first tick that gets through
+logs ``fleet_valkey_recovered`` and publishes at once; its rates are counted from then, not
+over the outage. The pages learn of the outage from their own consumer, not from here.
 """
 
 from __future__ import annotations
@@ -33,6 +41,17 @@ from portal.fleet.reader import FleetReader
 logger = logging.getLogger("portal.fleet.publisher")
 
 INTERVAL_S = 1.0
+MAX_BACKOFF_S = 5.0  # the longest wait between two tries while Valkey is away
+# A read or a send that takes longer than this counts as Valkey away (a hung server, a
+# partition): the loop must not stall on it.
+CALL_TIMEOUT_S = 2.0
+
+
+def backoff_s(failures: int, interval_s: float) -> float:
+    """The wait before the next try after ``failures`` failed ticks in a row."""
+    if failures <= 0:
+        return interval_s
+    return float(min(interval_s * 2 ** (failures - 1), max(MAX_BACKOFF_S, interval_s)))
 
 
 async def publish(client: avalkey.Valkey, snapshot: FleetSnapshot) -> None:
@@ -51,10 +70,14 @@ async def run(*, interval_s: float = INTERVAL_S, stop: asyncio.Event | None = No
     from django.conf import settings
 
     stop = stop or asyncio.Event()
-    client = avalkey.Valkey.from_url(settings.VALKEY_URL)
+    client = avalkey.Valkey.from_url(
+        settings.VALKEY_URL, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S
+    )
     reader = FleetReader(client)
     leadership = Leadership(client, ttl_ms=max(int(interval_s * 3000), 1000))
     leading = False
+    failures = 0  # ticks in a row that could not reach Valkey
+    down_since = 0.0
     logger.info("fleet_publisher_started interval_s=%s group=%s", interval_s, GROUP)
     try:
         while not stop.is_set():
@@ -65,17 +88,33 @@ async def run(*, interval_s: float = INTERVAL_S, stop: asyncio.Event | None = No
                         logger.info("fleet_publisher_leading")
                         reader.since_ms = None  # count rates from now, not from a past tick
                     leading = True
-                    snapshot = await reader.read()
-                    await publish(client, snapshot)
+                    snapshot = await asyncio.wait_for(reader.read(), CALL_TIMEOUT_S)
+                    await asyncio.wait_for(publish(client, snapshot), CALL_TIMEOUT_S)
                 elif leading:
                     leading = False
                     logger.info("fleet_publisher_standby")
-            except (valkey.ValkeyError, OSError) as exc:
-                # Valkey away: the pages show their last picture as stale; try again.
-                logger.warning("fleet_publish_failed error=%s", exc.__class__.__name__)
+                if failures:
+                    logger.info(
+                        "fleet_valkey_recovered after_s=%.1f failed_ticks=%d",
+                        time.monotonic() - down_since,
+                        failures,
+                    )
+                    failures = 0
+            except (valkey.ValkeyError, OSError, TimeoutError) as exc:
+                # Valkey away: the pages say so (their consumers see it); try again later.
+                if not failures:
+                    down_since = started
+                    logger.warning("fleet_valkey_unavailable error=%s", exc.__class__.__name__)
+                failures += 1
+                leading = False  # a restarted Valkey has no lease: take it again, rates anew
+                logger.info(
+                    "fleet_publish_retry failures=%d retry_in_s=%.2f",
+                    failures,
+                    backoff_s(failures, interval_s),
+                )
             except (ValueError, KeyError, TypeError):
                 logger.exception("fleet_publish_failed")
-            delay = max(interval_s - (time.monotonic() - started), 0.0)
+            delay = max(backoff_s(failures, interval_s) - (time.monotonic() - started), 0.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
     finally:

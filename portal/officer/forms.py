@@ -14,8 +14,10 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from governance.choices import (
+    Capability,
     DataClassification,
     Environment,
+    FileKind,
     GuardrailAction,
     GuardrailFailure,
     GuardrailSide,
@@ -23,18 +25,63 @@ from governance.choices import (
     RecordPolicy,
     UseCaseKind,
 )
-from governance.models import Model, PriorityClass, Tenant
+from governance.models import Deployment, Model, PriorityClass, Tenant
 from guardrails.catalogue import entries as catalogue_entries
+from scheduler.windows import DAYS
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "max_concurrent")
 
 
+FIELD_TEMPLATE = "portal/officer/_field.html"
+# Widgets whose value is chosen, not typed: checked as they change; the rest when left.
+_CHOSEN = (forms.Select, forms.SelectMultiple, forms.CheckboxInput, forms.RadioSelect)
+
+
 class OfficerForm(forms.Form):
-    """Labels without Django's trailing colon: the label is the field's name, read aloud."""
+    """Labels without Django's trailing colon: the label is the field's name, read aloud.
+
+    Every field has a place under it for its errors (``<id>_errors``) that its input names in
+    ``aria-describedby`` from the start, so the errors the field-by-field check swaps in
+    there are read with the field, with or without JavaScript."""
+
+    #: False where a template lays the fields out itself (the matrix): no errors' place.
+    field_by_field = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("label_suffix", "")
         super().__init__(*args, **kwargs)
+        if not self.field_by_field:
+            return
+        for name, field in self.fields.items():
+            bound = self[name]
+            if field.widget.is_hidden or not bound.auto_id:
+                continue
+            field.template_name = FIELD_TEMPLATE  # type: ignore[attr-defined]
+            described = [f"{bound.auto_id}_helptext"] if field.help_text else []
+            field.widget.attrs["aria-describedby"] = " ".join([*described, errors_id(bound)])
+
+    def check_as_you_go(self, url: str) -> None:
+        """Have each field post the form to ``url?validate=<field>`` when it changes or is
+        left (htmx), and put the errors that come back in its errors' place."""
+        if not self.field_by_field:
+            return
+        for name, field in self.fields.items():
+            bound = self[name]
+            if field.disabled or field.widget.is_hidden or not bound.auto_id:
+                continue
+            field.widget.attrs.update(
+                {
+                    "hx-post": f"{url}?validate={bound.html_name}",
+                    "hx-trigger": "change" if isinstance(field.widget, _CHOSEN) else "blur",
+                    "hx-target": f"#{errors_id(bound)}",
+                    "hx-select": "unset",
+                    "hx-swap": "innerHTML",
+                }
+            )
+
+
+def errors_id(bound: forms.BoundField) -> str:
+    return f"{bound.auto_id}_errors"
 
 
 def _lines(text: str) -> list[str]:
@@ -315,6 +362,8 @@ def matrix_field_name(environment: str, namespace: str) -> str:
 class PriorityMatrixForm(OfficerForm):
     """Every (tenant environment, caller namespace) cell: its priority class, or none."""
 
+    field_by_field = False  # a table of selects: its template places each cell's errors
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         classes = [("", "— none —")] + [
@@ -357,3 +406,267 @@ class PriorityMatrixForm(OfficerForm):
             for environment, row in matrix.items()
             for namespace, name in row.items()
         }
+
+
+# --- models and their deployments -----------------------------------------------------------
+class ModelRecordForm(OfficerForm):
+    """A model as clients name it. What the form does not show (its deployments, and what a
+    later form adds) is carried over from the record as it is: see ``entry``."""
+
+    public_id = forms.CharField(
+        label="Model id",
+        max_length=128,
+        help_text="What clients send as model, e.g. llama-3.1-8b; it cannot change later.",
+    )
+    description = forms.CharField(max_length=300, required=False)
+    capabilities = forms.MultipleChoiceField(
+        choices=Capability.choices, required=False, widget=forms.CheckboxSelectMultiple
+    )
+    timeout_seconds = forms.FloatField(
+        label="Timeout (seconds)",
+        initial=60.0,
+        help_text="For a whole request: seconds for an 8B model, minutes for one that thinks.",
+    )
+    max_tokens = forms.IntegerField(
+        label="Most tokens per request", required=False, help_text="Empty: the model's own."
+    )
+
+    def __init__(self, *args: Any, editing: Model | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.editing = editing
+        if editing is not None:
+            self.fields["public_id"].disabled = True
+
+    def clean_public_id(self) -> str:
+        ident: str = self.cleaned_data["public_id"]
+        if self.editing is None and Model.objects.filter(public_id=ident).exists():
+            # The file would take it for the existing model and change that one instead.
+            raise ValidationError("Model with this Public id already exists.")
+        return ident
+
+    def entry(self, current: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The model's record: the fields of this form over ``current`` (the exported record,
+        with its deployments), so a field this form does not know stays as it is."""
+        data = self.cleaned_data
+        entry = dict(current or {})
+        entry.update(
+            {
+                "id": data["public_id"],
+                "description": data["description"],
+                "capabilities": sorted(data["capabilities"]),
+                "timeout_seconds": data["timeout_seconds"],
+            }
+        )
+        entry.pop("max_tokens", None)
+        if data["max_tokens"] is not None:
+            entry["max_tokens"] = data["max_tokens"]
+        return entry
+
+    @staticmethod
+    def initial_of(model: Model) -> dict[str, Any]:
+        return {
+            "public_id": model.public_id,
+            "description": model.description,
+            "capabilities": list(model.capabilities),
+            "timeout_seconds": model.timeout_seconds,
+            "max_tokens": model.max_tokens,
+        }
+
+
+class DeploymentForm(OfficerForm):
+    """One deployment of a model: where vLLM serves it, and how much the gateway sends it."""
+
+    served_name = forms.CharField(
+        label="Served name",
+        max_length=128,
+        help_text="The name vLLM serves it under (--served-model-name); it cannot change later.",
+    )
+    replicas = forms.CharField(
+        label="Replica base URLs",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="One a line, e.g. http://vllm-0.vllm:8000",
+    )
+    node_pool = forms.CharField(
+        label="Node pool", max_length=64, required=False, help_text="e.g. h100 or h200"
+    )
+    lora_adapters = forms.CharField(
+        label="LoRA adapters",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Adapter names served on this base model, one a line.",
+    )
+    max_in_flight_per_replica = forms.IntegerField(
+        label="Requests at once per replica",
+        initial=64,
+        help_text="What the gateway sends one replica at once.",
+    )
+    active = forms.BooleanField(label="Active", required=False, initial=True)
+
+    def __init__(
+        self,
+        *args: Any,
+        editing: Deployment | None = None,
+        taken: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.editing = editing
+        self.taken = taken  # the served names the model's other deployments have
+        if editing is not None:
+            self.fields["served_name"].disabled = True
+
+    def clean_served_name(self) -> str:
+        name: str = self.cleaned_data["served_name"]
+        if name in self.taken:
+            raise ValidationError(f"This model already has a deployment served as {name!r}.")
+        return name
+
+    def entry(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        entry: dict[str, Any] = {
+            "served_name": data["served_name"],
+            "replicas": [line.strip() for line in data["replicas"].splitlines() if line.strip()],
+            "lora_adapters": _lines(data["lora_adapters"]),
+            "max_in_flight_per_replica": data["max_in_flight_per_replica"],
+            "active": data["active"],
+        }
+        if data["node_pool"]:
+            entry["node_pool"] = data["node_pool"]
+        return entry
+
+    @staticmethod
+    def initial_of(deployment: Deployment) -> dict[str, Any]:
+        return {
+            "served_name": deployment.served_name,
+            "replicas": "\n".join(deployment.replicas),
+            "node_pool": deployment.node_pool,
+            "lora_adapters": "\n".join(deployment.lora_adapters),
+            "max_in_flight_per_replica": deployment.max_in_flight_per_replica,
+            "active": deployment.active,
+        }
+
+
+# --- SLA classes ------------------------------------------------------------------------------
+def windows_text(windows: list[dict[str, Any]]) -> str:
+    """Windows as the form writes them, one a line: ``mon,tue,wed 22:00-06:00``."""
+    return "\n".join(f"{','.join(w['days'])} {w['start']}-{w['end']}" for w in windows)
+
+
+def _days(text: str) -> list[str]:
+    """``mon-fri,sun`` → the days; a range of days the scheduler does not know stays as
+    written, for ``scheduler.windows`` to name it."""
+    days: list[str] = []
+    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+        first, dash, last = part.partition("-")
+        if dash and first in DAYS and last in DAYS and DAYS.index(first) <= DAYS.index(last):
+            days.extend(DAYS[DAYS.index(first) : DAYS.index(last) + 1])
+        else:
+            days.append(part)
+    return days
+
+
+class SlaClassForm(OfficerForm):
+    """One SLA class of a use case; the service's rules (windows that parse, a zone that
+    exists, a turnaround or windows) come back from the plan onto these fields."""
+
+    name = forms.CharField(
+        max_length=63,
+        help_text="Lowercase letters, digits and hyphens, unique in the use case; it cannot "
+        "change later.",
+    )
+    description = forms.CharField(max_length=300, required=False)
+    kinds = forms.MultipleChoiceField(
+        label="File kinds",
+        choices=FileKind.choices,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+    )
+    priority_class = forms.ChoiceField(label="Priority class")
+    turnaround_seconds = forms.IntegerField(
+        label="Turnaround (seconds)",
+        required=False,
+        help_text="Done within this long of the upload; empty: by the end of the next window.",
+    )
+    windows = forms.CharField(
+        label="Processing windows",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="When the work may run, one a line: days and hours, e.g. "
+        "mon-fri 22:00-06:00 or sat,sun 00:00-23:59. Empty: any time.",
+    )
+    time_zone = forms.CharField(
+        label="Time zone", max_length=64, initial="UTC", help_text="e.g. Europe/Zurich"
+    )
+    max_file_bytes = forms.IntegerField(label="Largest file (bytes)", initial=512 * 1024 * 1024)
+
+    def __init__(
+        self,
+        *args: Any,
+        editing: dict[str, Any] | None = None,
+        taken: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.editing = editing  # the class's exported record when editing
+        self.taken = taken  # the names of the use case's other classes
+        priority = self.fields["priority_class"]
+        assert isinstance(priority, forms.ChoiceField)
+        priority.choices = [
+            (pc.name, f"{pc.name} (rank {pc.rank})")
+            for pc in PriorityClass.objects.order_by("rank")
+        ]
+        if editing is not None:
+            self.fields["name"].disabled = True
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        if name in self.taken:  # the service's words (governance.sla_classes)
+            raise ValidationError(f"This use case already has an SLA class called '{name}'.")
+        return name
+
+    def clean_windows(self) -> list[dict[str, Any]]:
+        windows = []
+        for number, line in enumerate(self.cleaned_data["windows"].splitlines(), start=1):
+            if not line.strip():
+                continue
+            days, _, hours = line.strip().rpartition(" ")
+            start, dash, end = hours.partition("-")
+            if not days.strip() or not dash:
+                raise ValidationError(
+                    f"Line {number}: write days, then hours, e.g. mon-fri 22:00-06:00."
+                )
+            windows.append({"days": _days(days), "start": start.strip(), "end": end.strip()})
+        return windows
+
+    def entry(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        entry: dict[str, Any] = {
+            "name": data["name"],
+            "description": data["description"],
+            "kinds": list(data["kinds"]),
+            "priority_class": data["priority_class"],
+            "windows": data["windows"],
+            "time_zone": data["time_zone"],
+            "max_file_bytes": data["max_file_bytes"],
+        }
+        if data["turnaround_seconds"] is not None:
+            entry["turnaround_seconds"] = data["turnaround_seconds"]
+        return entry
+
+    @staticmethod
+    def initial_of(record: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": record["name"],
+            "description": record.get("description", ""),
+            "kinds": list(record["kinds"]),
+            "priority_class": record["priority_class"],
+            "turnaround_seconds": record.get("turnaround_seconds"),
+            "windows": windows_text(list(record.get("windows", []))),
+            "time_zone": record.get("time_zone", "UTC"),
+            "max_file_bytes": record.get("max_file_bytes", 512 * 1024 * 1024),
+        }
+
+
+class ConfirmForm(OfficerForm):
+    """No fields: a deletion is reviewed and applied like any other change."""

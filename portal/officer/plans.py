@@ -109,6 +109,14 @@ def plan_fingerprint(plan: Plan) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def current_record(section: str, ident: str, key: str = "id") -> Entry | None:
+    """One record as ``manage.py policy export`` writes it today; None if there is none."""
+    for record in policy_data(policy_current()).get(section, []):
+        if str(record.get(key)) == ident:
+            return dict(record)
+    return None
+
+
 def _edited_data(edit: Edit) -> dict[str, Any]:
     """The policy file with only the edited section, every other record of it as it is."""
     data = policy_data(policy_current())

@@ -16,20 +16,25 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
 from governance.audit import Actor
-from governance.models import PriorityClass, Tenant, UseCase
+from governance.models import Deployment, Model, PriorityClass, Tenant, UseCase
 from governance.policy_as_code.errors import PolicyInvalid, Problem
 from governance.policy_as_code.selectors import policy_current
 from governance.roles import can_govern
 from portal.officer.forms import (
     LIMIT_FIELDS,
+    ConfirmForm,
+    DeploymentForm,
     GuardrailFormSet,
+    ModelRecordForm,
+    OfficerForm,
     PriorityClassForm,
     PriorityMatrixForm,
+    SlaClassForm,
     TenantForm,
     UseCaseForm,
     guardrail_initial,
@@ -39,6 +44,7 @@ from portal.officer.plans import (
     Edit,
     PlanChanged,
     Review,
+    current_record,
     lookup,
     problems_by_field,
     review_apply,
@@ -81,6 +87,9 @@ USE_CASE_FIELDS = {
     **{name: name for name in LIMIT_FIELDS},
 }
 PRIORITY_CLASS_FIELDS = {name: name for name in PriorityClassForm.base_fields}
+MODEL_FIELDS = {"id": "public_id", **{name: name for name in ModelRecordForm.base_fields}}
+DEPLOYMENT_FIELDS = {name: name for name in DeploymentForm.base_fields}
+SLA_CLASS_FIELDS = {name: name for name in SlaClassForm.base_fields}
 
 
 def officer_only(view: View) -> View:
@@ -117,6 +126,17 @@ class Page:
     formset: forms.BaseFormSet[Any] | None = None
     template: str = "portal/officer/form.html"
     back: str = ""
+    # Where the edited record's problems point, when it is not the edit's whole record (a
+    # deployment of a model, an SLA class of a use case); called once the form is valid.
+    prefix: Callable[[], str] | None = None
+    intro: str = ""  # a sentence under the title
+    extra: dict[str, Any] | None = None  # more for the template
+
+    def problem_prefix(self, edit: Edit) -> str:
+        return self.prefix() if self.prefix is not None else edit.prefix
+
+    def forms(self) -> list[forms.Form]:
+        return [self.form, *(self.formset.forms if self.formset is not None else ())]
 
 
 def _valid(page: Page) -> bool:
@@ -126,6 +146,7 @@ def _valid(page: Page) -> bool:
 
 
 def _show_problems(page: Page, prefix: str, problems: list[Problem]) -> None:
+    """The plan's and the services' problems onto the fields they name; the rest above."""
     by_field, rest = problems_by_field(problems, prefix, page.field_of)
     for name, texts in by_field.items():
         if name in page.form.fields and not page.form.fields[name].disabled:
@@ -138,7 +159,17 @@ def _show_problems(page: Page, prefix: str, problems: list[Problem]) -> None:
 
 
 def _step(request: HttpRequest, page: Page) -> HttpResponse:
-    context: dict[str, Any] = {"page": page, "form": page.form, "formset": page.formset}
+    for form in page.forms():
+        if isinstance(form, OfficerForm):
+            form.check_as_you_go(request.path)
+    if request.method == "POST" and "validate" in request.GET:
+        return _validate(request, page, request.GET["validate"])
+    context: dict[str, Any] = {
+        "page": page,
+        "form": page.form,
+        "formset": page.formset,
+        **(page.extra or {}),
+    }
     if request.method != "POST" or not _valid(page):
         return render(request, page.template, context)
     step = request.POST.get("step", "review")
@@ -155,16 +186,32 @@ def _step(request: HttpRequest, page: Page) -> HttpResponse:
                 "The records changed since you reviewed this change: review the plan again.",
             )
         except PolicyInvalid as exc:
-            _show_problems(page, edit.prefix, list(exc.problems))
+            _show_problems(page, page.problem_prefix(edit), list(exc.problems))
             return render(request, page.template, context)
         else:
             messages.success(request, page.done_message())
             return redirect(page.done())
     review = review_build(edit, actor)
     if not review.ok:
-        _show_problems(page, edit.prefix, review.problems)
+        _show_problems(page, page.problem_prefix(edit), review.problems)
         return render(request, page.template, context)
     return _review_page(request, page, review)
+
+
+def _validate(request: HttpRequest, page: Page, name: str) -> HttpResponse:
+    """One field's errors, for htmx to put under it: the same checks as "Review change" (the
+    form's, then the plan's and the rehearsed services'), without saving anything."""
+    field = next(
+        (f[n] for f in page.forms() for n in f.fields if f[n].html_name == name and name), None
+    )
+    if field is None:
+        return HttpResponse("No such field.", status=400, content_type="text/plain")
+    if _valid(page):
+        edit = page.edit()
+        review = review_build(edit, Actor.from_request(request))
+        if not review.ok:
+            _show_problems(page, page.problem_prefix(edit), review.problems)
+    return render(request, "portal/officer/_field_errors.html", {"field": field})
 
 
 def _review_page(request: HttpRequest, page: Page, review: Review) -> HttpResponse:
@@ -246,6 +293,10 @@ def _use_case_page(request: HttpRequest, use_case: UseCase | None) -> HttpRespon
     def edit() -> Edit:
         selections = [f.selection() for f in formset.forms]
         entry = form.entry([s for s in selections if s is not None])
+        if spec is not None:  # its SLA classes have their own forms: they stay as they are
+            entry["sla_classes"] = (current_record("use_cases", spec.id) or {}).get(
+                "sla_classes", []
+            )
         return Edit("use_cases", entry["id"], entry, prune=True)
 
     def done() -> str:
@@ -267,6 +318,11 @@ def _use_case_page(request: HttpRequest, use_case: UseCase | None) -> HttpRespon
                 f"Use case {form.cleaned_data['tenant']}/{form.cleaned_data['slug']} saved."
             ),
             template="portal/officer/use_case_form.html",
+            extra=(
+                {"sla_classes": _sla_classes_of(use_case), "use_case_pk": use_case.pk}
+                if use_case
+                else None
+            ),
             back=(
                 reverse("portal:use_case_detail", args=[use_case.pk])
                 if use_case
@@ -343,3 +399,185 @@ def priority_matrix(request: HttpRequest) -> HttpResponse:
             back=reverse("portal:governance"),
         ),
     )
+
+
+# --- models and their deployments -----------------------------------------------------------
+def _models_back() -> str:
+    return reverse("portal:models")
+
+
+@officer_only
+def models_list(request: HttpRequest) -> HttpResponse:
+    """Every model with its deployments: where an officer adds or changes them."""
+    models = Model.objects.prefetch_related("deployments").order_by("public_id")
+    return render(request, "portal/officer/models.html", {"models": models})
+
+
+def _model_page(request: HttpRequest, model: Model | None) -> HttpResponse:
+    initial = ModelRecordForm.initial_of(model) if model else {}
+    form = ModelRecordForm(_data(request), initial=initial, editing=model)
+
+    def edit() -> Edit:
+        ident = form.cleaned_data["public_id"]
+        current = current_record("models", ident) if model is not None else None
+        return Edit("models", ident, form.entry(current))
+
+    return _step(
+        request,
+        Page(
+            title=f"Edit model {model.public_id}" if model else "New model",
+            form=form,
+            edit=edit,
+            field_of=lookup(MODEL_FIELDS),
+            done=_models_back,
+            done_message=lambda: f"Model {form.cleaned_data['public_id']} saved.",
+            back=_models_back(),
+            intro="" if model else "Add its deployments once it is saved.",
+        ),
+    )
+
+
+@officer_only
+def model_new(request: HttpRequest) -> HttpResponse:
+    return _model_page(request, None)
+
+
+@officer_only
+def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    return _model_page(request, get_object_or_404(Model, pk=pk))
+
+
+def _deployment_page(
+    request: HttpRequest, model: Model, deployment: Deployment | None
+) -> HttpResponse:
+    initial = DeploymentForm.initial_of(deployment) if deployment else {}
+    taken = () if deployment else tuple(model.deployments.values_list("served_name", flat=True))
+    form = DeploymentForm(_data(request), initial=initial, editing=deployment, taken=taken)
+
+    def edit() -> Edit:
+        current = current_record("models", model.public_id)
+        assert current is not None
+        mine = form.cleaned_data["served_name"]
+        others = [d for d in current.get("deployments", []) if d["served_name"] != mine]
+        entry = {**current, "deployments": [*others, form.entry()]}
+        return Edit("models", model.public_id, entry)
+
+    return _step(
+        request,
+        Page(
+            title=(
+                f"Edit deployment {deployment.served_name} of {model.public_id}"
+                if deployment
+                else f"New deployment of {model.public_id}"
+            ),
+            form=form,
+            edit=edit,
+            field_of=lookup(DEPLOYMENT_FIELDS),
+            prefix=lambda: (
+                f"models[{model.public_id}].deployments[{form.cleaned_data['served_name']}]"
+            ),
+            done=_models_back,
+            done_message=lambda: (
+                f"Deployment {form.cleaned_data['served_name']} of {model.public_id} saved."
+            ),
+            back=_models_back(),
+        ),
+    )
+
+
+@officer_only
+def deployment_new(request: HttpRequest, pk: int) -> HttpResponse:
+    return _deployment_page(request, get_object_or_404(Model, pk=pk), None)
+
+
+@officer_only
+def deployment_edit(request: HttpRequest, pk: int, deployment_pk: int) -> HttpResponse:
+    deployment = get_object_or_404(
+        Deployment.objects.select_related("model"), pk=deployment_pk, model_id=pk
+    )
+    return _deployment_page(request, deployment.model, deployment)
+
+
+# --- SLA classes of a use case --------------------------------------------------------------
+def _sla_classes_of(use_case: UseCase) -> list[dict[str, Any]]:
+    """The use case's SLA classes as the policy file writes them (for its officer page)."""
+    record = current_record("use_cases", f"{use_case.tenant.slug}/{use_case.slug}") or {}
+    return [
+        {**c, "windows_text": SlaClassForm.initial_of(c)["windows"]}
+        for c in record.get("sla_classes", [])
+    ]
+
+
+def _sla_class_page(
+    request: HttpRequest, pk: int, name: str | None, *, delete: bool = False
+) -> HttpResponse:
+    use_case = get_object_or_404(UseCase.objects.select_related("tenant"), pk=pk)
+    ident = f"{use_case.tenant.slug}/{use_case.slug}"
+    current = current_record("use_cases", ident)
+    assert current is not None
+    classes: list[dict[str, Any]] = list(current.get("sla_classes", []))
+    existing = next((c for c in classes if c["name"] == name), None)
+    if name is not None and existing is None:
+        raise Http404("No such SLA class.")
+    back = reverse("portal:use_case_edit", args=[use_case.pk]) + "#sla-classes"
+    form: OfficerForm
+    if delete:
+        form = ConfirmForm(_data(request))
+    else:
+        form = SlaClassForm(
+            _data(request),
+            initial=SlaClassForm.initial_of(existing) if existing else {},
+            editing=existing,
+            taken=() if existing else tuple(c["name"] for c in classes),
+        )
+
+    def chosen() -> str:
+        return name if name is not None else str(form.cleaned_data["name"])
+
+    def edit() -> Edit:
+        kept = [c for c in classes if c["name"] != chosen()]
+        if not delete:
+            assert isinstance(form, SlaClassForm)
+            kept.append(form.entry())
+        return Edit("use_cases", ident, {**current, "sla_classes": kept}, prune=True)
+
+    if delete:
+        title, verb = f"Delete SLA class {name} of {ident}", "deleted"
+    elif existing:
+        title, verb = f"Edit SLA class {name} of {ident}", "saved"
+    else:
+        title, verb = f"New SLA class for {ident}", "saved"
+    return _step(
+        request,
+        Page(
+            title=title,
+            form=form,
+            edit=edit,
+            field_of=lookup(SLA_CLASS_FIELDS),
+            prefix=lambda: f"use_cases[{ident}].sla_classes[{chosen()}]",
+            done=lambda: back,
+            done_message=lambda: f"SLA class {chosen()} of {ident} {verb}.",
+            back=back,
+            intro=(
+                "Files already registered under it keep their promise; a class that files "
+                "use cannot be deleted (change its kinds or windows instead)."
+                if delete
+                else ""
+            ),
+        ),
+    )
+
+
+@officer_only
+def sla_class_new(request: HttpRequest, pk: int) -> HttpResponse:
+    return _sla_class_page(request, pk, None)
+
+
+@officer_only
+def sla_class_edit(request: HttpRequest, pk: int, name: str) -> HttpResponse:
+    return _sla_class_page(request, pk, name)
+
+
+@officer_only
+def sla_class_delete(request: HttpRequest, pk: int, name: str) -> HttpResponse:
+    return _sla_class_page(request, pk, name, delete=True)

@@ -338,7 +338,10 @@ def test_a_speech_model_with_two_deployments_sends_each_replica_its_own_served_n
     def one(i: int) -> int:
         return httpx.post(
             gateway.base_url + "/v1/audio/transcriptions",
-            files={"file": (f"call-{i}.wav", b"RIFF" + bytes(8_000 + i), "audio/wav")},
+            # 10 s of audio at 128 kbit/s: a transcription long enough that the six overlap
+            # even on a loaded machine (one at a time, each would find both replicas idle
+            # and take the first).
+            files={"file": (f"call-{i}.wav", b"RIFF" + bytes(160_000 + i), "audio/wav")},
             data={"model": "whisper"},
             headers={"Authorization": f"Bearer {key}"},
             timeout=30,

@@ -297,6 +297,6 @@ def test_a_use_case_with_no_traffic_says_so_under_every_chart(world: World) -> N
 
     response = world.alice.get(_url(quiet))
 
-    assert [c.series for c in response.context["charts"]] == [[], [], [], []]
-    assert response.content.decode().count("Nothing recorded in this period.") == 4
+    assert [c.series for c in response.context["charts"]] == [[], [], [], [], []]
+    assert response.content.decode().count("Nothing recorded in this period.") == 5
     assert "<canvas" not in response.content.decode()

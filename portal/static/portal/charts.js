@@ -1,7 +1,8 @@
 // Usage charts: each <canvas data-chart="ID"> is drawn from the JSON in <script id="ID">
 // (written by Django's json_script; the CSP allows no inline script). Tooltips show every
-// series' number for the period under the pointer. Charts swapped in by htmx (the time range
-// links) are drawn as they arrive.
+// series' number for the period under the pointer; an amount of money (spec.currency) is
+// quoted as the table writes it (spec.datasets[].display), from the exact decimal the server
+// computed. Charts swapped in by htmx (the time range links) are drawn as they arrive.
 (function () {
   "use strict";
 
@@ -11,6 +12,7 @@
     if (!source || typeof window.Chart === "undefined") return;
     const spec = JSON.parse(source.textContent);
     const line = spec.type === "line";
+    const money = Boolean(spec.currency);
     canvas.dataset.drawn = "true";
     new window.Chart(canvas, {
       type: spec.type,
@@ -18,7 +20,8 @@
         labels: spec.labels,
         datasets: spec.datasets.map((d) => ({
           label: d.label,
-          data: d.data,
+          data: money ? d.data.map((v) => (v === null ? null : Number(v))) : d.data,
+          display: d.display,
           backgroundColor: d.color,
           borderColor: d.color,
           borderWidth: line ? 2 : 0,
@@ -36,7 +39,7 @@
           y: {
             stacked: spec.stacked,
             beginAtZero: true,
-            ticks: { color: "#333", precision: 0 },
+            ticks: money ? { color: "#333" } : { color: "#333", precision: 0 },
             title: { display: true, text: spec.unit, color: "#333" },
           },
         },
@@ -45,7 +48,9 @@
           tooltip: {
             callbacks: {
               label: (item) =>
-                `${item.dataset.label}: ${item.parsed.y.toLocaleString("en")} ${spec.unit}`,
+                money
+                  ? `${item.dataset.label}: ${item.dataset.display[item.dataIndex]} ${spec.currency}`
+                  : `${item.dataset.label}: ${item.parsed.y.toLocaleString("en")} ${spec.unit}`,
             },
           },
         },

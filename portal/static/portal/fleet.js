@@ -1,14 +1,19 @@
 // The live fleet view: one websocket to /ws/fleet/, a whole snapshot a second, rendered into
 // the page's tables. Reconnects by itself with backoff; a refusal (4403) stops it.
+// Whenever the figures stop being live — the socket is down, no update came for a while, or
+// the server says it cannot reach Valkey ({"status": "unavailable"}) — the tables are marked
+// stale and a notice says since when and why; the next newer snapshot makes them live again.
 "use strict";
 
 (function () {
   var FORBIDDEN = 4403;
   var STALE_MS = 3000; // a second's updates missed three times over: say so
-  var statusEl, updatedEl, policyEl, ratesBody, classesBody, modelsEl, emptyEl;
+  var statusEl, updatedEl, policyEl, ratesBody, classesBody, modelsEl, emptyEl, noticeEl, dataEl;
   var socket = null;
   var attempt = 0;
   var lastMessageAt = 0;
+  var lastAt = 0; // at_ms of the snapshot on the page: an older or the same one is not news
+  var layerDown = false;
   var refused = false;
 
   function el(tag, text, className) {
@@ -158,35 +163,70 @@
     statusEl.className = "status status-" + kind;
   }
 
+  // The figures on the page are not live: say so, and why, once per change of state.
+  function stale(stateName, text, kind, reason) {
+    if (statusEl.dataset.state === stateName) return;
+    show(stateName, text, kind);
+    dataEl.dataset.stale = "true";
+    var since = lastAt ? " The figures below are from " + updatedEl.textContent + " and are not live." : "";
+    noticeEl.textContent = reason + since;
+    noticeEl.hidden = false;
+  }
+
+  function fresh() {
+    show("live", "live", "active");
+    dataEl.dataset.stale = "false";
+    noticeEl.hidden = true;
+    noticeEl.textContent = "";
+  }
+
   function connect() {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     socket = new WebSocket(scheme + location.host + "/ws/fleet/");
     // Open but silent for long (no publisher, or one that stopped): "stale", not "live".
     socket.onopen = function () { attempt = 0; lastMessageAt = Date.now(); };
     socket.onmessage = function (event) {
+      var message = JSON.parse(event.data);
+      if (message.status === "unavailable") {
+        layerDown = true;
+        stale("unavailable", "unavailable", "revoked",
+          "Live data is unavailable: " + message.detail + " This page updates by itself when it is back.");
+        return;
+      }
+      if (message.status === "available") {
+        layerDown = false;
+        lastMessageAt = Date.now();
+        stale("resuming", "resuming", "pending", "Valkey is reachable again: waiting for the next update.");
+        return;
+      }
+      if (message.at_ms <= lastAt) return; // the picture already shown, kept over an outage
+      lastAt = message.at_ms;
       lastMessageAt = Date.now();
-      render(JSON.parse(event.data));
-      show("live", "live", "active");
+      render(message);
+      fresh();
     };
     socket.onclose = function (event) {
       socket = null;
       if (event.code === FORBIDDEN) {
         refused = true;
-        show("refused", "not allowed", "revoked");
+        stale("refused", "not allowed", "revoked", "You may no longer watch the fleet.");
         return;
       }
       // Backoff: 0.5 s doubling to 10 s, with jitter, so that pages do not return at once.
       var delay = Math.min(10000, 500 * Math.pow(2, attempt)) * (0.75 + Math.random() / 2);
       attempt += 1;
-      show("reconnecting", "reconnecting", "pending");
+      layerDown = false;
+      stale("reconnecting", "reconnecting", "pending", "The connection to the portal is lost; reconnecting.");
       setTimeout(connect, delay);
     };
   }
 
   function watchStaleness() {
     setInterval(function () {
-      if (refused || !socket || socket.readyState !== WebSocket.OPEN) return;
-      if (Date.now() - lastMessageAt > STALE_MS) show("stale", "stale", "pending");
+      if (refused || layerDown || !socket || socket.readyState !== WebSocket.OPEN) return;
+      if (Date.now() - lastMessageAt > STALE_MS) {
+        stale("stale", "stale", "pending", "No update for a few seconds: the fleet publisher is not publishing.");
+      }
     }, 1000);
   }
 
@@ -198,8 +238,13 @@
     classesBody = document.querySelector("#fleet-classes tbody");
     modelsEl = document.getElementById("fleet-models");
     emptyEl = document.getElementById("fleet-empty");
+    noticeEl = document.getElementById("fleet-notice");
+    dataEl = document.getElementById("fleet-data");
     var initial = JSON.parse(document.getElementById("fleet-initial").textContent);
-    if (initial) render(initial);
+    if (initial) {
+      render(initial);
+      lastAt = initial.at_ms;
+    }
     connect();
     watchStaleness();
   });
