@@ -43,9 +43,11 @@ import valkey
 import valkey.asyncio as avalkey
 from valkey.asyncio.client import PubSub
 
-from gateway.admission.limits import limit_args
+from gateway.admission.limits import Limit, limit_args
 from gateway.autopipeline import Arg, AutoPipeline, bulk, pack_values
+from gateway.scheduling import accounts as slot_accounts
 from gateway.scheduling import keys
+from gateway.scheduling.accounts import Account
 from gateway.scheduling.clock import ValkeyClock
 from gateway.scheduling.errors import (
     MaxConcurrent,
@@ -60,7 +62,7 @@ logger = logging.getLogger("gateway.scheduling")
 
 _HERE = Path(__file__).resolve().parent
 _LIMITS_LUA = _HERE.parent / "admission" / "limits.lua"
-SCRIPT_NAMES = ("acquire", "release", "pump", "cancel", "reap", "renew", "peek")
+SCRIPT_NAMES = ("acquire", "release", "pump", "cancel", "reap", "renew", "peek", "account")
 RENEW_BATCH = 500  # leases per renew.lua call
 # Long-prompt lanes pay only where short traffic keeps replicas of its own while one runs
 # long prompts: with two, short traffic would be left a single replica
@@ -70,8 +72,11 @@ _PACKED_LONG = {True: bulk(b"1"), False: bulk(b"0")}
 
 
 def lua_source(name: str) -> str:
-    """A script as it is loaded: limits.lua, common.lua, then the script (one atomic call)."""
-    libraries = _LIMITS_LUA.read_text() + "\n" + (_HERE / "common.lua").read_text()
+    """A script as it is loaded: limits.lua, common.lua (but for account.lua, which needs
+    only the limits), then the script (one atomic call)."""
+    libraries = _LIMITS_LUA.read_text()
+    if name != "account":
+        libraries += "\n" + (_HERE / "common.lua").read_text()
     return f"{libraries}\n{(_HERE / f'{name}.lua').read_text()}"
 
 
@@ -209,6 +214,7 @@ class Scheduler:
         clock: Callable[[], int] | None = None,
         prefix: str = keys.KEY_PREFIX,
         pipe: AutoPipeline | None = None,
+        split_slots: bool = False,
     ) -> None:
         self.gateway_id = gateway_id or (
             f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -234,6 +240,9 @@ class Scheduler:
         self._valkey_clock = ValkeyClock() if clock is None else None
         self._clock: Callable[[], int] = clock or self._valkey_clock or wall_ms
         self._prefix = prefix
+        # A Valkey Cluster: the limits outside a pool's slot are charged by account.lua on
+        # their own slots first (gateway/scheduling/accounts.py); else acquire.lua does all.
+        self.split_slots = split_slots
         # model -> [its pool's slot prefix]: the KEYS of every script but acquire's.
         self._pool_keys: dict[str, list[Arg]] = {}
         # Pools this gateway has joined (its heartbeat is in their slots).
@@ -300,12 +309,21 @@ class Scheduler:
         self._waiting[lease_id] = granted
         started = time.monotonic()
         now = self._clock()
+        charged: tuple[Account, ...] = ()
+        if self.split_slots:
+            try:
+                charged, ticket = await self._charge_accounts(ticket, lease_id, now)
+            except BaseException:
+                self._waiting.pop(lease_id, None)
+                raise
         try:
             call, count = self._acquire_call(ticket, lease_id, now)
             reply = await (await self.pipe.send_packed_script("acquire", call, count))
             status = int(reply[0])
             if status == 1:
-                return self._grant(ticket, lease_id, _text(reply[1]), started, now, queued=False)
+                return self._grant(
+                    ticket, lease_id, _text(reply[1]), started, now, queued=False, charged=charged
+                )
             if status == -4:
                 raise RateLimited(ticket.limits[int(reply[2]) - 1], retry_after_ms=int(reply[3]))
             if status == -1:
@@ -331,10 +349,14 @@ class Scheduler:
             if status != 0:
                 raise RuntimeError(f"acquire.lua answered {reply!r} for a fresh lease id")
             replica = await self._wait(ticket, lease_id, granted, started)
-            return self._grant(ticket, lease_id, replica, started, now, queued=True)
+            return self._grant(
+                ticket, lease_id, replica, started, now, queued=True, charged=charged
+            )
         except (RateLimited, MaxConcurrent, QueueFull, QueueTimeout):
+            self._refund_accounts(charged, lease_id)
             raise
         except BaseException:
+            self._refund_accounts(charged, lease_id)
             # Cancelled (or Valkey failed) at any point: whatever acquire.lua did — enqueue or
             # grant, even one that raced in just now — is undone before the error goes on.
             # The pipe runs commands in order, so the cancel lands after the acquire.
@@ -349,11 +371,25 @@ class Scheduler:
         guardrails); ``acquire`` remains the one that counts."""
         if not ticket.limits:
             return
-        reply = await self.pipe.script(
-            "peek", self._keys(ticket.model), [self._clock(), *limit_args(ticket.limits)]
+        now = self._clock()
+        groups: dict[str, list[Limit]] = {}
+        for limit in ticket.limits:  # one call per slot: on a Cluster a script has one
+            slot = limit.slot if self.split_slots else self._keys(ticket.model)[0]
+            groups.setdefault(str(slot), []).append(limit)
+        replies = await asyncio.gather(
+            *(
+                self.pipe.script("peek", [slot], [now, *limit_args(limits)])
+                for slot, limits in groups.items()
+            )
         )
-        if int(reply[0]) == -4:
-            raise RateLimited(ticket.limits[int(reply[2]) - 1], retry_after_ms=int(reply[3]))
+        refusals = [
+            (ticket.limits.index(limits[int(reply[2]) - 1]), limits[int(reply[2]) - 1], reply)
+            for (_, limits), reply in zip(groups.items(), replies, strict=True)
+            if int(reply[0]) == -4
+        ]
+        if refusals:
+            _, limit, reply = min(refusals, key=lambda found: found[0])
+            raise RateLimited(limit, retry_after_ms=int(reply[3]))
 
     def acquire_args(self, ticket: Ticket, lease_id: str, now: int) -> list[Arg]:
         """acquire.lua's ARGV for this ticket (acquire.lua's header says what each is)."""
@@ -455,13 +491,26 @@ class Scheduler:
     ) -> asyncio.Future[Any]:
         """``release``, returning once the command is on its way: its reply's future."""
         self._held.pop(grant.lease_id, None)
-        args = [self._clock(), grant.lease_id, grant.model, *reconcile]
+        now = self._clock()
+        if grant.accounts:
+            reconcile, by_slot = slot_accounts.split_reconcile(reconcile, grant.accounts)
+            for account in grant.accounts:
+                args: list[Arg] = [
+                    "settle",
+                    now,
+                    grant.lease_id,
+                    account.concurrency_key,
+                    *by_slot[account.slot],
+                ]
+                self._send_nowait("account", account.slot, args, slot=True)
+        args = [now, grant.lease_id, grant.model, *reconcile]
         return await self.pipe.send_script("release", self._keys(grant.model), args)
 
     async def release_unused(self, grant: Grant) -> None:
         """Release a grant no replica served: capacity back, rate-limit charge refunded,
         waiters pumped (cancel.lua's granted path), so a retry is charged afresh."""
         self._held.pop(grant.lease_id, None)
+        self._refund_accounts(grant.accounts, grant.lease_id)
         await self.pipe.script(
             "cancel", self._keys(grant.model), [self._clock(), grant.lease_id, grant.model, "0"]
         )
@@ -580,12 +629,39 @@ class Scheduler:
                     if not int(ok) and self._held.pop(grant.lease_id, None) is not None:
                         lost += 1
                         logger.warning("scheduler_lease_lost lease=%s", grant.lease_id)
+        await self._renew_accounts()
         return lost
+
+    async def _renew_accounts(self) -> None:
+        """Keep the held requests in their use cases' sets (split slots: account.lua)."""
+        by_slot: dict[str, list[Arg]] = {}
+        for grant in self._held.values():
+            for account in grant.accounts:
+                if account.concurrency_key:
+                    by_slot.setdefault(account.slot, []).extend(
+                        (account.concurrency_key, grant.lease_id)
+                    )
+        if by_slot:
+            now = self._clock()
+            await asyncio.gather(
+                *(
+                    self.pipe.script("account", [slot], ["renew", now, now + self.lease_ms, *pairs])
+                    for slot, pairs in by_slot.items()
+                )
+            )
 
     # -- internals -----------------------------------------------------------------------
 
     def _grant(
-        self, ticket: Ticket, lease_id: str, replica: str, started: float, now: int, *, queued: bool
+        self,
+        ticket: Ticket,
+        lease_id: str,
+        replica: str,
+        started: float,
+        now: int,
+        *,
+        queued: bool,
+        charged: tuple[Account, ...] = (),
     ) -> Grant:
         return Grant(
             request_id=ticket.request_id,
@@ -597,6 +673,7 @@ class Scheduler:
             queued_ms=(time.monotonic() - started) * 1000,
             queued=queued,
             admitted_ms=now,
+            accounts=charged,
         )
 
     async def _wait(
@@ -634,15 +711,81 @@ class Scheduler:
             ),
         )
 
-    def _send_nowait(self, name: str, model: str, args: list[Arg]) -> None:
-        """Run a script that must happen even though the caller is being cancelled."""
-        task = asyncio.ensure_future(self._send_logged(name, model, args))
+    async def _charge_accounts(
+        self, ticket: Ticket, lease_id: str, now: int
+    ) -> tuple[tuple[Account, ...], Ticket]:
+        """Split slots: charge the ticket's accounts (account.lua, one call per slot, at once);
+        returns them and the ticket acquire.lua gets. A refusal on any of them refunds the
+        others and raises, as acquire would have."""
+        accounts, local = slot_accounts.split(ticket, prefix=self._prefix)
+        if not accounts:
+            return (), ticket
+        expiry = now + max(1, round(ticket.queue_timeout_s * 1000)) + self.lease_ms
+        replies = await asyncio.gather(
+            *(
+                self.pipe.script(
+                    "account",
+                    [account.slot],
+                    slot_accounts.charge_args(
+                        account,
+                        now=now,
+                        lease_id=lease_id,
+                        max_concurrent=ticket.max_concurrent,
+                        expiry_ms=expiry,
+                    ),
+                )
+                for account in accounts
+            ),
+            return_exceptions=True,
+        )
+        counted = tuple(
+            account
+            for account, reply in zip(accounts, replies, strict=True)
+            if not isinstance(reply, BaseException) and int(reply[0]) == 1
+        )
+        if len(counted) == len(accounts):
+            return accounts, local
+        self._refund_accounts(counted, lease_id)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        refusals: list[tuple[int, Limit | None, Any]] = []
+        for account, reply in zip(accounts, replies, strict=True):
+            status = int(reply[0])  # type: ignore[index]
+            if status == -1:
+                refusals.append((-1, None, reply))
+            elif status == -4:
+                index = int(reply[2]) - 1  # type: ignore[index]
+                refusals.append((account.positions[index], account.limits[index], reply))
+        _, limit, reply = min(refusals, key=lambda found: found[0])
+        if limit is None:
+            running = int(reply[2])
+            raise MaxConcurrent(
+                f"Use case {ticket.use_case_id} already has {running} requests waiting or "
+                f"in flight, its maximum.",
+                retry_after_s=retry_after_s(ahead=0, hold_ms=-1, in_flight=running, fallback_s=1.0),
+            )
+        raise RateLimited(limit, retry_after_ms=int(reply[3]))
+
+    def _refund_accounts(self, accounts: Sequence[Account], lease_id: str) -> None:
+        """Give back what the accounts were charged for a request no replica served."""
+        now = self._clock()
+        for account in accounts:
+            args: list[Arg] = ["refund", now, lease_id, account.concurrency_key]
+            self._send_nowait("account", account.slot, args, slot=True)
+
+    def _send_nowait(self, name: str, model: str, args: list[Arg], *, slot: bool = False) -> None:
+        """Run a script that must happen even though the caller is being cancelled; on
+        ``model``'s pool, or (``slot``) on the slot whose prefix ``model`` is."""
+        task = asyncio.ensure_future(self._send_logged(name, model, args, slot=slot))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _send_logged(self, name: str, model: str, args: list[Arg]) -> None:
+    async def _send_logged(
+        self, name: str, model: str, args: list[Arg], *, slot: bool = False
+    ) -> None:
         try:
-            await self.pipe.script(name, self._keys(model), args)
+            await self.pipe.script(name, [model] if slot else self._keys(model), args)
         except (valkey.ValkeyError, OSError) as exc:
             # The lease expires and the waiter's deadline passes: the reaper cleans up.
             logger.warning("scheduler_%s_failed lease=%s error=%r", name, args[1], exc)

@@ -6,6 +6,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.admission.limits import Limit, limits_for
 from gateway.policy import Model, Policy, Principal, PriorityClass
@@ -86,6 +87,9 @@ class Grant:
     queued_ms: float  # the whole acquire, queue wait and Valkey round trips included
     queued: bool = False  # True only when the request actually waited in the queue
     admitted_ms: int = 0
+    # The slots besides the pool's it was charged on (Scheduler(split_slots=True) only):
+    # settled on release, refunded if it was never served.
+    accounts: tuple[Any, ...] = ()
 
 
 def priority_class_for(policy: Policy, principal: Principal) -> PriorityClass:
