@@ -120,8 +120,13 @@ def test_http_probes_ask_real_routes_and_exec_probes_the_roles_own_check(overlay
             else:
                 assert name in PROBED_ROLES
                 assert probe["exec"]["command"] == ["python", "-m", "config.role", "probe", name]
+        # A probe comes from the kubelet, to the pod's IP: nothing may listen on loopback only.
         if name == "batcher":
             assert env["SWITCHYARD_BATCHER_METRICS_PORT"] == str(ports["metrics"])
+            assert env["SWITCHYARD_BATCHER_METRICS_HOST"] == "0.0.0.0"
+        if name == "guardrails":
+            assert env["SWITCHYARD_GUARDRAIL_HOST"] == "0.0.0.0"
+        assert "SWITCHYARD_BIND_HOST" not in env  # the roles' default: every interface
 
 
 @pytest.mark.parametrize("overlay", ALL)

@@ -140,3 +140,22 @@ def test_the_worker_probe_pings_the_worker_of_its_own_pod(tmp_path: Path, valkey
         assert wait_until(lambda: probe("celery-worker", env).returncode == 0, timeout=60)
     finally:
         worker.stop()
+
+
+def test_the_batcher_serves_its_probe_route_beyond_loopback_when_told(
+    valkey_url: str,
+) -> None:
+    """The kubelet probes the pod's IP: a listener on 127.0.0.1 alone would fail it, one on
+    0.0.0.0 answers on any address (here 127.0.0.2, which a 127.0.0.1 bind does not take)."""
+    port = free_port()
+    env = {
+        "SWITCHYARD_VALKEY_URL": valkey_url,
+        "SWITCHYARD_BATCHER_METRICS_PORT": str(port),
+        "SWITCHYARD_BATCHER_METRICS_HOST": "0.0.0.0",
+    }
+    batcher = role_process("batcher", env)
+    batcher.start(ready=http_ready(f"http://127.0.0.2:{port}/metrics", expect=200), timeout=30)
+    try:
+        assert "switchyard_batcher" in httpx.get(f"http://127.0.0.2:{port}/metrics").text
+    finally:
+        batcher.stop()
