@@ -159,3 +159,17 @@ def test_the_batcher_serves_its_probe_route_beyond_loopback_when_told(
         assert "switchyard_batcher" in httpx.get(f"http://127.0.0.2:{port}/metrics").text
     finally:
         batcher.stop()
+
+
+def test_the_publisher_probe_passes_once_the_fleet_picture_is_published(
+    tmp_path: Path, valkey_client: valkey.Valkey, valkey_url: str
+) -> None:
+    env = {"SWITCHYARD_VALKEY_URL": valkey_url, "SWITCHYARD_RUN_DIR": str(tmp_path)}
+    assert probe("fleet-publisher", env).returncode == 1
+
+    publisher = role_process("fleet-publisher", env)
+    publisher.start()
+    try:
+        assert wait_until(lambda: probe("fleet-publisher", env).returncode == 0, timeout=30)
+    finally:
+        publisher.stop()
