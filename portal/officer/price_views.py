@@ -60,6 +60,10 @@ def _price_page(
             return moment_text(price.effective_from)
         return moment_text(form.cleaned_data["effective_from"])
 
+    def form_entry() -> dict[str, str]:
+        assert isinstance(form, PriceForm)
+        return form.entry()
+
     def edit() -> Edit:
         if price is None:  # a start already taken stays twice: the parser names it
             kept = [*listed, form_entry()]
@@ -69,10 +73,6 @@ def _price_page(
                 kept.append(form_entry())
         # A withdrawal is planned with prune, as ``policy apply --prune`` would plan it.
         return Edit("models", model.public_id, {**current, "prices": kept}, prune=withdraw)
-
-    def form_entry() -> dict[str, str]:
-        assert isinstance(form, PriceForm)
-        return form.entry()
 
     in_force = price is not None and price.effective_from <= now
     if withdraw:
