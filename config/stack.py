@@ -27,14 +27,12 @@ from config.processes import (
     PYTHON,
     REPO_ROOT,
     ManagedProcess,
-    batcher_command,
     batcher_ready,
-    gateway_command,
     http_ready,
     port_bindable,
     port_listeners,
-    s3_endpoint_command,
 )
+from config.role import role_command
 from config.seaweed import SeaweedPorts, SeaweedServer
 
 
@@ -278,67 +276,25 @@ class Stack:
             fleet_args += ["--model", f"{model.public_id}={model.capabilities}={urls}"]
         seed = json.loads(self._manage("seed_demo", "--json", *fleet_args).strip().splitlines()[-1])
 
-        web = self._child(
-            "web",
-            [
-                PYTHON,
-                "-m",
-                "uvicorn",
-                "config.asgi:application",
-                "--host",
-                config.host,
-                "--port",
-                str(config.web_port),
-                "--lifespan",
-                "off",
-            ],
-        )
+        def role(name: str, port: int | None = None) -> list[str]:
+            # The same commands as the container image's roles (config/role.py).
+            return role_command(name, host=config.host, port=port, run_dir=config.run_dir)
+
+        web = self._child("web", role("web", config.web_port))
         # After the seed (the policy names the replicas) and before the gateway, so that the
         # fleet hashes the gateway schedules by are already being written when it starts.
-        self._child("fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"])
+        self._child("fleet-watcher", role("fleet-watcher"))
         # The portal's live fleet view: one reader of the fleet for every open page.
-        self._child("fleet-publisher", [PYTHON, "-m", "portal.fleet.publisher"])
+        self._child("fleet-publisher", role("fleet-publisher"))
         # Before the gateway: its workers load their models (seconds) while the rest starts.
-        guardrails = self._child("guardrails", [PYTHON, "-m", "guardrails.service"])
-        gateway = self._child("gateway", gateway_command(config.host, config.gateway_port))
+        guardrails = self._child("guardrails", role("guardrails"))
+        gateway = self._child("gateway", role("gateway", config.gateway_port))
         # After the gateway: it consumes the async tasks the gateway's submit queues, through
         # the same scheduler (docs/async.md, "The batcher").
-        batcher = self._child("batcher", batcher_command())
-        s3_endpoint = self._child(
-            "s3-endpoint", s3_endpoint_command(config.host, config.s3_endpoint_port)
-        )
-        worker = self._child(
-            "celery-worker",
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "config.celery",
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--concurrency",
-                "2",
-                "--hostname",
-                "worker@%h",
-            ],
-        )
-        self._child(
-            "celery-beat",
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "config.celery",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(config.run_dir / "celerybeat-schedule"),
-            ],
-        )
+        batcher = self._child("batcher", role("batcher"))
+        s3_endpoint = self._child("s3-endpoint", role("s3-endpoint", config.s3_endpoint_port))
+        worker = self._child("celery-worker", role("celery-worker"))
+        self._child("celery-beat", role("celery-beat"))
 
         for simulator, port in simulators:
             simulator.wait_ready(http_ready(f"http://{config.host}:{port}/health"), timeout=30)

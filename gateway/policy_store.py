@@ -3,6 +3,11 @@
 Requests read ``store.current()`` — a field access, no I/O. If Valkey is unreachable the
 last policy keeps serving for ``policy_max_staleness_s``; after that the gateway fails closed
 (503), because a revocation it cannot see must not stay ineffective for ever.
+
+Replicas given as a headless Service's name (``dns+http://…``) are resolved here, on each
+refresh that finds one due (gateway/discovery.py): ``current()`` serves the policy with
+those names replaced by the replicas found, rebuilt only when the snapshot or an answer
+changed.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 import valkey
 import valkey.asyncio as avalkey
 
+from gateway.discovery import DiscoverySettings, ReplicaDiscovery, service_names
 from gateway.errors import service_unavailable
 from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, Policy, parse_snapshot
 
@@ -21,11 +27,20 @@ logger = logging.getLogger(__name__)
 
 
 class PolicyStore:
-    def __init__(self, client: avalkey.Valkey, *, refresh_s: float, max_staleness_s: float) -> None:
+    def __init__(
+        self,
+        client: avalkey.Valkey,
+        *,
+        refresh_s: float,
+        max_staleness_s: float,
+        discovery: ReplicaDiscovery | None = None,
+    ) -> None:
         self._client = client
         self._refresh_s = refresh_s
         self._max_staleness_s = max_staleness_s
-        self._policy: Policy | None = None
+        self._discovery = discovery or ReplicaDiscovery(DiscoverySettings.from_env())
+        self._published: Policy | None = None  # as governance wrote it
+        self._policy: Policy | None = None  # what requests see: service names resolved
         self._synced_at = 0.0  # monotonic time of the last successful read of Valkey
         self._stopping = False
 
@@ -51,17 +66,23 @@ class PolicyStore:
         """Read the version; fetch and parse the snapshot if it moved. Returns whether it did."""
         version = await self._client.get(VERSION_KEY)
         changed = False
-        if version is not None and (self._policy is None or int(version) != self._policy.version):
+        published = self._published
+        if version is not None and (published is None or int(version) != published.version):
             raw = await self._client.get(SNAPSHOT_KEY)
             if raw is not None:
-                self._policy = parse_snapshot(raw)
+                self._published = parse_snapshot(raw)
                 changed = True
                 logger.info(
                     "policy_loaded version=%s models=%s keys=%s",
-                    self._policy.version,
-                    len(self._policy.models),
-                    len(self._policy.principals),
+                    self._published.version,
+                    len(self._published.models),
+                    len(self._published.principals),
                 )
+        if self._published is not None:
+            # Only names never resolved or due are looked up; none at all without any.
+            rediscovered = await self._discovery.refresh(service_names(self._published))
+            if changed or rediscovered:
+                self._policy = self._discovery.expand(self._published)
         self._synced_at = time.monotonic()
         return changed
 

@@ -1,4 +1,5 @@
-"""The embedded demo's governance records: one tenant, two approved use cases, the fleet.
+"""The embedded demo's governance records: one tenant, two approved use cases, the fleet
+and its prices (so the spend charts and My usage show spend).
 
 The demo assistant records in full (so an auditor has transcripts to read and download); the
 demo embeddings use case keeps metadata only, the default, to show the difference.
@@ -31,6 +32,7 @@ from governance.models import (
     Tenant,
     UseCase,
 )
+from governance.prices import model_price_add
 from governance.roles import Role, roles_set
 from governance.s3_credentials import s3_credential_issue, s3_credential_revoke
 from governance.services import (
@@ -107,6 +109,39 @@ def _fleet(fleet: list[FleetModel]) -> list[Model]:
             record_create(actor=ACTOR, instance=Deployment(model=model, **wanted))
         models.append(model)
     return models
+
+
+# What the demo's models cost per million tokens (input, output), in the company's currency,
+# by what they do: enough for the spend charts and My usage to show spend, in proportions a
+# bank would recognise (answers cost more than questions, embeddings next to nothing).
+DEMO_PRICES: dict[str, tuple[str, str]] = {
+    "chat": ("0.20", "0.60"),
+    "completions": ("0.20", "0.60"),
+    "embeddings": ("0.02", "0"),
+    "transcription": ("0.50", "0.50"),
+    "guard": ("0.05", "0.05"),
+}
+# Before any usage the demo can have: a first price may start in the past, and so prices
+# every request the demo has served, even one made before the seed that priced it.
+DEMO_PRICES_FROM = "2025-01-01T00:00:00Z"
+
+
+def _demo_prices(models: list[Model]) -> None:
+    """A first price for each demo model that has none; a price an officer set (or a later
+    one) stays as it is, and re-seeding adds nothing."""
+    for model in models:
+        if model.prices.exists():
+            continue
+        amounts = next((DEMO_PRICES[c] for c in model.capabilities if c in DEMO_PRICES), None)
+        if amounts is None:
+            continue
+        model_price_add(
+            actor=ACTOR,
+            model=model,
+            effective_from=DEMO_PRICES_FROM,
+            input_per_mtok=amounts[0],
+            output_per_mtok=amounts[1],
+        )
 
 
 def _demo_guardrails(use_case: UseCase, guard: Model | None) -> None:
@@ -222,6 +257,7 @@ def demo_seed(*, fleet: list[FleetModel], admin_password: str) -> DemoSeed:
     since plaintext keys are never stored, each run mints a new key to print.
     """
     models = _fleet(fleet)
+    _demo_prices(models)
     tenant = Tenant.objects.filter(slug=DEMO_TENANT).first() or record_create(
         actor=ACTOR,
         instance=Tenant(

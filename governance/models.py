@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from gateway.discovery import ServiceName, is_service_name
 from governance.choices import (
     ApiKeyStatus,
     Capability,
@@ -199,10 +200,27 @@ class Deployment(models.Model):
         _validate_string_list(self.replicas, "replicas")
         if not self.replicas:
             raise ValidationError({"replicas": "List at least one replica base URL."})
-        bad = [url for url in self.replicas if not url.startswith(("http://", "https://"))]
+        # A replica is a base URL, or a headless Service's name that the gateway resolves
+        # to its pods (dns+http(s)://; gateway/discovery.py).
+        bad = [url for url in self.replicas if not _replica_entry(url)]
         if bad:
-            raise ValidationError({"replicas": f"{bad[0]!r} is not an http(s):// base URL."})
+            raise ValidationError(
+                {
+                    "replicas": f"{bad[0]!r} is not an http(s):// base URL "
+                    "or a dns+http(s):// service name."
+                }
+            )
         _validate_string_list(self.lora_adapters, "lora_adapters")
+
+
+def _replica_entry(url: str) -> bool:
+    if is_service_name(url):
+        try:
+            ServiceName.parse(url)
+        except ValueError:
+            return False
+        return True
+    return url.startswith(("http://", "https://"))
 
 
 class UseCase(models.Model):

@@ -7,6 +7,7 @@ from portal.charts import views as usage_views
 from portal.developer import views as developer_views
 from portal.developer import work_views
 from portal.fleet import views as fleet_views
+from portal.officer import price_views
 from portal.officer import views as officer_views
 
 app_name = "portal"
@@ -114,6 +115,17 @@ urlpatterns += [
         "govern/models/<int:pk>/deployments/<int:deployment_pk>/edit/",
         officer_views.deployment_edit,
         name="deployment_edit",
+    ),
+    path("govern/models/<int:pk>/prices/new/", price_views.price_new, name="price_new"),
+    path(
+        "govern/models/<int:pk>/prices/<int:price_pk>/edit/",
+        price_views.price_edit,
+        name="price_edit",
+    ),
+    path(
+        "govern/models/<int:pk>/prices/<int:price_pk>/withdraw/",
+        price_views.price_withdraw,
+        name="price_withdraw",
     ),
     path(
         "govern/use-cases/<int:pk>/sla-classes/new/",

@@ -214,13 +214,17 @@ check_client_id = _django_check(client_id_validator)
 check_email = _django_check(validate_email)
 
 
+REPLICA_SCHEMES: Final = ("http", "https", "dns+http", "dns+https")
+
+
 def check_replica_url(value: str) -> str | None:
     try:
         parts = urlsplit(value)
         port_ok = parts.port is None or 0 < parts.port < 65536
     except ValueError:
         return f"{value!r} is not a valid URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+    # dns+http(s)://: a headless Service's name, resolved to its pods (gateway/discovery.py).
+    if parts.scheme not in REPLICA_SCHEMES or not parts.hostname or not port_ok:
         return f"{value!r} is not an http(s):// base URL with a host"
     if any(ch.isspace() for ch in value) or parts.query or parts.fragment:
         return f"{value!r} must be a plain base URL (no spaces, query or fragment)"

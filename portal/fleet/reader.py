@@ -22,6 +22,7 @@ from typing import Any
 import valkey.asyncio as avalkey
 
 from gateway.accounting import DECISIONS_STREAM, USAGE_STREAM
+from gateway.discovery import is_service_name
 from gateway.fleet_watcher import ReplicaLoad
 from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, Policy, parse_snapshot
 from gateway.scheduling import keys
@@ -180,7 +181,8 @@ class FleetReader:
         threshold = _int(chunk[3][1], DEFAULT_WAITING_THRESHOLD)
         class_in_flight = _texts(chunk[4])
         entry = policy.models.get(model) if policy else None
-        listed = list(entry.replicas) if entry else []
+        # A service name (dns+http://) stands for the pods the watcher found and wrote.
+        listed = [r for r in entry.replicas if not is_service_name(r)] if entry else []
         replicas = listed + sorted(set(fleet) - set(listed))
         policy_cap = entry.max_in_flight_per_replica if entry else None
         replica_rows = [

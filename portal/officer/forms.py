@@ -8,6 +8,8 @@ onto these forms' fields.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -25,7 +27,14 @@ from governance.choices import (
     RecordPolicy,
     UseCaseKind,
 )
-from governance.models import Deployment, Model, PriorityClass, Tenant
+from governance.models import Deployment, Model, ModelPrice, PriorityClass, Tenant
+from governance.prices import (
+    PriceError,
+    amount_text,
+    history_problem,
+    moment_text,
+    price_moment,
+)
 from guardrails.catalogue import entries as catalogue_entries
 from scheduler.windows import DAYS
 
@@ -670,3 +679,81 @@ class SlaClassForm(OfficerForm):
 
 class ConfirmForm(OfficerForm):
     """No fields: a deletion is reviewed and applied like any other change."""
+
+
+# --- model prices -----------------------------------------------------------------------------
+class PriceForm(OfficerForm):
+    """One price of a model's history. The amounts go to the policy file as typed, so the
+    parser's words (a decimal, not negative, at most six places) come back onto them; when
+    a price starts is read here, since the plan names a price by its start."""
+
+    effective_from = forms.CharField(
+        label="From",
+        max_length=64,
+        help_text="An ISO 8601 date and time with a time zone, e.g. 2026-07-01T00:00:00Z. "
+        "Only a price not yet in force can be corrected or withdrawn later.",
+    )
+    input_per_mtok = forms.CharField(
+        label="Input per 1M tokens",
+        max_length=32,
+        help_text="Per million prompt tokens, e.g. 0.20.",
+    )
+    output_per_mtok = forms.CharField(
+        label="Output per 1M tokens",
+        max_length=32,
+        help_text="Per million completion tokens, e.g. 0.60.",
+    )
+
+    def __init__(self, *args: Any, editing: ModelPrice | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.editing = editing
+        if editing is not None:
+            # Its start names it: moving it is a withdrawal and a new price, each planned.
+            self.fields["effective_from"].disabled = True
+
+    def clean_effective_from(self) -> datetime:
+        try:
+            return price_moment(self.cleaned_data["effective_from"].strip())
+        except PriceError as exc:
+            raise ValidationError(f"From {exc}.") from None
+
+    def entry(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {
+            "from": moment_text(data["effective_from"]),
+            "input_per_mtok": data["input_per_mtok"].strip(),
+            "output_per_mtok": data["output_per_mtok"].strip(),
+        }
+
+    @staticmethod
+    def initial_of(price: ModelPrice) -> dict[str, Any]:
+        return {
+            "effective_from": moment_text(price.effective_from),
+            "input_per_mtok": amount_text(Decimal(price.input_per_mtok)),
+            "output_per_mtok": amount_text(Decimal(price.output_per_mtok)),
+        }
+
+
+def next_midnight(now: datetime) -> str:
+    """What a new price's start defaults to: the next midnight, UTC (a start in the past
+    would reprice usage already priced, and "now" is past by the time it is applied)."""
+    day = now.astimezone(UTC).date() + timedelta(days=1)
+    return moment_text(datetime.combine(day, time(), tzinfo=UTC))
+
+
+class WithdrawPriceForm(OfficerForm):
+    """Nothing to fill in: a future price is withdrawn as planned. One in force is refused
+    here, in the history rule's words, since the plan would only keep it and say so."""
+
+    def __init__(self, *args: Any, price: ModelPrice, now: datetime, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.price = price
+        self.now = now
+
+    def clean(self) -> dict[str, Any]:
+        problem = history_problem(
+            starts=(), effective_from=self.price.effective_from, creating=False, now=self.now
+        )
+        if problem is not None:
+            raise ValidationError(f"This price {problem}.")
+        return super().clean() or {}

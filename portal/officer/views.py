@@ -19,11 +19,13 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 
 from governance.audit import Actor
 from governance.models import Deployment, Model, PriorityClass, Tenant, UseCase
 from governance.policy_as_code.errors import PolicyInvalid, Problem
 from governance.policy_as_code.selectors import policy_current
+from governance.prices import currency
 from governance.roles import can_govern
 from portal.officer.forms import (
     LIMIT_FIELDS,
@@ -50,6 +52,7 @@ from portal.officer.plans import (
     review_apply,
     review_build,
 )
+from portal.officer.prices import price_history, prices_in_force
 
 View = Callable[..., HttpResponse]
 USE_CASES_PER_PAGE = 25
@@ -131,6 +134,9 @@ class Page:
     prefix: Callable[[], str] | None = None
     intro: str = ""  # a sentence under the title
     extra: dict[str, Any] | None = None  # more for the template
+    # Whether a problem with a field the form shows but fixes (a price's start) goes under
+    # that field, where the rule it breaks is about it, rather than above the form.
+    errors_on_fixed_fields: bool = False
 
     def problem_prefix(self, edit: Edit) -> str:
         return self.prefix() if self.prefix is not None else edit.prefix
@@ -149,7 +155,8 @@ def _show_problems(page: Page, prefix: str, problems: list[Problem]) -> None:
     """The plan's and the services' problems onto the fields they name; the rest above."""
     by_field, rest = problems_by_field(problems, prefix, page.field_of)
     for name, texts in by_field.items():
-        if name in page.form.fields and not page.form.fields[name].disabled:
+        fixed = name in page.form.fields and page.form.fields[name].disabled
+        if name in page.form.fields and (not fixed or page.errors_on_fixed_fields):
             for text in texts:
                 page.form.add_error(name, text)
         else:
@@ -409,8 +416,16 @@ def _models_back() -> str:
 @officer_only
 def models_list(request: HttpRequest) -> HttpResponse:
     """Every model with its deployments: where an officer adds or changes them."""
-    models = Model.objects.prefetch_related("deployments").order_by("public_id")
-    return render(request, "portal/officer/models.html", {"models": models})
+    models = list(Model.objects.prefetch_related("deployments").order_by("public_id"))
+    prices = prices_in_force(models=models, now=timezone.now())
+    return render(
+        request,
+        "portal/officer/models.html",
+        {
+            "models": [(model, prices[model.pk]) for model in models],
+            "currency": currency(),
+        },
+    )
 
 
 def _model_page(request: HttpRequest, model: Model | None) -> HttpResponse:
@@ -432,7 +447,17 @@ def _model_page(request: HttpRequest, model: Model | None) -> HttpResponse:
             done=_models_back,
             done_message=lambda: f"Model {form.cleaned_data['public_id']} saved.",
             back=_models_back(),
-            intro="" if model else "Add its deployments once it is saved.",
+            intro="" if model else "Add its deployments and prices once it is saved.",
+            template="portal/officer/model_form.html",
+            extra=(
+                {
+                    "model": model,
+                    "prices": price_history(model=model, now=timezone.now()),
+                    "currency": currency(),
+                }
+                if model
+                else None
+            ),
         ),
     )
 

@@ -21,7 +21,7 @@ async def serve(settings: BatcherSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     batcher = Batcher(settings)
-    batcher.metrics.serve(settings.metrics_port)
+    batcher.metrics.serve(settings.metrics_port, settings.metrics_host)
     await batcher.start()
     # What is loaded by now lives as long as the process: out of the collector's full passes,
     # which otherwise walk it all and stall every buffer's timer (as the gateway does).

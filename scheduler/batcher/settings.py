@@ -43,6 +43,8 @@ class BatcherSettings:
     max_window_ms: float = 45.0
     claim_idle_ms: int = 30_000
     metrics_port: int = 0
+    # Loopback by default; a pod's probes and Prometheus reach it on 0.0.0.0 (deploy/k8s).
+    metrics_host: str = "127.0.0.1"
     # How often the partitions registry is read again for new models.
     discover_s: float = 2.0
     # Backoff before a failed batch's tasks are tried again: base · 2^(attempt-1).
@@ -82,6 +84,7 @@ class BatcherSettings:
             max_window_ms=max_window,
             claim_idle_ms=env_int("SWITCHYARD_BATCHER_CLAIM_IDLE_MS", 30_000, minimum=100),
             metrics_port=env_int("SWITCHYARD_BATCHER_METRICS_PORT", 0, minimum=0),
+            metrics_host=env_str("SWITCHYARD_BATCHER_METRICS_HOST", "127.0.0.1"),
             discover_s=env_float("SWITCHYARD_BATCHER_DISCOVER_SECONDS", 2.0, minimum=0.05),
             retry_backoff_ms=env_int("SWITCHYARD_BATCHER_RETRY_BACKOFF_MS", 500, minimum=0),
             max_held=env_int("SWITCHYARD_BATCHER_MAX_HELD", 4096, minimum=1),

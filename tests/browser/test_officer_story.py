@@ -342,3 +342,100 @@ def test_officer_adds_a_model_a_deployment_and_an_sla_class_checked_field_by_fie
         "http://vllm-1.qwen:8000",
     }
     context.close()
+
+
+def test_officer_prices_a_model_from_its_page(
+    browser: Browser, portal_server: str, screenshot_dir: Path
+) -> None:
+    """GIVEN olivia, a governance officer, and model llama with no price yet,
+    WHEN she adds its first price from the start of 2025 on its page, first leaving a start
+    without a time zone, then one that another price would make a rewrite of history,
+    THEN each start's error appears under it as she leaves it; the plan shows the new price;
+    once applied it is in the model's price history, in force, audited under her name, and the
+    models list shows it; every page passes axe-core's WCAG 2.1 AA checks."""
+    from datetime import UTC, datetime, timedelta
+
+    from governance.models import ModelPrice
+    from governance.prices import moment_text
+
+    llama = make_model("llama")
+    embed = make_model("embed", capabilities=["embeddings"])
+    ModelPrice.objects.create(  # another model's history, which the new price must not touch
+        model=embed,
+        effective_from=datetime(2025, 6, 1, tzinfo=UTC),
+        input_per_mtok="0.02",
+        output_per_mtok="0",
+    )
+    make_user("olivia", Role.OFFICER)
+    context = browser.new_context(base_url=portal_server, viewport={"width": 1280, "height": 2200})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    sign_in(page, "olivia")
+
+    page.goto("/govern/models/")
+    llama_section = page.locator("section", has=page.get_by_role("heading", name="llama"))
+    expect(llama_section.locator("dd.price-now")).to_have_text("no price")
+    page.get_by_role("link", name="Prices of llama").click()
+    expect(page.get_by_role("heading", name="Prices", level=2)).to_be_visible()
+    expect(page.locator("#prices-section")).to_contain_text("No prices yet")
+    _accessible(page)
+    page.get_by_role("link", name="New price").click()
+    expect(page.get_by_role("heading", name="New price of llama", level=1)).to_be_visible()
+
+    start = page.get_by_label("From")
+    start.fill("2025-01-01T00:00:00")
+    _leave(start)
+    expect(page.locator("#id_effective_from_errors")).to_contain_text("must give a time zone")
+    expect(start).to_have_attribute("aria-invalid", "true")
+    _accessible(page)
+    start.fill("2025-01-01T00:00:00Z")
+    page.get_by_label("Input per 1M tokens").fill("0.20")
+    output = page.get_by_label("Output per 1M tokens")
+    output.fill("0.60")
+    _leave(output)
+    expect(page.locator("#id_output_per_mtok_errors")).to_be_empty()
+    _leave(start)
+    expect(page.locator("#id_effective_from_errors")).to_be_empty()
+    expect(start).not_to_have_attribute("aria-invalid", "true")
+    page.screenshot(path=str(screenshot_dir / "officer-new-price.png"))
+    page.get_by_role("button", name="Review change").click()
+
+    price_path = "models[llama].prices[2025-01-01T00:00:00Z]"
+    expect(_cell(page, price_path, "input_per_mtok")).to_have_text('"0.2"')
+    expect(_cell(page, price_path, "output_per_mtok")).to_have_text('"0.6"')
+    expect(page.locator("#plan tbody tr")).to_have_count(2)  # embed's history is untouched
+    assert not ModelPrice.objects.filter(model=llama).exists()  # reviewing saved nothing
+    _accessible(page)
+    page.get_by_role("button", name="Apply").click()
+
+    expect(page.locator(".message.success")).to_have_text(
+        "Price of llama from 2025-01-01T00:00:00Z saved."
+    )
+    row = page.locator('#officer-prices tr[data-price="2025-01-01T00:00:00Z"]')
+    expect(row).to_contain_text("0.2")
+    expect(row).to_contain_text("0.6")
+    expect(row.locator(".status")).to_have_text("in force")
+    page.reload()  # without the message (see the deployment above)
+    page.screenshot(path=str(screenshot_dir / "officer-model-prices.png"))
+    _accessible(page)
+
+    # A second price may not start in the past now: the first one was in force then.
+    page.get_by_role("link", name="New price").click()
+    start = page.get_by_label("From")
+    yesterday = moment_text(datetime.now(UTC) - timedelta(days=1))
+    start.fill(yesterday)
+    page.get_by_label("Input per 1M tokens").fill("0.30")
+    page.get_by_label("Output per 1M tokens").fill("0.90")
+    _leave(start)
+    expect(page.locator("#id_effective_from_errors")).to_contain_text(
+        "starts in the past, while the price from 2025-01-01T00:00:00Z was in force"
+    )
+    _accessible(page)
+
+    page.goto("/govern/models/")
+    expect(llama_section.locator("dd.price-now")).to_contain_text("0.2 in, 0.6 out per 1M tokens")
+    assert list(
+        AuditEvent.objects.filter(action__startswith="modelprice").values_list("action", "actor")
+    ) == [("modelprice.create", "olivia")]
+    assert ModelPrice.objects.filter(model=llama).count() == 1
+    context.close()

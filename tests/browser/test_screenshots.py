@@ -14,17 +14,20 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.utils import timezone
 from playwright.sync_api import Browser, Page, expect
 
 from config.processes import REPO_ROOT
+from gateway.async_tasks.layout import task as task_key
 from governance import services
 from governance.audit import Actor
 from governance.models import GuardrailSelection
+from governance.prices import model_price_add
 from governance.roles import Role
-from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour
+from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour, UsageMinute
 from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
 from tests.support.axe import accessibility_violations
 from tests.support.browser import sign_in
@@ -65,8 +68,16 @@ def bank() -> dict[str, str]:
     make_use_case(acme, "claims-summary", models=(llama,))
     make_use_case(globex, "fraud-notes", models=(mistral,), status="submitted")
     alice = make_user("alice", Role.DEVELOPER, tenants=(acme,))
-    make_user("olivia", Role.OFFICER)
+    olivia = make_user("olivia", Role.OFFICER)
     make_user("avery", Role.AUDITOR)
+    for model, prices in ((llama, ("0.20", "0.60")), (mistral, ("0.15", "0.45"))):
+        model_price_add(
+            actor=Actor.for_user(olivia),
+            model=model,
+            effective_from="2025-01-01T00:00:00+00:00",
+            input_per_mtok=prices[0],
+            output_per_mtok=prices[1],
+        )
     active, _ = make_key(chatbot, name="checkout-service")
     pending = services.api_key_request(
         actor=Actor.for_user(alice), use_case=chatbot, name="alice-ci", reason="CI smoke tests"
@@ -109,6 +120,24 @@ def bank() -> dict[str, str]:
             queued_ms=120 * n,
             **where,
         )
+    # A day of traffic, so the tokens and spend charts have something to show: every 20
+    # minutes, more by day than by night, on both models.
+    start = now.replace(second=0, microsecond=0) - timedelta(hours=24)
+    for step in range(72):
+        minute = start + timedelta(minutes=20 * step)
+        busy = 3 if 7 <= minute.hour <= 18 else 1
+        for model, share in (("llama-3.1-8b", 4), ("mistral-7b", 1)):
+            UsageMinute.objects.create(
+                use_case_id=chatbot.pk,
+                tenant="acme",
+                model=model,
+                minute=minute,
+                requests=10 * busy * share,
+                prompt_tokens=4_000 * busy * share,
+                completion_tokens=1_500 * busy * share,
+                queued_ms=30 * busy,
+                total_ms=900 * busy * share,
+            )
     record = ""
     for minute in range(3):
         record = make_record(
@@ -120,6 +149,7 @@ def bank() -> dict[str, str]:
         "active_key": str(active.pk),
         "pending_key": str(pending.pk),
         "record": record,
+        "model": str(llama.pk),
     }
 
 
@@ -135,12 +165,15 @@ def _shots(ids: dict[str, str]) -> list[Shot]:
         Shot("olivia", "/govern/use-cases/new/", "officer-new-use-case", "use case"),
         Shot("olivia", "/govern/priority-matrix/", "officer-priority-matrix", "matrix"),
         Shot("olivia", f"{use_case}usage/", "officer-usage-charts", "Usage of"),
+        Shot("olivia", "/govern/models/", "officer-models", "Models"),
+        Shot("olivia", f"/govern/models/{ids['model']}/edit/", "officer-model", "llama-3.1-8b"),
         Shot("alice", "/dashboard/", "developer-dashboard", "My use cases & keys"),
         Shot("alice", use_case, "developer-use-case", "Support-Chatbot"),
         Shot("alice", f"{use_case}keys/new/", "developer-key-request", "key"),
         Shot("alice", f"/keys/{ids['pending_key']}/", "developer-key", "alice-ci"),
         Shot("alice", "/my-usage/", "developer-my-usage", "My usage"),
         Shot("alice", "/use-cases/new/", "developer-request-use-case", "Request a use case"),
+        Shot("alice", "/my-work/", "developer-my-work", "My work"),
         Shot("avery", "/audit/", "auditor-audit-trail", "Audit trail"),
         Shot("avery", "/records/", "auditor-records", "Records"),
         Shot("avery", f"/records/{ids['record']}/", "auditor-record", "record"),
@@ -154,8 +187,39 @@ def _sign_in(browser: Browser, base_url: str, username: str) -> Page:
     return page
 
 
+@pytest.fixture
+def tasks(bank: dict[str, str], settings: Any, valkey_client: Any, valkey_url: str) -> None:
+    """A few async tasks of the chatbot in the task store My work reads (gateway/async_tasks
+    /layout.py's hash, as the gateway and batcher write it)."""
+    settings.VALKEY_URL = valkey_url
+    now_ms = int(timezone.now().timestamp() * 1000)
+    for n, (status, model, endpoint) in enumerate(
+        [
+            ("running", "llama-3.1-8b", "/v1/chat/completions"),
+            ("queued", "llama-3.1-8b", "/v1/chat/completions"),
+            ("done", "mistral-7b", "/v1/embeddings"),
+            ("failed", "llama-3.1-8b", "/v1/chat/completions"),
+        ]
+    ):
+        created = now_ms - 60_000 * (n + 1)
+        fields = {
+            "status": status,
+            "use_case_id": bank["use_case"],
+            "tenant": "acme",
+            "model": model,
+            "endpoint": endpoint,
+            "created_ms": created,
+            "deadline_ms": created + 3_600_000,
+            "attempts": 3 if status == "failed" else 1,
+            "finished_ms": created + 40_000 if status in ("done", "failed") else 0,
+        }
+        if status == "failed":
+            fields["error"] = '{"message": "The replica answered 500 three times."}'
+        valkey_client.hset(task_key(f"task_screenshot{n}"), mapping=fields)
+
+
 def test_each_main_page_is_photographed_as_the_role_that_uses_it(
-    browser: Browser, portal_server: str, bank: dict[str, str], shots_dir: Path
+    browser: Browser, portal_server: str, bank: dict[str, str], tasks: None, shots_dir: Path
 ) -> None:
     shots = _shots(bank)
     written: list[Path] = []

@@ -108,7 +108,7 @@ def test_an_officer_hovers_the_charts_and_switches_the_range(
 
     page.goto(f"/use-cases/{chatbot.pk}/")
     page.get_by_role(
-        "link", name="Charts: tokens, refusals, guardrail findings, queue waits"
+        "link", name="Charts: tokens, spend, refusals, guardrail findings, queue waits"
     ).click()
     expect(page.get_by_role("heading", level=1)).to_contain_text("Usage of Chatbot")
     expect(page.locator("canvas[data-chart]")).to_have_count(

@@ -148,12 +148,12 @@ def test_alice_follows_her_tasks_from_queued_to_done_and_reads_the_result(world:
     assert _refreshing(html)
     row = re.search(rf'<tr data-task="{second.id}".*?</tr>', html, re.S)
     assert row
-    assert "<code>/v1/embeddings</code>" in row[0]
-    assert f"<code>{EMBED}</code>" in row[0]
+    assert '<small class="muted">/v1/embeddings</small>' in row[0]
+    assert f'<code class="nowrap">{EMBED}</code>' in row[0]
     detail = reverse("portal:use_case_detail", args=[world.search.pk])
     assert f'<a href="{detail}"><code>acme/search</code></a>' in row[0]
-    when = dt.datetime.fromtimestamp(deadline, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    assert f">{when}</time>" in row[0]
+    when = dt.datetime.fromtimestamp(deadline, tz=dt.UTC)
+    assert f'title="{when:%Y-%m-%d %H:%M:%S} UTC">{when:%m-%d %H:%M}</time>' in row[0]
 
     world.start_batcher()
     world.alice_tasks.wait(first.id, timeout=30)
