@@ -423,6 +423,8 @@ class Gateway:
         self, scope: Scope, receive: Receive, send: Send, request_id: bytes
     ) -> None:
         accept = header(scope, b"accept")
+        for (model, priority_class), depth in self.scheduler.queue_depths().items():
+            self.metrics.set_queue_depth(model=model, priority_class=priority_class, depth=depth)
         body, content_type = self.metrics.render(accept.decode("latin-1") if accept else None)
         await send_response(send, 200, body, content_type=content_type.encode())
 

@@ -28,6 +28,7 @@ round trips that it shares with every other request in flight, acquire and relea
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -251,6 +252,8 @@ class Scheduler:
         self._lease_tag = secrets.token_hex(4)
         self._lease_seq = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[str]] = {}
+        # (model, class) -> requests of this process waiting in that queue (queue_depths).
+        self._queued: collections.Counter[tuple[str, str]] = collections.Counter()
         self._held: dict[str, Grant] = {}
         self._lease_and_gateway = pack_values([lease_ms, self.gateway_id])
         self._background: set[asyncio.Future[Any]] = set()
@@ -676,7 +679,22 @@ class Scheduler:
             accounts=charged,
         )
 
+    def queue_depths(self) -> dict[tuple[str, str], int]:
+        """(model, priority class) -> this process's requests waiting in that queue now: the
+        gateway's queue-depth gauge, read when it is scraped (an autoscaler's signal)."""
+        return dict(self._queued)
+
     async def _wait(
+        self, ticket: Ticket, lease_id: str, granted: asyncio.Future[str], started: float
+    ) -> str:
+        where = (ticket.model, ticket.priority_class)
+        self._queued[where] += 1  # only waiting requests pay this: a dict update
+        try:
+            return await self._wait_for_grant(ticket, lease_id, granted, started)
+        finally:
+            self._queued[where] -= 1
+
+    async def _wait_for_grant(
         self, ticket: Ticket, lease_id: str, granted: asyncio.Future[str], started: float
     ) -> str:
         deadline = started + ticket.queue_timeout_s

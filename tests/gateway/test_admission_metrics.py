@@ -85,6 +85,9 @@ def test_metrics_expose_requests_decisions_queue_waits_latencies_tokens_and_in_f
         waiter = threading.Thread(target=lambda: waited.append(chat(gateway, key)))
         waiter.start()
         assert wait_until(lambda: valkey_client.zcard(keys.queue(MODEL)) == 1, timeout=5)
+        # This gateway's requests waiting, per queue (the autoscaler's queue-depth signal).
+        depth = value(scrape(gateway), P + "queue_depth", model=MODEL, priority_class="interactive")
+        assert depth == 1
     # The stream is cut: the waiter gets the slot after a measurable wait.
     waiter.join(timeout=10)
     assert [r.status_code for r in waited] == [200]
@@ -113,6 +116,7 @@ def test_metrics_expose_requests_decisions_queue_waits_latencies_tokens_and_in_f
 
     assert wait_until(settled, timeout=5)
     samples = scrape(gateway)
+    assert value(samples, P + "queue_depth", model=MODEL, priority_class="interactive") == 0
 
     # Requests by model and status (four answered; which of them count as 200 is the
     # subject of test_leases_crash_recovery's 499 test).
