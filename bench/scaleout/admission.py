@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -206,6 +206,41 @@ def _wrk_command(port: int, script: Path, *, duration_s: int, connections: int) 
     ]  # fmt: skip
 
 
+def run_loads(
+    ports: Sequence[int],
+    script: Path,
+    pids: dict[str, int],
+    *,
+    duration_s: int,
+    connections: int,
+) -> tuple[tuple[WrkResult, ...], CpuUsage]:
+    """One wrk per port at once for ``duration_s``; their results and the CPU our processes
+    (``pids``) and the wrk processes used meanwhile."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    loads = [
+        subprocess.Popen(
+            _wrk_command(port, script, duration_s=duration_s, connections=connections),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for port in ports
+    ]
+    meter = CpuMeter(pids | {f"wrk-{i + 1}": p.pid for i, p in enumerate(loads)})
+    time.sleep(duration_s)
+    # wrk's own CPU is read from the reaped children's account, once all have ended.
+    outputs = [load.communicate(timeout=duration_s + 30)[0] for load in loads]
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wrk_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # The meter ran a little past wrk's own duration (the reaping); wrk's count is over its
+    # own seconds, so rates use the meter's wall time: slightly low, never high.
+    usage = meter.stop({f"wrk-{i + 1}": wrk_s / len(loads) for i in range(len(loads))})
+    for load, output in zip(loads, outputs, strict=True):
+        if load.returncode != 0:
+            raise RuntimeError(f"wrk failed:\n{output}")
+    return tuple(parse(output, wrk_s / len(loads)) for output in outputs), usage
+
+
 def measure(fleet: Fleet, gateways: int, *, duration_s: int, connections: int) -> Step:
     with tempfile.TemporaryDirectory(prefix="switchyard-wrk-") as folder:
         script = write_script(
@@ -214,32 +249,33 @@ def measure(fleet: Fleet, gateways: int, *, duration_s: int, connections: int) -
             {"Authorization": f"Bearer {fleet.api_key}", "Content-Type": "application/json"},
         )
         fleet.valkey.config_resetstat()
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        loads = [
-            subprocess.Popen(
-                _wrk_command(port, script, duration_s=duration_s, connections=connections),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for port in fleet.gateway_ports[:gateways]
-        ]
-        pids = fleet.pids(gateways) | {f"wrk-{i + 1}": p.pid for i, p in enumerate(loads)}
-        meter = CpuMeter(pids)
-        time.sleep(duration_s)
-        # wrk's own CPU is read from the reaped children's account, once all have ended.
-        outputs = [load.communicate(timeout=duration_s + 30)[0] for load in loads]
-        wrk_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-        wrk_s = (wrk_cpu.ru_utime - before.ru_utime) + (wrk_cpu.ru_stime - before.ru_stime)
-        usage = meter.stop({f"wrk-{i + 1}": wrk_s / len(loads) for i in range(len(loads))})
-        for load, output in zip(loads, outputs, strict=True):
-            if load.returncode != 0:
-                raise RuntimeError(f"wrk failed:\n{output}")
+        results, usage = run_loads(
+            fleet.gateway_ports[:gateways],
+            script,
+            fleet.pids(gateways),
+            duration_s=duration_s,
+            connections=connections,
+        )
         usec, calls = _lua_usec(fleet.valkey)
-        results = tuple(parse(output, wrk_s / len(loads)) for output in outputs)
-    # The meter ran a little past wrk's own duration (the reaping); wrk's count is over its
-    # own seconds, so rates use the meter's wall time: slightly low, never high.
     return Step(gateways, results, usage, usec, calls)
+
+
+def steps_over_gateways(
+    measure_one: Callable[[int, int], Step], gateways: int, *, duration_s: int, label: str = ""
+) -> list[Step]:
+    """A warm-up of 2 s, then a measurement, for 1 … ``gateways`` loaded gateways."""
+    steps = []
+    for loaded in range(1, gateways + 1):
+        measure_one(loaded, 2)  # warm-up
+        step = measure_one(loaded, duration_s)
+        steps.append(step)
+        print(
+            f"{label}{loaded} gateway(s): {step.admitted_per_s:,.0f} admitted/s, "
+            f"{step.errors} errors, Valkey {step.busiest('valkey'):.2f} cores (busiest), "
+            f"saturated: {step.saturated(os.cpu_count() or 1)}",
+            flush=True,
+        )
+    return steps
 
 
 def report(steps: list[Step], fleet_info: dict[str, str], args: argparse.Namespace) -> str:
@@ -324,18 +360,14 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed (Debian's package wrk)")
-    steps = []
     with running_fleet(args.gateways, args.replicas, args.upstream) as fleet:
-        for gateways in range(1, args.gateways + 1):
-            measure(fleet, gateways, duration_s=2, connections=args.connections)  # warm-up
-            step = measure(fleet, gateways, duration_s=args.duration, connections=args.connections)
-            steps.append(step)
-            print(
-                f"{gateways} gateway(s): {step.admitted_per_s:,.0f} admitted/s, "
-                f"{step.errors} errors, Valkey {step.cores('valkey'):.2f} cores, "
-                f"saturated: {step.saturated(os.cpu_count() or 1)}",
-                flush=True,
-            )
+        steps = steps_over_gateways(
+            lambda loaded, seconds: measure(
+                fleet, loaded, duration_s=seconds, connections=args.connections
+            ),
+            args.gateways,
+            duration_s=args.duration,
+        )
         machine = describe()
         fleet_info = {
             "valkey": f"valkey-server {fleet.valkey_version}",
