@@ -29,6 +29,21 @@ def slot_of(prefix: str) -> int:
     return key_slot(prefix.encode())
 
 
+def _ticket(request_id: str, model: str) -> Ticket:
+    return Ticket(
+        request_id=request_id,
+        model=model,
+        replicas=((R1, 1),),
+        rank=1,
+        priority_class="prod",
+        queue_timeout_s=5.0,
+        max_queue_length=10,
+        tenant="acme",
+        use_case_id=1,
+        cost=10,
+    )
+
+
 def test_each_limit_is_placed_in_the_slot_of_what_it_spans():
     """GIVEN the global, model, tenant, tenant × model and use-case limits of a policy
     WHEN limits_for lists alice's on llama
@@ -129,18 +144,7 @@ async def test_a_gateway_reaps_the_pools_of_a_dead_gateway_it_never_used(
         client = b._client
         for model in ("llama", "qwen"):
             await write_fresh_fleet(client, [R1], model=model)
-        qwen = Ticket(
-            request_id="held",
-            model="qwen",
-            replicas=((R1, 1),),
-            rank=1,
-            priority_class="prod",
-            queue_timeout_s=5.0,
-            max_queue_length=10,
-            tenant="acme",
-            use_case_id=1,
-            cost=10,
-        )
+        qwen = _ticket("held", "qwen")
         await a.acquire(qwen)
         await b.release(await b.acquire(replace(qwen, request_id="b", model="llama")))
         assert int(await client.zcard(keys.leases("qwen"))) == 1
@@ -164,20 +168,7 @@ async def test_the_heartbeat_puts_a_pool_back_in_the_registry_after_valkey_lost_
     the pool's slot, so reapers walk it again."""
     async with running_schedulers(valkey_url, reap_interval_s=0.05, heartbeat_ms=300) as [s]:
         await write_fresh_fleet(s._client, [R1], model="llama")
-        grant = await s.acquire(
-            Ticket(
-                request_id="r",
-                model="llama",
-                replicas=((R1, 1),),
-                rank=1,
-                priority_class="prod",
-                queue_timeout_s=5.0,
-                max_queue_length=10,
-                tenant="acme",
-                use_case_id=1,
-                cost=10,
-            )
-        )
+        grant = await s.acquire(_ticket("r", "llama"))
         await s.release(grant)
         valkey_client.flushall()
 
