@@ -57,7 +57,7 @@ import valkey.asyncio as avalkey
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.autopipeline import Arg, AutoPipeline, bulk
+from gateway.autopipeline import Arg, AutoPipeline, auto_pipeline, bulk
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger("gateway.accounting")
@@ -286,9 +286,16 @@ class Accounting:
         pipe: AutoPipeline | None = None,
         content_budget_bytes: int = CONTENT_BUDGET_BYTES,
         content_warning_s: float = 10.0,
+        replicas: int = 0,
+        replica_timeout_ms: int = 100,
     ) -> None:
         self._owns_pipe = pipe is None
-        self._pipe = pipe if pipe is not None else AutoPipeline(client)
+        self._pipe = pipe if pipe is not None else auto_pipeline(client)
+        # A batch leaves the buffer only once this many replicas have it (WAIT): a failover
+        # then cannot lose a record (docs/valkey-ha.md). WAIT blocks its connection: give
+        # this writer its own pipeline (pipe=None) when it is set.
+        self._replicas = replicas
+        self._replica_timeout_ms = replica_timeout_ms
         self._metrics = metrics
         self._buffer: deque[_Record] = deque()
         self._limit = buffer_limit
@@ -600,7 +607,12 @@ class Accounting:
     async def _write(self, batch: Sequence[_Record]) -> None:
         # A lost connection raises (the whole batch is retried); a record Valkey refused
         # would be refused again, so it alone is dropped.
-        replies = await self._pipe.execute_packed(b"".join([c for _, c in batch]), len(batch))
+        replies = await self._pipe.execute_packed(
+            b"".join([c for _, c in batch]),
+            len(batch),
+            replicas=self._replicas,
+            replica_timeout_ms=self._replica_timeout_ms,
+        )
         for (stream, _), reply in zip(batch, replies, strict=True):
             if isinstance(reply, valkey.ResponseError):
                 logger.error("accounting_record_refused stream=%s error=%s", stream, reply)

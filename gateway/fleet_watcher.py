@@ -56,7 +56,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config.env import env_float, env_int, env_str
 from config.service import run_service
-from config.valkey_urls import for_valkey_py
+from config.valkey_urls import async_client, for_valkey_py
 from gateway.errors import GatewayError
 from gateway.policy import Policy
 from gateway.policy_store import PolicyStore
@@ -703,9 +703,7 @@ class FleetWatcher:
 
 async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None = None) -> None:
     """Run a watcher until SIGTERM or SIGINT."""
-    client = avalkey.Valkey.from_url(
-        settings.valkey_url, socket_timeout=2.0, socket_connect_timeout=1.0
-    )
+    client = async_client(settings.valkey_url, socket_timeout=2.0, socket_connect_timeout=1.0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

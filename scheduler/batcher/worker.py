@@ -31,8 +31,8 @@ from typing import Any
 
 import orjson
 import valkey
-import valkey.asyncio as avalkey
 
+from config.valkey_urls import async_client
 from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
 from gateway.errors import GatewayError
@@ -153,7 +153,7 @@ def _error_from(body: bytes, status: int) -> dict[str, Any]:
 class Batcher:
     def __init__(self, settings: BatcherSettings, *, metrics: BatcherMetrics | None = None) -> None:
         self.settings = settings
-        self.client = avalkey.Valkey.from_url(settings.valkey_url)
+        self.client = async_client(settings.valkey_url)
         self.store = TaskStore(self.client)
         self.policy = PolicyStore(
             self.client,
