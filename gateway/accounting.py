@@ -142,6 +142,11 @@ RECORD_FIELDS: Final = (*USAGE_FIELDS, "request", "response", "response_type", "
 STREAMS: Final = (USAGE_STREAM, DECISIONS_STREAM, GUARDRAILS_STREAM, RECORDS_STREAM)
 
 Decision = Literal["admitted", "queued", "rejected", "shed"]
+# Error replies that say "not now, not here" (a failover, a reshard, a replica missing
+# under min-replicas-to-write), never "not this record": a batch that gets one is retried.
+_TRANSIENT: Final = (
+    "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK", "NOREPLICAS",
+)  # fmt: skip
 _Record = tuple[str, bytes]  # (stream, its XADD command packed)
 
 
@@ -576,7 +581,10 @@ class Accounting:
             return True
         try:
             self._writing = True
-            async with asyncio.timeout(self._write_timeout_s):
+            # Waiting for replicas has no deadline: while the connection lives the batch is
+            # on the primary, and writing it again would duplicate it. A hung server is
+            # still caught (the pipeline's reply timeout drops the connection).
+            async with asyncio.timeout(None if self._replicas else self._write_timeout_s):
                 await self._write(batch)
         except (valkey.ValkeyError, OSError, TimeoutError) as exc:
             self._requeue(batch)
@@ -613,6 +621,11 @@ class Accounting:
             replicas=self._replicas,
             replica_timeout_ms=self._replica_timeout_ms,
         )
+        for reply in replies:
+            if isinstance(reply, valkey.ResponseError) and str(reply).startswith(_TRANSIENT):
+                # Not a refusal of the record: the server is not (or no longer) the primary.
+                # The whole batch is written again, to the primary found on reconnecting.
+                raise valkey.ConnectionError(f"Valkey cannot take writes now: {reply}")
         for (stream, _), reply in zip(batch, replies, strict=True):
             if isinstance(reply, valkey.ResponseError):
                 logger.error("accounting_record_refused stream=%s error=%s", stream, reply)

@@ -257,6 +257,8 @@ class AutoPipeline:
         self._last_progress = asyncio.get_running_loop().time()
         if entry.replies is not None:
             # One reply of a batch: answered once all of them are in.
+            if isinstance(reply, libvalkey.ReplyError) and str(reply).startswith(_READONLY):
+                self._demoted()
             entry.replies.append(
                 valkey.ResponseError(str(reply))
                 if isinstance(reply, libvalkey.ReplyError)
@@ -280,15 +282,19 @@ class AutoPipeline:
                 self._flush()
                 return
             if message.startswith(_READONLY):
-                # A primary demoted by a failover: reconnect (to the new one, via Sentinel).
-                protocol = self._protocol
-                if protocol is not None and protocol.transport is not None:
-                    protocol.transport.close()
+                self._demoted()
             if not entry.future.done():
                 entry.future.set_exception(valkey.ResponseError(message))
             return
         if not entry.future.done():
             entry.future.set_result(reply)
+
+    def _demoted(self) -> None:
+        """A primary demoted by a failover answers READONLY: reconnect (via Sentinel, to the
+        new one). The replies already on their way still reach their callers first."""
+        protocol = self._protocol
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.close()
 
     def _lost(self, protocol: _Protocol, exc: Exception | None) -> None:
         if protocol is not self._protocol:

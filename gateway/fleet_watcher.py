@@ -57,6 +57,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from config.env import env_float, env_int, env_str
 from config.service import run_service
 from config.valkey_urls import async_client, for_valkey_py
+from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
 from gateway.policy import Policy
 from gateway.policy_store import PolicyStore
@@ -720,6 +721,7 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
         # the model's queue onto it at once instead of at the next release.
         scheduler = Scheduler(
             client,
+            pipe=auto_pipeline(client),  # one server, Sentinel or Cluster
             stale_ms=settings.stale_ms,
             waiting_threshold=settings.waiting_threshold,
             clock=clock,

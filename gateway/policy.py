@@ -17,8 +17,9 @@ import valkey
 
 from gateway.guardrails import GuardPlan, plan_guardrails
 
-SNAPSHOT_KEY = "switchyard:policy:snapshot"
-VERSION_KEY = "switchyard:policy:version"
+# One hash tag: written together in one MULTI, which a Valkey Cluster allows in one slot only.
+SNAPSHOT_KEY = "switchyard:{policy}:snapshot"
+VERSION_KEY = "switchyard:{policy}:version"
 SCHEMA = 1
 
 RecordPolicy = Literal["none", "metadata", "full"]

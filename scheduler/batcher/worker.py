@@ -35,6 +35,7 @@ import valkey
 from config.valkey_urls import async_client
 from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
+from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
 from gateway.policy import Model, Policy, PriorityClass
 from gateway.policy_store import PolicyStore
@@ -162,6 +163,7 @@ class Batcher:
         )
         self.scheduler = Scheduler(
             self.client,
+            pipe=auto_pipeline(self.client),  # one server, Sentinel or Cluster
             gateway_id=f"batcher-{self.store.consumer}",
             lease_ms=int(settings.lease_s * 1000),
             heartbeat_ms=int(settings.heartbeat_s * 1000),
