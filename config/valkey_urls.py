@@ -170,7 +170,48 @@ def async_client(url: str, **kwargs: Any) -> avalkey.Valkey:
         primary = sentinel.master_for(target.service_name, db=target.db, **auth, **kwargs)
         return cast(avalkey.Valkey, primary)
     nodes = [acluster.ClusterNode(host, port) for host, port in target.nodes]
-    return cast(avalkey.Valkey, acluster.ValkeyCluster(startup_nodes=nodes, **auth, **kwargs))
+    client = _AsyncCluster(startup_nodes=nodes, **auth, **kwargs)
+    client.pubsub_node = (target.nodes[0], auth)
+    return cast(avalkey.Valkey, client)
+
+
+class _AsyncCluster(acluster.ValkeyCluster):
+    """valkey.asyncio's Cluster client has no ``pubsub()``; a Cluster delivers a PUBLISH to
+    every node's subscribers, so subscribing on one node is enough: the first one listed
+    (the scheduler's grants also arrive by polling while it is unreachable)."""
+
+    pubsub_node: tuple[tuple[str, int], dict[str, Any]]
+
+    def pubsub(self, **kwargs: Any) -> avalkey.client.PubSub:
+        (host, port), auth = self.pubsub_node
+        return avalkey.Valkey(host=host, port=port, **auth).pubsub(**kwargs)
+
+
+def transaction(client: valkey.Valkey, key: str) -> valkey.client.Pipeline:
+    """A MULTI/EXEC pipeline for commands on ``key``'s slot, whatever the topology.
+
+    valkey-py refuses MULTI on a Cluster client, although Valkey runs one whose keys share
+    a slot: on a Cluster it is opened on the primary that owns ``key``'s slot."""
+    if isinstance(client, valkey.cluster.ValkeyCluster):
+        node = client.get_node_from_key(key)
+        return cast(valkey.Valkey, node.valkey_connection).pipeline(transaction=True)
+    return client.pipeline(transaction=True)
+
+
+async def async_transaction(client: avalkey.Valkey, key: str) -> avalkey.client.Pipeline:
+    """``transaction`` for asyncio clients."""
+    if not isinstance(client, acluster.ValkeyCluster):
+        return client.pipeline(transaction=True)
+    await client.initialize()
+    node = client.get_node_from_key(key)
+    nodes: dict[str, avalkey.Valkey] = client.__dict__.setdefault("_switchyard_nodes", {})
+    if node.name not in nodes:
+        own = {k: v for k, v in node.connection_kwargs.items() if k in _NODE_KWARGS}
+        nodes[node.name] = avalkey.Valkey(host=node.host, port=node.port, **own)
+    return nodes[node.name].pipeline(transaction=True)
+
+
+_NODE_KWARGS = ("username", "password", "socket_timeout", "socket_connect_timeout", "db")
 
 
 def is_cluster(url: str) -> bool:

@@ -56,7 +56,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config.env import env_float, env_int, env_str
 from config.service import run_service
-from config.valkey_urls import async_client, for_valkey_py
+from config.valkey_urls import async_client, async_transaction, for_valkey_py
 from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
 from gateway.policy import Policy
@@ -587,7 +587,7 @@ class FleetWatcher:
             }
             # One MULTI/EXEC (every key shares the {sy} slot): readers see a whole model or the
             # previous one, and DEL + HSET drops replicas the policy no longer lists.
-            async with self.client.pipeline(transaction=True) as pipe:
+            async with await async_transaction(self.client, HEARTBEAT_KEY) as pipe:
                 for model in gone:
                     pipe.delete(fleet_key(model))
                 for model, replicas in loads.items():

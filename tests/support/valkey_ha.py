@@ -139,6 +139,7 @@ class ClusterSet:
     def __init__(self, directory: Path, primaries: int = 3) -> None:
         self.directory = directory
         self.ports = [free_port() for _ in range(primaries)]
+        self.bus_ports = {port: free_port() for port in self.ports}
         self.nodes: list[ManagedProcess] = []
 
     @property
@@ -155,6 +156,8 @@ class ClusterSet:
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", str(directory / "nodes.conf"),
                 "--cluster-node-timeout", "2000",
+                # (the default bus port, port + 10000, may not exist for a high free port)
+                "--cluster-port", str(self.bus_ports[port]),
             )  # fmt: skip
             node.start(ready=port_open(port), timeout=10)
             self.nodes.append(node)
@@ -164,7 +167,7 @@ class ClusterSet:
             last = 16383 if index == len(clients) - 1 else (index + 1) * share - 1
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", index * share, last)
         for port in self.ports[1:]:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port, self.bus_ports[port])
         assert wait_until(
             lambda: all(c.execute_command("CLUSTER", "INFO").find(b"cluster_state:ok") >= 0
                         and c.execute_command("CLUSTER", "INFO").find(
