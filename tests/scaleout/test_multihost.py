@@ -7,6 +7,7 @@ bound, refuses every key (``policy_stale``); healed, it serves again."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import valkey
@@ -122,3 +123,19 @@ def _pings(host: str) -> bool:
         return bool(valkey.Valkey(host=host, port=6379, socket_timeout=0.5).ping())
     except (valkey.ValkeyError, OSError):
         return False
+
+
+def test_a_crashed_runs_namespaces_are_removed_before_a_new_network(
+    hosts: NetworkFactory,
+) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a run's process id that no longer exists
+    stale = f"syha{gone.pid}-switch"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    try:
+        network = hosts(["only"])
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert stale not in names
+        assert network["only"].namespace in names
+    finally:
+        subprocess.run(["ip", "netns", "delete", stale], capture_output=True)
