@@ -131,6 +131,10 @@ def for_valkey_py(url: str) -> str:
 def _sentinel_kwargs(target: ValkeyTarget, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The sentinels' own connection options: the timeouts asked for, their password."""
     own = {k: v for k, v in kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")}
+    # A sentinel that does not answer (partitioned) must not hang discovery: the next one
+    # is asked instead.
+    own.setdefault("socket_timeout", 1.0)
+    own.setdefault("socket_connect_timeout", 1.0)
     if "sentinel_password" in target.options:
         own["password"] = target.options["sentinel_password"]
     return own

@@ -92,9 +92,9 @@ class SentinelSet:
             return int(state["num-slaves"]) >= 1 and int(state["num-other-sentinels"]) >= 2
         return False
 
-    def primary_port(self) -> int:
-        """The primary's port as the sentinels see it now."""
-        client = valkey.Valkey(port=self.sentinel_ports[0])
+    def primary_port(self, sentinel: int | None = None) -> int:
+        """The primary's port as a sentinel (the first by default) sees it now."""
+        client = valkey.Valkey(port=sentinel or self.sentinel_ports[0])
         _, port = client.sentinel_get_master_addr_by_name(self.name)
         return int(port)
 
@@ -108,14 +108,18 @@ class SentinelSet:
         return port
 
     def wait_failover(self, old_port: int, timeout: float = 30.0) -> int:
-        """Until the sentinels name a new primary that answers as one; returns its port."""
+        """Until every sentinel names the same new primary and it answers as one (clients
+        asking a sentinel that has not caught up yet would still be sent to the old
+        address); returns its port."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(valkey.ValkeyError, OSError):
-                port = self.primary_port()
-                if port != old_port and replication(valkey.Valkey(port=port))["role"] in (
-                    "master",
-                    "primary",
+                ports = {self.primary_port(sentinel) for sentinel in self.sentinel_ports}
+                port = ports.pop()
+                if (
+                    not ports
+                    and port != old_port
+                    and replication(valkey.Valkey(port=port))["role"] in ("master", "primary")
                 ):
                     return port
             time.sleep(0.1)
