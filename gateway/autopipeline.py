@@ -102,8 +102,10 @@ class _Protocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        self._reader.feed(data)
         owner = self._owner
+        if owner._protocol is not self:
+            return  # a connection given up on: its callers have been failed already
+        self._reader.feed(data)
         while (reply := self._reader.gets()) is not False:
             owner._answer(reply)
 
@@ -222,7 +224,7 @@ class AutoPipeline:
     async def _send(
         self, command: bytes, retry: _Retry | None, batch: int = 0
     ) -> asyncio.Future[Any]:
-        if self._protocol is None:
+        while self._protocol is None:  # (connected, then lost before this task resumed)
             await self._connect()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
@@ -319,9 +321,14 @@ class AutoPipeline:
             self._connecting = asyncio.ensure_future(self._open())
         connecting = self._connecting
         try:
-            self._protocol = await asyncio.shield(connecting)
+            # _open sets self._protocol itself: a waiter resuming late must not put back a
+            # connection that has been lost (and replaced) since.
+            await asyncio.shield(connecting)
         finally:
-            if connecting.done():
+            # Only this attempt's own slot: a waiter resuming after a failed attempt must not
+            # clear the next attempt's, or two connections would be opened at once and their
+            # replies answer each other's callers.
+            if connecting.done() and self._connecting is connecting:
                 self._connecting = None
 
     async def _open(self) -> _Protocol:
