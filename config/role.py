@@ -139,12 +139,10 @@ def probe(role: str) -> str | None:
         name = f"worker@{socket.gethostname()}"
         replies = app.control.ping(destination=[name], timeout=5.0)
         return None if replies else f"{name} did not answer a ping"
-    import valkey
+    from config.valkey_urls import sync_client
 
-    from config.valkey_urls import for_valkey_py
-
-    client = valkey.Valkey.from_url(
-        for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0")),
+    client = sync_client(  # one server, Sentinel or Cluster (docs/valkey-ha.md)
+        env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0"),
         socket_timeout=2.0,
         socket_connect_timeout=2.0,
     )

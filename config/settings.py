@@ -24,7 +24,7 @@ from config.env import (
     env_required,
     env_str,
 )
-from config.valkey_urls import for_kombu, for_valkey_py
+from config.valkey_urls import for_channels, for_kombu, for_valkey_py, kombu_transport_options
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RUN_DIR = Path(env_str("SWITCHYARD_RUN_DIR", str(BASE_DIR / ".run")))
@@ -308,13 +308,28 @@ S3_ENDPOINT_CORS_ORIGINS = env_list(
 # --- end of the S3 endpoint's settings ---
 
 # --- Valkey: policy snapshot, limits, queues, streams, Celery broker, Channels layer ---------
+# One server, Sentinel or Cluster, by URL (config/valkey_urls.py, docs/valkey-ha.md). Celery
+# and the Channels layer cannot use a Cluster: with a cluster URL they take their own URL.
 try:
     VALKEY_URL = for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0"))
+    CELERY_VALKEY_URL = for_valkey_py(env_str("SWITCHYARD_CELERY_BROKER_URL", VALKEY_URL))
+    CHANNELS_VALKEY_URL = for_valkey_py(env_str("SWITCHYARD_CHANNELS_VALKEY_URL", VALKEY_URL))
+    _CELERY_SETTING = (
+        "SWITCHYARD_CELERY_BROKER_URL"
+        if os.environ.get("SWITCHYARD_CELERY_BROKER_URL")
+        else "SWITCHYARD_VALKEY_URL"
+    )
+    CELERY_BROKER_URL = for_kombu(CELERY_VALKEY_URL, _CELERY_SETTING)
+    _CHANNELS_SETTING = (
+        "SWITCHYARD_CHANNELS_VALKEY_URL"
+        if os.environ.get("SWITCHYARD_CHANNELS_VALKEY_URL")
+        else "SWITCHYARD_VALKEY_URL"
+    )
+    _CHANNELS_HOSTS = for_channels(CHANNELS_VALKEY_URL, _CHANNELS_SETTING)
 except ValueError as exc:
     raise ConfigurationError(str(exc)) from exc
 
-CELERY_BROKER_URL = for_kombu(VALKEY_URL)
-CELERY_RESULT_BACKEND = for_kombu(VALKEY_URL)
+CELERY_RESULT_BACKEND = CELERY_BROKER_URL
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -323,13 +338,17 @@ CELERY_TASK_ACKS_LATE = True  # a worker killed mid-job leaves the job for anoth
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 3600,
+    **kombu_transport_options(CELERY_VALKEY_URL),  # Sentinel: the service's name
+}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = kombu_transport_options(CELERY_VALKEY_URL)
 CELERY_TIMEZONE = TIME_ZONE
 
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_valkey.core.ValkeyChannelLayer",
-        "CONFIG": {"hosts": [VALKEY_URL], "capacity": 1000},
+        "CONFIG": {"hosts": _CHANNELS_HOSTS, "capacity": 1000},
     }
 }
 

@@ -57,7 +57,7 @@ import valkey.asyncio as avalkey
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.autopipeline import Arg, AutoPipeline, bulk
+from gateway.autopipeline import Arg, AutoPipeline, auto_pipeline, bulk
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger("gateway.accounting")
@@ -142,6 +142,11 @@ RECORD_FIELDS: Final = (*USAGE_FIELDS, "request", "response", "response_type", "
 STREAMS: Final = (USAGE_STREAM, DECISIONS_STREAM, GUARDRAILS_STREAM, RECORDS_STREAM)
 
 Decision = Literal["admitted", "queued", "rejected", "shed"]
+# Error replies that say "not now, not here" (a failover, a reshard, a replica missing
+# under min-replicas-to-write), never "not this record": a batch that gets one is retried.
+_TRANSIENT: Final = (
+    "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK", "NOREPLICAS",
+)  # fmt: skip
 _Record = tuple[str, bytes]  # (stream, its XADD command packed)
 
 
@@ -286,9 +291,16 @@ class Accounting:
         pipe: AutoPipeline | None = None,
         content_budget_bytes: int = CONTENT_BUDGET_BYTES,
         content_warning_s: float = 10.0,
+        replicas: int = 0,
+        replica_timeout_ms: int = 100,
     ) -> None:
         self._owns_pipe = pipe is None
-        self._pipe = pipe if pipe is not None else AutoPipeline(client)
+        self._pipe = pipe if pipe is not None else auto_pipeline(client)
+        # A batch leaves the buffer only once this many replicas have it (WAIT): a failover
+        # then cannot lose a record (docs/valkey-ha.md). WAIT blocks its connection: give
+        # this writer its own pipeline (pipe=None) when it is set.
+        self._replicas = replicas
+        self._replica_timeout_ms = replica_timeout_ms
         self._metrics = metrics
         self._buffer: deque[_Record] = deque()
         self._limit = buffer_limit
@@ -569,7 +581,10 @@ class Accounting:
             return True
         try:
             self._writing = True
-            async with asyncio.timeout(self._write_timeout_s):
+            # Waiting for replicas has no deadline: while the connection lives the batch is
+            # on the primary, and writing it again would duplicate it. A hung server is
+            # still caught (the pipeline's reply timeout drops the connection).
+            async with asyncio.timeout(None if self._replicas else self._write_timeout_s):
                 await self._write(batch)
         except (valkey.ValkeyError, OSError, TimeoutError) as exc:
             self._requeue(batch)
@@ -600,7 +615,17 @@ class Accounting:
     async def _write(self, batch: Sequence[_Record]) -> None:
         # A lost connection raises (the whole batch is retried); a record Valkey refused
         # would be refused again, so it alone is dropped.
-        replies = await self._pipe.execute_packed(b"".join([c for _, c in batch]), len(batch))
+        replies = await self._pipe.execute_packed(
+            b"".join([c for _, c in batch]),
+            len(batch),
+            replicas=self._replicas,
+            replica_timeout_ms=self._replica_timeout_ms,
+        )
+        for reply in replies:
+            if isinstance(reply, valkey.ResponseError) and str(reply).startswith(_TRANSIENT):
+                # Not a refusal of the record: the server is not (or no longer) the primary.
+                # The whole batch is written again, to the primary found on reconnecting.
+                raise valkey.ConnectionError(f"Valkey cannot take writes now: {reply}")
         for (stream, _), reply in zip(batch, replies, strict=True):
             if isinstance(reply, valkey.ResponseError):
                 logger.error("accounting_record_refused stream=%s error=%s", stream, reply)

@@ -22,13 +22,13 @@ from typing import Any
 
 import orjson
 import valkey
-import valkey.asyncio as avalkey
 
+from config.valkey_urls import async_client
 from gateway import control_proxy, errors
 from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
 from gateway.async_tasks import layout as async_layout
-from gateway.autopipeline import Arg
+from gateway.autopipeline import Arg, auto_pipeline
 from gateway.costs import (
     Estimate,
     estimate_json_request,
@@ -251,7 +251,7 @@ def validate_request(path: str, document: dict[str, Any]) -> None:
 class Gateway:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
-        self.valkey = avalkey.Valkey.from_url(settings.valkey_url)
+        self.valkey = async_client(settings.valkey_url)
         self.policy = PolicyStore(
             self.valkey,
             refresh_s=settings.policy_refresh_s,
@@ -265,6 +265,7 @@ class Gateway:
         self._plans = TicketPlans()
         self.scheduler = Scheduler(
             self.valkey,
+            pipe=auto_pipeline(self.valkey),  # one server, Sentinel or Cluster
             lease_ms=int(settings.lease_s * 1000),
             heartbeat_ms=int(settings.heartbeat_s * 1000),
             stale_ms=int(settings.fleet_stale_s * 1000),
@@ -275,8 +276,11 @@ class Gateway:
         self.accounting = Accounting(
             self.valkey,
             metrics=self.metrics,
-            pipe=self.scheduler.pipe,
+            # WAIT blocks its connection: the writer gets its own when it waits for replicas.
+            pipe=None if settings.usage_replicas else self.scheduler.pipe,
             content_budget_bytes=settings.record_buffer_bytes,
+            replicas=settings.usage_replicas,
+            replica_timeout_ms=settings.usage_replica_timeout_ms,
         )
         self.guardrails = Guardrails(
             service=ServiceClient(

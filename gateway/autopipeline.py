@@ -23,6 +23,13 @@ Scripts are sent by SHA; a server that does not know one (restarted, flushed) ge
 once and the command is retried, so no caller ever sees ``NOSCRIPT``.
 
 valkey-py stays the client for everything off the hot path (policy, pub/sub, accounting).
+
+Sentinel and Cluster (config/valkey_urls.py, docs/valkey-ha.md): a client made for a Sentinel
+URL has the primary's address looked up from the sentinels at every (re)connect, and a
+``READONLY`` reply (a demoted primary still reachable) drops the connection so that the next
+command reconnects to the new one. A Cluster client gets ``ClusterAutoPipeline``: one
+``AutoPipeline`` per primary, each command sent to the primary of its first key's slot, and
+a ``MOVED``/``ASK`` reply refreshes the slot map and resends the command once.
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ from typing import Any, cast
 import libvalkey
 import valkey
 import valkey.asyncio as avalkey
+from valkey.asyncio.cluster import ValkeyCluster
 from valkey.asyncio.connection import SSLConnection, UnixDomainSocketConnection
+from valkey.asyncio.sentinel import SentinelConnectionPool
+from valkey.crc import key_slot
 
 Arg = str | bytes | int | float
 # A script call's EVAL form, packed only if the server turns out not to know the SHA: the
@@ -45,6 +55,7 @@ Arg = str | bytes | int | float
 _Retry = tuple[bytes, bytes, int]
 
 _NOSCRIPT = "NOSCRIPT"
+_READONLY = "READONLY"
 _EVAL = b"$4\r\nEVAL\r\n"
 _EVALSHA = b"$7\r\nEVALSHA\r\n"
 
@@ -91,8 +102,10 @@ class _Protocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        self._reader.feed(data)
         owner = self._owner
+        if owner._protocol is not self:
+            return  # a connection given up on: its callers have been failed already
+        self._reader.feed(data)
         while (reply := self._reader.gets()) is not False:
             owner._answer(reply)
 
@@ -120,6 +133,8 @@ class AutoPipeline:
         pool = client.connection_pool
         self._connection_class = pool.connection_class
         self._kwargs = dict(pool.connection_kwargs)
+        # Sentinel: where the primary is now, asked at every (re)connect.
+        self._sentinel = pool if isinstance(pool, SentinelConnectionPool) else None
         self._connect_timeout_s = connect_timeout_s
         self._reply_timeout_s = reply_timeout_s
         # name -> (SHA, source), each packed as a bulk string
@@ -171,12 +186,28 @@ class AutoPipeline:
         packed = b"".join([libvalkey.pack_command(tuple(c)) for c in commands])
         return await self.execute_packed(packed, len(commands))
 
-    async def execute_packed(self, commands: bytes, count: int) -> list[Any]:
+    async def execute_packed(
+        self, commands: bytes, count: int, *, replicas: int = 0, replica_timeout_ms: int = 100
+    ) -> list[Any]:
         """``execute_many`` for a caller that packed its ``count`` commands itself (RESP
-        arrays back to back, as ``libvalkey.pack_command`` or ``bulk`` make them)."""
+        arrays back to back, as ``libvalkey.pack_command`` or ``bulk`` make them).
+
+        ``replicas``: return only once that many replicas have the writes (``WAIT``, sent in
+        the same write; repeated while fewer acknowledge). WAIT blocks the connection it is
+        sent on, so give such writes their own pipeline, not the hot path's."""
         if not count:
             return []
-        replies: list[Any] = await (await self._send(commands, None, batch=count))
+        if replicas:
+            commands += libvalkey.pack_command(("WAIT", replicas, replica_timeout_ms))
+        replies: list[Any] = await (await self._send(commands, None, batch=count + bool(replicas)))
+        if replicas:
+            acknowledged = replies.pop()
+            while True:
+                if isinstance(acknowledged, Exception):
+                    raise acknowledged
+                if int(acknowledged) >= replicas:
+                    break
+                acknowledged = await self.execute("WAIT", replicas, replica_timeout_ms)
         return replies
 
     async def close(self) -> None:
@@ -193,7 +224,7 @@ class AutoPipeline:
     async def _send(
         self, command: bytes, retry: _Retry | None, batch: int = 0
     ) -> asyncio.Future[Any]:
-        if self._protocol is None:
+        while self._protocol is None:  # (connected, then lost before this task resumed)
             await self._connect()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
@@ -228,6 +259,8 @@ class AutoPipeline:
         self._last_progress = asyncio.get_running_loop().time()
         if entry.replies is not None:
             # One reply of a batch: answered once all of them are in.
+            if isinstance(reply, libvalkey.ReplyError) and str(reply).startswith(_READONLY):
+                self._demoted()
             entry.replies.append(
                 valkey.ResponseError(str(reply))
                 if isinstance(reply, libvalkey.ReplyError)
@@ -250,11 +283,20 @@ class AutoPipeline:
                 self._outbox.append(b"*%d\r\n%s%s%s" % (count + 2, _EVAL, source, call))
                 self._flush()
                 return
+            if message.startswith(_READONLY):
+                self._demoted()
             if not entry.future.done():
                 entry.future.set_exception(valkey.ResponseError(message))
             return
         if not entry.future.done():
             entry.future.set_result(reply)
+
+    def _demoted(self) -> None:
+        """A primary demoted by a failover answers READONLY: reconnect (via Sentinel, to the
+        new one). The replies already on their way still reach their callers first."""
+        protocol = self._protocol
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.close()
 
     def _lost(self, protocol: _Protocol, exc: Exception | None) -> None:
         if protocol is not self._protocol:
@@ -279,9 +321,14 @@ class AutoPipeline:
             self._connecting = asyncio.ensure_future(self._open())
         connecting = self._connecting
         try:
-            self._protocol = await asyncio.shield(connecting)
+            # _open sets self._protocol itself: a waiter resuming late must not put back a
+            # connection that has been lost (and replaced) since.
+            await asyncio.shield(connecting)
         finally:
-            if connecting.done():
+            # Only this attempt's own slot: a waiter resuming after a failed attempt must not
+            # clear the next attempt's, or two connections would be opened at once and their
+            # replies answer each other's callers.
+            if connecting.done() and self._connecting is connecting:
                 self._connecting = None
 
     async def _open(self) -> _Protocol:
@@ -294,13 +341,14 @@ class AutoPipeline:
                         lambda: _Protocol(self), kwargs["path"]
                     )
                 else:
+                    host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+                    if self._sentinel is not None:
+                        host, port = await self._sentinel.get_master_address()  # type: ignore[no-untyped-call]
                     _, protocol = await loop.create_connection(
-                        lambda: _Protocol(self),
-                        kwargs.get("host", "localhost"),
-                        int(kwargs.get("port", 6379)),
-                        ssl=self._ssl_context(),
+                        lambda: _Protocol(self), host, int(port), ssl=self._ssl_context()
                     )
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, valkey.ValkeyError) as exc:
+            # (valkey.ValkeyError: no sentinel knows a primary, e.g. mid-failover)
             raise valkey.ConnectionError(f"Cannot connect to Valkey: {exc!r}") from exc
         # Until the handshake is answered nobody else may use the connection: queue it first.
         self._protocol = protocol
@@ -355,3 +403,174 @@ class AutoPipeline:
                 self._watchdog = loop.call_later(interval, check)
 
         self._watchdog = loop.call_later(interval, check)
+
+
+_REDIRECT = ("MOVED", "ASK")
+
+
+def _first_values(command: bytes, start: int) -> tuple[list[bytes], int]:
+    """The first three values of the RESP array at ``start`` (all of them if fewer), and
+    where the next array begins: enough to find a packed command's key."""
+    end = command.index(b"\r\n", start)
+    count = int(command[start + 1 : end])
+    position, values = end + 2, list[bytes]()
+    for _ in range(count):
+        end = command.index(b"\r\n", position)
+        length = int(command[position + 1 : end])
+        if len(values) < 3:
+            values.append(command[end + 2 : end + 2 + length])
+        position = end + 2 + length + 2
+    return values, position
+
+
+def _key_of(values: Sequence[bytes]) -> bytes | None:
+    """The key a plain command acts on (the commands the gateway pipelines: XADD, XLEN,
+    HGETALL, ZADD, … take it first; XINFO after its subcommand; TIME has none)."""
+    if len(values) < 2:
+        return None
+    if values[0].upper() in (b"XINFO", b"OBJECT", b"MEMORY") and len(values) > 2:
+        return values[2]
+    return values[1]
+
+
+class ClusterAutoPipeline(AutoPipeline):
+    """``AutoPipeline`` for a Valkey Cluster: one per primary, by the first key's slot.
+
+    A script's keys must share a slot (Valkey refuses the call otherwise, CROSSSLOT); a
+    batch of plain commands is split by slot and its replies put back in order."""
+
+    def __init__(
+        self,
+        client: avalkey.Valkey,
+        *,
+        connect_timeout_s: float = 2.0,
+        reply_timeout_s: float = 2.0,
+    ) -> None:
+        self._cluster = cast(Any, client)  # valkey.asyncio.cluster.ValkeyCluster
+        self._connect_timeout_s = connect_timeout_s
+        self._reply_timeout_s = reply_timeout_s
+        self._scripts: dict[str, tuple[bytes, bytes]] = {}
+        self._nodes: dict[str, AutoPipeline] = {}
+        self._ready = False
+        self._closed = False
+
+    def register(self, name: str, source: str) -> None:
+        super().register(name, source)
+        for pipe in self._nodes.values():
+            pipe.register(name, source)
+
+    async def _pipe_for(self, key: bytes | None) -> AutoPipeline:
+        if self._closed:
+            raise valkey.ConnectionError("The Valkey connection is closed.")
+        try:
+            if not self._ready:
+                await self._cluster.initialize()
+                self._ready = True
+            manager = self._cluster.nodes_manager
+            if key is None:
+                node = self._cluster.get_default_node() or manager.get_random_node()
+            else:
+                node = manager.get_node_from_slot(key_slot(key))
+        except (valkey.ValkeyError, OSError) as exc:
+            raise valkey.ConnectionError(f"Cannot reach the Valkey Cluster: {exc!r}") from exc
+        pipe = self._nodes.get(node.name)
+        if pipe is None:
+            kwargs = self._cluster.connection_kwargs
+            pipe = AutoPipeline(
+                avalkey.Valkey(
+                    host=node.host,
+                    port=node.port,
+                    username=kwargs.get("username"),
+                    password=kwargs.get("password"),
+                ),
+                connect_timeout_s=self._connect_timeout_s,
+                reply_timeout_s=self._reply_timeout_s,
+            )
+            pipe._scripts = dict(self._scripts)
+            self._nodes[node.name] = pipe
+        return pipe
+
+    async def _refresh(self) -> None:
+        """The slot map moved (a reshard or a failover): read it again."""
+        try:
+            await self._cluster.nodes_manager.initialize()
+        except (valkey.ValkeyError, OSError) as exc:
+            raise valkey.ConnectionError(f"Cannot reach the Valkey Cluster: {exc!r}") from exc
+
+    async def send_packed_script(self, name: str, call: bytes, count: int) -> asyncio.Future[Any]:
+        # call: numkeys, then the keys: the first key is the second value.
+        values, _ = _first_values(b"*%d\r\n" % count + call, 0)
+        key = values[1] if len(values) > 1 and values[0] != b"0" else None
+        first = await (await self._pipe_for(key)).send_packed_script(name, call, count)
+
+        async def redirected() -> Any:
+            try:
+                return await first
+            except valkey.ResponseError as exc:
+                if not str(exc).startswith(_REDIRECT):
+                    raise
+            await self._refresh()
+            return await (await (await self._pipe_for(key)).send_packed_script(name, call, count))
+
+        return asyncio.ensure_future(redirected())
+
+    async def execute(self, *args: Arg) -> Any:
+        packed = libvalkey.pack_command(args)
+        replies = await self.execute_packed(packed, 1)
+        if isinstance(replies[0], valkey.ResponseError):
+            raise replies[0]
+        return replies[0]
+
+    async def execute_packed(
+        self, commands: bytes, count: int, *, replicas: int = 0, replica_timeout_ms: int = 100
+    ) -> list[Any]:
+        spans: list[tuple[bytes | None, bytes]] = []
+        start = 0
+        for _ in range(count):
+            values, end = _first_values(commands, start)
+            spans.append((_key_of(values), commands[start:end]))
+            start = end
+        replies: list[Any] = [None] * count
+        todo = list(range(count))
+        for attempt in range(2):
+            groups: dict[int, tuple[AutoPipeline, list[int]]] = {}
+            for index in todo:
+                pipe = await self._pipe_for(spans[index][0])
+                groups.setdefault(id(pipe), (pipe, []))[1].append(index)
+            sent = [
+                (
+                    indices,
+                    pipe.execute_packed(
+                        b"".join(spans[i][1] for i in indices),
+                        len(indices),
+                        replicas=replicas,
+                        replica_timeout_ms=replica_timeout_ms,
+                    ),
+                )
+                for pipe, indices in groups.values()
+            ]
+            for indices, answer in sent:
+                for index, reply in zip(indices, await answer, strict=True):
+                    replies[index] = reply
+            todo = [
+                i
+                for i in todo
+                if isinstance(replies[i], valkey.ResponseError)
+                and str(replies[i]).startswith(_REDIRECT)
+            ]
+            if not todo or attempt:
+                break
+            await self._refresh()
+        return replies
+
+    async def close(self) -> None:
+        self._closed = True
+        for pipe in self._nodes.values():
+            await pipe.close()
+
+
+def auto_pipeline(client: avalkey.Valkey, **kwargs: Any) -> AutoPipeline:
+    """The hot path's pipeline for ``client``, whatever its topology (config/valkey_urls.py)."""
+    if isinstance(client, ValkeyCluster):
+        return ClusterAutoPipeline(client, **kwargs)
+    return AutoPipeline(client, **kwargs)

@@ -56,7 +56,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config.env import env_float, env_int, env_str
 from config.service import run_service
-from config.valkey_urls import for_valkey_py
+from config.valkey_urls import async_client, async_transaction, for_valkey_py
+from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
 from gateway.policy import Policy
 from gateway.policy_store import PolicyStore
@@ -588,7 +589,7 @@ class FleetWatcher:
             }
             # One MULTI/EXEC (every key shares the {sy} slot): readers see a whole model or the
             # previous one, and DEL + HSET drops replicas the policy no longer lists.
-            async with self.client.pipeline(transaction=True) as pipe:
+            async with await async_transaction(self.client, HEARTBEAT_KEY) as pipe:
                 for model in gone:
                     pipe.delete(fleet_key(model))
                 for model, replicas in loads.items():
@@ -705,9 +706,7 @@ class FleetWatcher:
 
 async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None = None) -> None:
     """Run a watcher until SIGTERM or SIGINT."""
-    client = avalkey.Valkey.from_url(
-        settings.valkey_url, socket_timeout=2.0, socket_connect_timeout=1.0
-    )
+    client = async_client(settings.valkey_url, socket_timeout=2.0, socket_connect_timeout=1.0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -724,6 +723,7 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
         # the model's queue onto it at once instead of at the next release.
         scheduler = Scheduler(
             client,
+            pipe=auto_pipeline(client),  # one server, Sentinel or Cluster
             stale_ms=settings.stale_ms,
             waiting_threshold=settings.waiting_threshold,
             clock=clock,

@@ -15,10 +15,12 @@ from typing import Literal, NotRequired, TypedDict, cast
 import orjson
 import valkey
 
+from config.valkey_urls import transaction
 from gateway.guardrails import GuardPlan, plan_guardrails
 
-SNAPSHOT_KEY = "switchyard:policy:snapshot"
-VERSION_KEY = "switchyard:policy:version"
+# One hash tag: written together in one MULTI, which a Valkey Cluster allows in one slot only.
+SNAPSHOT_KEY = "switchyard:{policy}:snapshot"
+VERSION_KEY = "switchyard:{policy}:version"
 SCHEMA = 1
 
 RecordPolicy = Literal["none", "metadata", "full"]
@@ -421,7 +423,7 @@ def snapshot_write(client: valkey.Valkey, document: SnapshotDocument) -> None:
     """Write a snapshot and its version together (one MULTI): a gateway that sees the version
     move reads a document at least that new. Publishers serialise themselves (governance
     holds a lock), so versions only grow."""
-    with client.pipeline(transaction=True) as pipe:
+    with transaction(client, SNAPSHOT_KEY) as pipe:  # (one slot on a Cluster)
         pipe.set(SNAPSHOT_KEY, orjson.dumps(document))
         pipe.set(VERSION_KEY, document["version"])
         pipe.execute()  # type: ignore[no-untyped-call]

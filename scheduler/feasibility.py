@@ -35,6 +35,7 @@ from typing import cast
 import orjson
 import valkey
 
+from config.valkey_urls import transaction
 from gateway.scheduling import keys as scheduling_keys
 from scheduler.windows import Window, open_intervals, zone
 
@@ -335,7 +336,7 @@ def promise(
     key, version_key = ledger_key(model), ledger_version_key(model)
     commit = client.register_script(_COMMIT)
     for _ in range(_MAX_RETRIES):
-        with client.pipeline(transaction=True) as pipe:
+        with transaction(client, key) as pipe:  # one slot: the model's
             pipe.get(version_key)
             pipe.hgetall(key)
             pipe.hgetall(throughput_key(model))
@@ -382,7 +383,7 @@ def promise(
 def record(client: valkey.Valkey, model: str, job: Job) -> None:
     """Write ``job`` into the ledger without a check (a job already accepted whose re-promise
     no longer fits: its work is still coming, and later checks must count it)."""
-    with client.pipeline(transaction=True) as pipe:
+    with transaction(client, ledger_key(model)) as pipe:
         pipe.hset(ledger_key(model), job.id, job.encode().decode())
         pipe.incr(ledger_version_key(model))
         pipe.execute()  # type: ignore[no-untyped-call]

@@ -17,7 +17,9 @@ from typing import cast
 
 import valkey
 
-LEASE_PREFIX = "sy:filejobs:lease:"
+# One hash tag for every lease: ``held`` reads many in one MGET, which a Valkey Cluster
+# answers only within one slot.
+LEASE_PREFIX = "sy:{filejobs}:lease:"
 
 # KEYS lease; ARGV token, ttl ms. 1 if renewed (still ours), 0 if lost.
 _RENEW = """

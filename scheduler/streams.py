@@ -28,6 +28,7 @@ from typing import Any, Protocol, cast
 import valkey
 from django.db import transaction
 
+from config.valkey_urls import sync_client
 from gateway.accounting import PERSISTER_GROUP
 from scheduler.models import StreamCursor
 
@@ -47,7 +48,7 @@ class BatchCounts(Protocol):
 @cache
 def client_for(url: str) -> valkey.Valkey:
     """One client per process and URL (the persisters run every few seconds)."""
-    return valkey.Valkey.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+    return sync_client(url, socket_timeout=10, socket_connect_timeout=5)
 
 
 def stream_batch(

@@ -25,6 +25,7 @@ from config.processes import (
     http_ready,
 )
 from config.seaweed import SeaweedServer
+from config.valkey_urls import sync_client
 
 SimulatorFactory = Callable[..., "RunningSimulator"]
 
@@ -286,7 +287,7 @@ GatewayFactory = Callable[..., RunningGateway]
 
 def _fleet_is_written(valkey_url: str) -> Callable[[], bool]:
     """Every replica of the published snapshot has an entry in the fleet hash."""
-    return fleet_is_written(valkey.Valkey.from_url(valkey_url))
+    return fleet_is_written(sync_client(valkey_url))  # any topology (config/valkey_urls.py)
 
 
 @pytest.fixture

@@ -18,12 +18,12 @@ from typing import Any
 
 import orjson
 import valkey
-import valkey.asyncio as avalkey
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from config.env import env_float
+from config.valkey_urls import async_client
 from portal.fleet.access import may_watch_fleet, session_may_watch_fleet
 from portal.fleet.messages import (
     AVAILABLE_TYPE,
@@ -153,9 +153,7 @@ class FleetConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
 
 
 async def _latest_snapshot() -> Any:
-    client = avalkey.Valkey.from_url(
-        settings.VALKEY_URL, socket_timeout=2.0, socket_connect_timeout=2.0
-    )
+    client = async_client(settings.VALKEY_URL, socket_timeout=2.0, socket_connect_timeout=2.0)
     try:
         raw = await client.get(LAST_SNAPSHOT_KEY)
     except (valkey.ValkeyError, OSError):

@@ -27,6 +27,7 @@ import valkey
 import valkey.asyncio as avalkey
 
 from config.env import env_float
+from config.valkey_urls import async_client
 from portal.fleet.leader import Leadership
 from portal.fleet.messages import (
     GROUP,
@@ -70,7 +71,7 @@ async def run(*, interval_s: float = INTERVAL_S, stop: asyncio.Event | None = No
     from django.conf import settings
 
     stop = stop or asyncio.Event()
-    client = avalkey.Valkey.from_url(
+    client = async_client(
         settings.VALKEY_URL, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S
     )
     reader = FleetReader(client)

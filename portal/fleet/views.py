@@ -13,12 +13,13 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from config.valkey_urls import sync_client
 from portal.fleet.access import may_watch_fleet
 from portal.fleet.messages import LAST_SNAPSHOT_KEY
 
 
 def _latest_snapshot() -> Any:
-    client = valkey.Valkey.from_url(settings.VALKEY_URL, socket_timeout=1.0)
+    client = sync_client(settings.VALKEY_URL, socket_timeout=1.0)
     try:
         raw = client.get(LAST_SNAPSHOT_KEY)
     except (valkey.ValkeyError, OSError):

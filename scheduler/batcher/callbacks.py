@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from celery import Celery
 
-from config.valkey_urls import for_kombu
+from config.valkey_urls import celery_broker
 from scheduler.batcher.payloads import Task
 
 logger = logging.getLogger("scheduler.batcher")
@@ -55,7 +55,9 @@ def event_data(task: Task, fields: dict[str, str | int]) -> dict[str, Any]:
 
 class Callbacks:
     def __init__(self, valkey_url: str) -> None:
-        self._app = Celery("switchyard-batcher", broker=for_kombu(valkey_url))
+        broker, transport_options = celery_broker(valkey_url)
+        self._app = Celery("switchyard-batcher", broker=broker)
+        self._app.conf.broker_transport_options = transport_options
         self._app.conf.task_serializer = "json"
         self._app.conf.accept_content = ["json"]
         self._app.conf.broker_connection_retry_on_startup = True

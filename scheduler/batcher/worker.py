@@ -31,10 +31,11 @@ from typing import Any
 
 import orjson
 import valkey
-import valkey.asyncio as avalkey
 
+from config.valkey_urls import async_client
 from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
+from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
 from gateway.policy import Model, Policy, PriorityClass
 from gateway.policy_store import PolicyStore
@@ -153,7 +154,7 @@ def _error_from(body: bytes, status: int) -> dict[str, Any]:
 class Batcher:
     def __init__(self, settings: BatcherSettings, *, metrics: BatcherMetrics | None = None) -> None:
         self.settings = settings
-        self.client = avalkey.Valkey.from_url(settings.valkey_url)
+        self.client = async_client(settings.valkey_url)
         self.store = TaskStore(self.client)
         self.policy = PolicyStore(
             self.client,
@@ -162,6 +163,7 @@ class Batcher:
         )
         self.scheduler = Scheduler(
             self.client,
+            pipe=auto_pipeline(self.client),  # one server, Sentinel or Cluster
             gateway_id=f"batcher-{self.store.consumer}",
             lease_ms=int(settings.lease_s * 1000),
             heartbeat_ms=int(settings.heartbeat_s * 1000),
