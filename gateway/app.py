@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import valkey
 
-from config.valkey_urls import async_client
+from config.valkey_urls import async_client, is_cluster
 from gateway import control_proxy, errors
 from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
@@ -271,6 +271,8 @@ class Gateway:
             stale_ms=int(settings.fleet_stale_s * 1000),
             waiting_threshold=settings.backpressure_waiting,
             long_prompt_tokens=settings.long_prompt_tokens,
+            # A Valkey Cluster: each slot charged by its own script (docs/gateway-scheduling.md)
+            split_slots=is_cluster(settings.valkey_url),
         )
         # One connection for the hot path's scripts and the accounting streams.
         self.accounting = Accounting(

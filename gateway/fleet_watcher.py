@@ -47,12 +47,14 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import aiohttp
 import orjson
 import valkey
 import valkey.asyncio as avalkey
 from prometheus_client.parser import text_string_to_metric_families
+from valkey.asyncio.cluster import ValkeyCluster
 
 from config.env import env_float, env_int, env_str
 from config.service import run_service
@@ -587,22 +589,39 @@ class FleetWatcher:
                 "policy_version": version,
                 "watcher": self._identity,
             }
-            # One MULTI/EXEC (every key shares the {sy} slot): readers see a whole model or the
-            # previous one, and DEL + HSET drops replicas the policy no longer lists.
-            async with await async_transaction(self.client, HEARTBEAT_KEY) as pipe:
-                for model in gone:
+
+            # MULTI/EXEC: readers see a whole model or the previous one, and DEL + HSET drops
+            # replicas the policy no longer lists. One for everything on one Valkey; on a
+            # Cluster one per pool's slot (each model's fleet hash is in its pool's slot,
+            # gateway/slots.py) and one for the shared slot, at once.
+            def fleet_ops(pipe: Any, models: Iterable[str]) -> None:
+                for model in models:
                     pipe.delete(fleet_key(model))
-                for model, replicas in loads.items():
-                    pipe.delete(fleet_key(model))
+                    replicas = loads.get(model)
                     if replicas:
                         pipe.hset(
                             fleet_key(model),
                             mapping={url: load.encode() for url, load in replicas.items()},
                         )
+
+            def shared_ops(pipe: Any) -> None:
                 for model, sample in (measured or {}).items():
                     pipe.hset(scheduling_keys.throughput(model), mapping=sample)
                 pipe.set(HEARTBEAT_KEY, orjson.dumps(heartbeat), px=self.settings.heartbeat_ttl_ms)
-                await pipe.execute()
+
+            models = sorted(gone | loads.keys())
+            if isinstance(self.client, ValkeyCluster):
+                await asyncio.gather(
+                    *(self._transaction(fleet_key(m), fleet_ops, [m]) for m in models),
+                    self._transaction(HEARTBEAT_KEY, lambda pipe, _: shared_ops(pipe), []),
+                )
+            else:
+
+                def every_op(pipe: Any, _: Iterable[str]) -> None:
+                    fleet_ops(pipe, models)
+                    shared_ops(pipe)
+
+                await self._transaction(HEARTBEAT_KEY, every_op, models)
         except (valkey.ValkeyError, OSError) as exc:
             if self.last_write_ok is not False:
                 logger.warning("fleet_write_failed error=%s", exc.__class__.__name__)
@@ -613,6 +632,13 @@ class FleetWatcher:
         self.last_write_ok = True
         self._written_models = set(loads)
         return True
+
+    async def _transaction(
+        self, key: str, ops: Callable[[Any, Iterable[str]], None], models: Iterable[str]
+    ) -> None:
+        async with await async_transaction(self.client, key) as pipe:
+            ops(pipe, models)
+            await pipe.execute()
 
     async def _models_in_valkey(self) -> set[str]:
         """Models a previous watcher wrote, so that ones removed while we were down go too."""

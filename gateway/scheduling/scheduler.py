@@ -420,7 +420,11 @@ class Scheduler:
         return found
 
     def _acquire_keys(self, ticket: Ticket) -> list[Arg]:
-        """acquire.lua's KEYS: the pool's slot, then the tenant's (max concurrent)."""
+        """acquire.lua's KEYS: the pool's slot, then the tenant's (max concurrent) — but with
+        split slots the pool's alone: a Cluster refuses a call naming two slots, and the
+        tenant's account counts max concurrent there (accounts.py)."""
+        if self.split_slots:
+            return list(self._keys(ticket.model))
         return [*self._keys(ticket.model), keys.account_prefix(ticket.tenant, prefix=self._prefix)]
 
     def _lanes(self, ticket: Ticket) -> bool:
@@ -459,7 +463,8 @@ class Scheduler:
                 packed = plan.packed = _PackedPlan(self, ticket)
         if packed is None or packed.limits != len(ticket.limits):
             args = self.acquire_args(ticket, lease_id, now)
-            return pack_values([2, *self._acquire_keys(ticket), *args]), 3 + len(args)
+            slots = self._acquire_keys(ticket)
+            return pack_values([len(slots), *slots, *args]), 1 + len(slots) + len(args)
         tokens = bulk(ticket.limits[packed.token_at].cost) if packed.token_at >= 0 else b""
         deadline = now + max(1, round(ticket.queue_timeout_s * 1000))
         call = b"".join(

@@ -121,15 +121,15 @@ def use_case_budgets(
             names += [keys.rate_window(limit.stem, index), keys.rate_window(limit.stem, index - 1)]
     try:
         pipe = client.pipeline(transaction=False)
-        if names:
-            pipe.mget(names)
+        for name in names:  # one GET each: on a Cluster the windows are in several slots
+            pipe.get(name)
         for uc in use_cases:
             pipe.get(keys.concurrency(uc.tenant.slug, uc.pk))
         replies: list[Any] = pipe.execute()  # type: ignore[no-untyped-call]  # untyped in valkey-py
     except (valkey.ValkeyError, OSError):
         return Budgets(available=False, by_use_case={})
-    counts = [int(v or 0) for v in replies.pop(0)] if names else []
-    in_flight = [int(v or 0) for v in replies]
+    counts = [int(v or 0) for v in replies[: len(names)]]
+    in_flight = [int(v or 0) for v in replies[len(names) :]]
     result: dict[int, UseCaseBudget] = {}
     at = 0
     for position, uc in enumerate(use_cases):

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 import valkey
 
-from config.valkey_urls import async_client
+from config.valkey_urls import async_client, is_cluster
 from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
 from gateway.autopipeline import auto_pipeline
@@ -170,6 +170,8 @@ class Batcher:
             stale_ms=int(settings.fleet_stale_s * 1000),
             waiting_threshold=settings.backpressure_waiting,
             long_prompt_tokens=settings.long_prompt_tokens,
+            # A Valkey Cluster: each slot charged by its own script (docs/gateway-scheduling.md)
+            split_slots=is_cluster(settings.valkey_url),
         )
         self.upstream = Upstream(
             connect_timeout_s=settings.upstream_connect_timeout_s,

