@@ -37,7 +37,14 @@ from config.processes import (
     gateway_command,
     http_ready,
 )
-from gateway.policy import SCHEMA, LimitsEntry, SnapshotDocument, snapshot_write
+from gateway.policy import (
+    SCHEMA,
+    SNAPSHOT_KEY,
+    VERSION_KEY,
+    LimitsEntry,
+    SnapshotDocument,
+    snapshot_write,
+)
 
 MODEL = "bench-chat"
 UPSTREAMS = ("instant", "simulator")
@@ -206,6 +213,14 @@ def running_stack(
             started.append((replica, f"http://127.0.0.1:{port}"))
         urls = [url for _, url in started]
         api_key = publish_policy(client, urls)
+        if baseline_src is not None:
+            # A baseline from before the snapshot's keys took their hash tag (issue 16)
+            # reads them under their old names: the same document there too.
+            for old, new in (
+                ("switchyard:policy:snapshot", SNAPSHOT_KEY),
+                ("switchyard:policy:version", VERSION_KEY),
+            ):
+                client.set(old, cast(bytes, client.get(new)))
         valkey_url = f"valkey://127.0.0.1:{server.port}/0"
 
         watcher = None
@@ -233,6 +248,18 @@ def running_stack(
 
         baseline, baseline_port = None, 0
         if baseline_src is not None:
+            # Its own fleet watcher too: a baseline from before admission's keys moved to
+            # their pools' slots (issue 16) reads the fleet where its watcher writes it.
+            baseline_watcher = ManagedProcess(
+                "fleet-watcher-baseline",
+                [PYTHON, "-m", "gateway.fleet_watcher"],
+                env={"SWITCHYARD_VALKEY_URL": valkey_url, "PYTHONPATH": str(baseline_src)},
+                cwd=baseline_src,
+                log_path=logs / "fleet-watcher-baseline.log",
+            )
+            stack.callback(baseline_watcher.stop)
+            baseline_watcher.start(timeout=20)
+            time.sleep(1.0)  # a few of its cycles, before the baseline's first request
             baseline_port = free_port()
             baseline = ManagedProcess(
                 "gateway-baseline",
