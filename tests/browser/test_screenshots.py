@@ -124,14 +124,14 @@ def bank() -> dict[str, str]:
     # minutes, more by day than by night, on both models.
     start = now.replace(second=0, microsecond=0) - timedelta(hours=24)
     for step in range(72):
-        minute = start + timedelta(minutes=20 * step)
-        busy = 3 if 7 <= minute.hour <= 18 else 1
-        for model, share in (("llama-3.1-8b", 4), ("mistral-7b", 1)):
+        at = start + timedelta(minutes=20 * step)
+        busy = 3 if 7 <= at.hour <= 18 else 1
+        for model_id, share in (("llama-3.1-8b", 4), ("mistral-7b", 1)):
             UsageMinute.objects.create(
                 use_case_id=chatbot.pk,
                 tenant="acme",
-                model=model,
-                minute=minute,
+                model=model_id,
+                minute=at,
                 requests=10 * busy * share,
                 prompt_tokens=4_000 * busy * share,
                 completion_tokens=1_500 * busy * share,

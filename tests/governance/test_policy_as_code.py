@@ -69,7 +69,7 @@ def apply(data: dict[str, Any], **options: bool):
     return policy_apply(document=policy_parse(data), actor=PRIYA, **options)
 
 
-def plan(data: dict[str, Any], **options: bool):
+def plan(data: dict[str, Any], **options: Any):
     return plan_build(policy_parse(data), policy_current(), **options)
 
 
