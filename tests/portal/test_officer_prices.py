@@ -217,6 +217,17 @@ def test_the_new_price_form_starts_at_the_next_midnight(olivia, llama) -> None:
         ({"output_per_mtok": "0.1234567"}, "output_per_mtok", "at most 6 decimal places"),
         ({"output_per_mtok": "cheap"}, "output_per_mtok", "must be a decimal amount"),
     ],
+    # Fixed ids: the messages hold times taken from the clock, and every test process
+    # (pytest-xdist) must collect the same names.
+    ids=[
+        "in-the-past",
+        "same-start",
+        "no-time-zone",
+        "not-a-time",
+        "negative",
+        "too-many-decimals",
+        "not-a-number",
+    ],
 )
 def test_an_invalid_new_price_shows_the_rule_on_its_field_and_writes_nothing(
     olivia, llama, changes, field, message
