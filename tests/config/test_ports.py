@@ -10,13 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from config.processes import free_port, wait_until
+from config.processes import free_port, port_bindable, wait_until
 from config.stack import StackConfig, StackError, check_ports
 
 
 def _config(valkey_port: int, tmp_path: Path) -> StackConfig:
-    # The fleet's ports follow its base; a listener-free base far from the others is enough.
+    # The fleet takes four ports from its base: all four free (other test processes run
+    # servers on ports of their own meanwhile).
     base = free_port()
+    while not all(port_bindable("127.0.0.1", base + n) for n in range(4)):
+        base = free_port()
     return StackConfig(
         host="127.0.0.1",
         web_port=free_port(),

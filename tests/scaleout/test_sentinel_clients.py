@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from celery import Celery
 from channels_valkey.core import ValkeyChannelLayer
 
 from config.processes import PYTHON, ManagedProcess
@@ -39,20 +40,17 @@ def test_a_celery_task_round_trips_through_a_sentinel_managed_broker(
         env={"SWITCHYARD_VALKEY_URL": sentinel_set.url, "SWITCHYARD_RUN_DIR": str(tmp_path)},
     )  # fmt: skip
     worker.start(ready=lambda: "ready." in worker.log_text(), timeout=60)
+    broker, options = celery_broker(sentinel_set.url)
+    assert broker.startswith("sentinel://")
+    assert options == {"master_name": sentinel_set.name}
+    # An app of its own: the project's app may already hold a connection pool to another
+    # broker in this test process (other tests ran here before), which a config update
+    # would not replace.
+    client = Celery("sentinel-client", broker=broker, backend=broker)
+    client.conf.update(broker_transport_options=options, result_backend_transport_options=options)
     try:
-        from config.celery import app
-        from scheduler.tasks import ping
-
-        broker, options = celery_broker(sentinel_set.url)
-        assert broker.startswith("sentinel://")
-        assert options == {"master_name": sentinel_set.name}
-        app.conf.update(
-            broker_url=broker,
-            result_backend=broker,
-            broker_transport_options=options,
-            result_backend_transport_options=options,
-        )
-        answer = ping.delay("through sentinel").get(timeout=30)
+        result = client.send_task("scheduler.ping", args=["through sentinel"])
+        answer = result.get(timeout=30)
         assert answer["pong"] == "through sentinel"
         assert "scheduler.ping" in worker.log_text()
     finally:

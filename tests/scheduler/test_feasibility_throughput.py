@@ -119,8 +119,11 @@ def test_the_watcher_publishes_a_models_measured_throughput(
         stop.set()
         for thread in threads:
             thread.join(timeout=30)
-        peak = seen["capacity"]
         assert wait_until(lambda: measurement(valkey_client)["last"] == 0, timeout=5)
+        # The peak as the last loaded interval left it (one may end after ``seen`` was read;
+        # the capacity also decays, by its day-long half-life, a hair a second).
+        peak = measurement(valkey_client)["capacity"]
+        assert peak >= seen["capacity"] * 0.99
         assert wait_until(lambda: measurement(valkey_client)["rate"] < peak / 2, timeout=10)
         assert measurement(valkey_client)["capacity"] == pytest.approx(peak, rel=0.01)
     finally:
