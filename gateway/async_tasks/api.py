@@ -104,6 +104,16 @@ class AsyncTasks:
         principal = authenticate(scope, policy, gateway.tokens)
         if principal is None:  # a token signed by a key not fetched yet
             principal = await authenticate_after_key_fetch(scope, policy, gateway.tokens)
+        if gateway.scheduler.split_slots:
+            # submit.lua counts the limits in the same call as the task streams, which a
+            # Valkey Cluster refuses across slots (docs/valkey-ha.md, "What works where").
+            raise errors.GatewayError(
+                501,
+                "Async tasks are not available on this gateway: it runs on a Valkey Cluster, "
+                "and async submission needs a one-server or Sentinel-managed Valkey.",
+                type="server_error",
+                code="async_unavailable_on_cluster",
+            )
         path = layout.ENDPOINTS[scope["path"]]
         body = await read_body(receive, self._settings.max_body_bytes)
         count = 1
