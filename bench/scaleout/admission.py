@@ -368,17 +368,25 @@ def main() -> None:
             args.gateways,
             duration_s=args.duration,
         )
-        machine = describe()
-        fleet_info = {
-            "valkey": f"valkey-server {fleet.valkey_version}",
-            "cpu": machine.get("cpu", "?"),
-            "python": machine.get("python", "?"),
-            "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        }
-    text = report(steps, fleet_info, args)
+        fleet_info = run_info() | {"valkey": f"valkey-server {fleet.valkey_version}"}
+    publish(SECTION, report(steps, fleet_info, args), write=not args.no_write)
+
+
+def run_info() -> dict[str, str]:
+    """The machine and the time, for a report's heading."""
+    machine = describe()
+    return {
+        "cpu": machine.get("cpu", "?"),
+        "python": machine.get("python", "?"),
+        "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def publish(section: str, text: str, *, write: bool) -> None:
+    """Print the report; write it into bench/RESULTS.md unless told not to."""
     print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    if write:
+        write_section(section, text)
 
 
 if __name__ == "__main__":

