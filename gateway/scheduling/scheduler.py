@@ -246,6 +246,7 @@ class Scheduler:
         self.split_slots = split_slots
         # model -> [its pool's slot prefix]: the KEYS of every script but acquire's.
         self._pool_keys: dict[str, list[Arg]] = {}
+        self._route_keys: dict[str, bytes] = {}
         # Pools this gateway has joined (its heartbeat is in their slots).
         self._pools: set[str] = set()
         # Lease ids: unique without a random number per request.
@@ -321,7 +322,11 @@ class Scheduler:
                 raise
         try:
             call, count = self._acquire_call(ticket, lease_id, now)
-            reply = await (await self.pipe.send_packed_script("acquire", call, count))
+            reply = await (
+                await self.pipe.send_packed_script(
+                    "acquire", call, count, key=self._route_key(ticket.model)
+                )
+            )
             status = int(reply[0])
             if status == 1:
                 return self._grant(
@@ -411,6 +416,13 @@ class Scheduler:
         if ticket.limits:
             args += limit_args(ticket.limits)
         return args
+
+    def _route_key(self, model: str) -> bytes:
+        """The pool's slot prefix as bytes: what a Cluster routes the pool's scripts by."""
+        found = self._route_keys.get(model)
+        if found is None:
+            found = self._route_keys[model] = str(self._keys(model)[0]).encode()
+        return found
 
     def _keys(self, model: str) -> list[Arg]:
         """KEYS of a script on ``model``'s pool: its slot's prefix."""
