@@ -28,6 +28,11 @@ def _sign_in(page: Page, username: str) -> None:
 def _hover_last_bar(page: Page, chart: str) -> dict[str, Any]:
     """Move the real mouse over the chart's last bar; return what Chart.js's tooltip shows."""
     canvas = page.locator(f'canvas[data-chart="chart-{chart}-data"]')
+    # Chart.js loads deferred: wait until it has drawn this canvas.
+    page.wait_for_function(
+        "c => typeof Chart !== 'undefined' && Chart.getChart(c) !== undefined",
+        arg=canvas.element_handle(),
+    )
     box = canvas.bounding_box()
     assert box is not None
     point = page.evaluate(
@@ -114,8 +119,10 @@ def test_an_officer_hovers_the_charts_and_switches_the_range(
     expect(page.locator("canvas[data-chart]")).to_have_count(
         3
     )  # tokens, refusals, waits; no findings
-    assert page.evaluate(
-        "() => [...document.querySelectorAll('canvas[data-chart]')]"
+    # Every canvas drawn (Chart.js loads deferred: on a loaded machine it may still be on
+    # its way when the heading is there); a chart never drawn fails here, by timeout.
+    page.wait_for_function(
+        "() => typeof Chart !== 'undefined' && [...document.querySelectorAll('canvas[data-chart]')]"
         ".every(c => Chart.getChart(c) !== undefined && c.width > 0)"
     )
 
