@@ -106,7 +106,7 @@ def running_stack(run_dir: Path) -> Iterator[tuple[valkey.Valkey, Celery]]:
         )  # fmt: skip
         worker.start(ready=_worker_ready(url), timeout=60)
         client = valkey.Valkey.from_url(url)
-        sender = Celery("records-bench", broker=for_kombu(url))
+        sender = Celery("records-bench", broker=for_kombu(url), set_as_current=False)
         try:
             yield client, sender
         finally:
@@ -119,7 +119,7 @@ def running_stack(run_dir: Path) -> Iterator[tuple[valkey.Valkey, Celery]]:
 
 
 def _worker_ready(url: str) -> Any:
-    probe = Celery("records-bench-probe", broker=for_kombu(url))
+    probe = Celery("records-bench-probe", broker=for_kombu(url), set_as_current=False)
 
     def ready() -> bool:
         with contextlib.suppress(Exception):

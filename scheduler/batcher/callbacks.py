@@ -56,7 +56,7 @@ def event_data(task: Task, fields: dict[str, str | int]) -> dict[str, Any]:
 class Callbacks:
     def __init__(self, valkey_url: str) -> None:
         broker, transport_options = celery_broker(valkey_url)
-        self._app = Celery("switchyard-batcher", broker=broker)
+        self._app = Celery("switchyard-batcher", broker=broker, set_as_current=False)
         self._app.conf.broker_transport_options = transport_options
         self._app.conf.task_serializer = "json"
         self._app.conf.accept_content = ["json"]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery import Celery
+from celery import Celery, current_app
 from channels_valkey.core import ValkeyChannelLayer
 
 from config.processes import PYTHON, ManagedProcess
@@ -45,8 +45,9 @@ def test_a_celery_task_round_trips_through_a_sentinel_managed_broker(
     assert options == {"master_name": sentinel_set.name}
     # An app of its own: the project's app may already hold a connection pool to another
     # broker in this test process (other tests ran here before), which a config update
-    # would not replace.
-    client = Celery("sentinel-client", broker=broker, backend=broker)
+    # would not replace. Not the current app either: @shared_task's .delay() in later tests
+    # of this process would publish through these sentinels after they are stopped.
+    client = Celery("sentinel-client", broker=broker, backend=broker, set_as_current=False)
     client.conf.update(broker_transport_options=options, result_backend_transport_options=options)
     try:
         result = client.send_task("scheduler.ping", args=["through sentinel"])
@@ -54,7 +55,9 @@ def test_a_celery_task_round_trips_through_a_sentinel_managed_broker(
         assert answer["pong"] == "through sentinel"
         assert "scheduler.ping" in worker.log_text()
     finally:
+        client.close()
         worker.stop()
+    assert current_app.main != "sentinel-client"
 
 
 def test_a_channels_message_goes_through_a_sentinel_managed_layer(
