@@ -1,10 +1,17 @@
 """One upload per registration, held atomically in Valkey, and the completion event.
 
-``sy:s3:upload:<registration id>`` is taken with ``SET NX`` before any byte is stored: ``put``
+``sy:s3:upload:{sy:uploads}:<registration id>`` is taken with ``SET NX`` before any byte is
+stored: ``put``
 while a PutObject is in flight, ``mp:<upload id>`` for a multipart upload, ``done`` once the
 object is complete. A second upload, even one racing the first before the registration's state
 moves on, finds the marker and is refused. A failed PutObject or an aborted multipart upload
-gives the marker back. ``sy:s3:parts:<registration id>`` sums a multipart upload's part sizes.
+gives the marker back. ``sy:s3:parts:{sy:uploads}:<registration id>`` sums a multipart
+upload's part sizes.
+
+Both carry the hash tag ``{sy:uploads}``: a tag hashes like the key ``sy:uploads`` (the
+completion stream, UPLOADS_STREAM), so on a Valkey Cluster the markers, the parts and the stream
+share one slot and ``finish`` stays one MULTI (docs/valkey-ha.md). Uploads are few; one slot
+for all of them costs nothing.
 """
 
 from __future__ import annotations
@@ -23,12 +30,15 @@ PUT = "put"
 DONE = "done"
 
 
+SLOT_TAG = "{" + UPLOADS_STREAM + "}"
+
+
 def marker_key(registration_id: int) -> str:
-    return f"sy:s3:upload:{registration_id}"
+    return f"sy:s3:upload:{SLOT_TAG}:{registration_id}"
 
 
 def parts_key(registration_id: int) -> str:
-    return f"sy:s3:parts:{registration_id}"
+    return f"sy:s3:parts:{SLOT_TAG}:{registration_id}"
 
 
 class Markers:
@@ -65,7 +75,7 @@ class Markers:
 
     async def finish(self, registration_id: int, event: UploadEvent) -> None:
         """Mark the upload done and announce it (the consumer in scheduler/ takes it on)."""
-        pipe = self.client.pipeline(transaction=True)
+        pipe = await async_transaction(self.client, UPLOADS_STREAM)
         pipe.set(marker_key(registration_id), DONE, ex=DONE_TTL)
         pipe.delete(parts_key(registration_id))
         pipe.xadd(UPLOADS_STREAM, event.fields(), maxlen=UPLOADS_MAXLEN, approximate=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -51,14 +52,14 @@ class Endpoint:
         )
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint(
-    seaweed: SeaweedServer, valkey_url: str, django_db_setup: Any, django_db_blocker: Any
+@contextmanager
+def running_endpoint(
+    seaweed: SeaweedServer, valkey_url: str, db: str, **env: str
 ) -> Iterator[Endpoint]:
+    """An S3 endpoint process on ``valkey_url`` and a bucket of its own; ``env`` adds to or
+    overrides its settings."""
     bucket = f"s3e-files-{uuid.uuid4().hex[:8]}"
     port = free_port()
-    with django_db_blocker.unblock():
-        db = database_url()
     process = ManagedProcess(
         "s3endpoint",
         s3_endpoint_command("127.0.0.1", port),
@@ -73,6 +74,7 @@ def s3_endpoint(
             "SWITCHYARD_S3_PRESIGN_SECRET": PRESIGN_SECRET,
             "SWITCHYARD_S3_CREDENTIAL_CACHE_SECONDS": str(CREDENTIAL_TTL),
             "SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS": "http://portal.test",
+            **env,
         },
     )
     endpoint = Endpoint(f"http://127.0.0.1:{port}", bucket, process, seaweed)
@@ -82,6 +84,16 @@ def s3_endpoint(
         yield endpoint
     finally:
         process.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(
+    seaweed: SeaweedServer, valkey_url: str, django_db_setup: Any, django_db_blocker: Any
+) -> Iterator[Endpoint]:
+    with django_db_blocker.unblock():
+        db = database_url()
+    with running_endpoint(seaweed, valkey_url, db) as endpoint:
+        yield endpoint
 
 
 @dataclass
