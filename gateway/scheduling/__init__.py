@@ -25,6 +25,7 @@ The fleet watcher writes replica metrics with ``write_fleet`` and calls ``Schedu
 from gateway.scheduling.errors import (
     MaxConcurrent,
     QueueFull,
+    QueueLost,
     QueueTimeout,
     RateLimited,
     SchedulingRefused,
@@ -49,6 +50,7 @@ __all__ = [
     "Grant",
     "MaxConcurrent",
     "QueueFull",
+    "QueueLost",
     "QueueTimeout",
     "RateLimited",
     "Scheduler",

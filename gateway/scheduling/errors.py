@@ -68,6 +68,15 @@ class QueueTimeout(SchedulingRefused):
     code = "queue_timeout"
 
 
+class QueueLost(QueueTimeout):
+    """The request's place in the queue is gone without a grant before its timeout (503):
+    the Valkey it queued on failed over before a replica had the place, or restarted empty,
+    or the reaper took this gateway for dead while it was cut off. Said at the next poll
+    rather than after the whole queue timeout; the client retries (docs/valkey-ha.md)."""
+
+    code = "queue_lost"
+
+
 MAX_RETRY_AFTER_S = 3600
 # The least share of the pool a class is assumed to keep while better ranks arrive as fast
 # as the pool serves (or faster): such a burst does not last forever, and a Retry-After of

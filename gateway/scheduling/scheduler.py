@@ -53,6 +53,7 @@ from gateway.scheduling.clock import ValkeyClock
 from gateway.scheduling.errors import (
     MaxConcurrent,
     QueueFull,
+    QueueLost,
     QueueTimeout,
     RateLimited,
     retry_after_s,
@@ -360,7 +361,7 @@ class Scheduler:
             return self._grant(
                 ticket, lease_id, replica, started, now, queued=True, charged=charged
             )
-        except (RateLimited, MaxConcurrent, QueueFull, QueueTimeout):
+        except (RateLimited, MaxConcurrent, QueueFull, QueueTimeout):  # QueueLost too
             self._refund_accounts(charged, lease_id)
             raise
         except BaseException:
@@ -716,14 +717,27 @@ class Scheduler:
     ) -> str:
         deadline = started + ticket.queue_timeout_s
         grant_key = keys.grant(lease_id, ticket.model, prefix=self._prefix)
+        waiter_key = keys.waiter(lease_id, ticket.model, prefix=self._prefix)
         while (remaining := deadline - time.monotonic()) > 0:
             await asyncio.wait((granted,), timeout=min(self._poll_s, remaining))
             if granted.done():
                 return granted.result()
             # The message may have been lost (listener reconnecting): the key says it too.
+            # In this order: a grant takes the place and writes the key in one script.
+            waiting = await self._client.exists(waiter_key)
             replica = await self._client.get(grant_key)
             if replica is not None:
                 return _text(replica)
+            if not waiting and deadline - time.monotonic() > self._poll_s:
+                # Neither waiting nor granted, well before the deadline (at it, the reaper
+                # may have dropped the place first: a timeout, said below).
+                if granted.done():  # the message came in meanwhile
+                    return granted.result()
+                raise QueueLost(
+                    f"The request's place in the {ticket.priority_class} queue for "
+                    f"{ticket.model} was lost (Valkey failed over or restarted); retry.",
+                    retry_after_s=1,
+                )
         reply = await self.pipe.script(
             "cancel", self._keys(ticket.model), [self._clock(), lease_id, ticket.model, "1"]
         )

@@ -105,7 +105,8 @@ def test_a_killed_primary_fails_over_and_no_answered_requests_usage_is_lost(
     sim = start_simulator(CHAT, "--time-scale", "0")
     policy = PolicyBuilder().model(CHAT, [sim.base_url])
     # A request queued on the old primary at the kill may have a waiter the replica never
-    # got: it waits out its class's queue timeout (a 503), short here.
+    # got: it is told at its next poll (503 queue_lost); one that queued before the fleet
+    # figures were back waits out its class's queue timeout (a 503), short here.
     policy.priority_class("interactive", rank=0, queue_timeout_s=3)
     key = policy.key(priority_class="interactive")
     client = sync_client(sentinel_set.url)
@@ -135,12 +136,14 @@ def test_a_killed_primary_fails_over_and_no_answered_requests_usage_is_lost(
             lambda: sum(r[1] == 200 for r in load.results[after:]) >= 50, timeout=30
         ), dump_state(client)
     # Refusals are the failover's clear 503s, nothing else: "Valkey unavailable" while there
-    # is no primary, and a queue timeout only for a request sent before the failover ended.
+    # is no primary, and a lost place or a queue timeout only for a request sent before the
+    # failover ended.
     refused = {(status, code, sent < failed_over) for _, status, code, sent in load.results}
     assert refused - {(200, "", True), (200, "", False)} <= {
         (503, "admission_unavailable", True),
         (503, "admission_unavailable", False),
         (503, "queue_timeout", True),
+        (503, "queue_lost", True),
     }, refused
     answered = load.answered()
     assert before_kill < len(load.results)

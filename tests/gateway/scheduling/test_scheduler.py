@@ -19,6 +19,7 @@ from gateway.scheduling import (
     UNCLASSIFIED,
     MaxConcurrent,
     QueueFull,
+    QueueLost,
     QueueTimeout,
     Ticket,
     keys,
@@ -351,6 +352,27 @@ async def test_a_queue_timeout_removes_the_waiter(client_url):
         assert await client.keys(keys.waiter("*", "*")) == []
         await gateway.release(holder)
         assert await leaked(client) == NOTHING
+
+
+async def test_a_waiter_whose_place_is_lost_is_told_at_once_not_at_its_timeout(client_url):
+    """GIVEN a request waiting (queue timeout 60 s) behind one holding the only replica
+    WHEN its place disappears without a grant — the Valkey restarted empty (FLUSHDB here; a
+    failover to a replica that never had the place looks the same)
+    THEN it is refused as queue_lost at the next poll, with a short Retry-After, instead of
+    waiting out the 60 s (the test's own bound, 20 s, would fail it as a timeout)."""
+    async with running_schedulers(client_url) as [gateway]:
+        client = gateway._client
+        await write_fresh_fleet(client, [R1])
+        await gateway.acquire(ticket("holder"))
+        waiting = asyncio.create_task(gateway.acquire(ticket("late", queue_timeout_s=60.0)))
+        await queued(client, 1)
+
+        await client.flushdb()
+
+        with pytest.raises(QueueLost) as lost:
+            await asyncio.wait_for(waiting, timeout=20)
+        assert (lost.value.code, lost.value.retry_after_s) == ("queue_lost", 1)
+        assert isinstance(lost.value, QueueTimeout)  # answered as the 503 it always was
 
 
 async def test_max_concurrent_per_use_case(client_url):

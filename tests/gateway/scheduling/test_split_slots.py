@@ -21,6 +21,7 @@ from gateway.admission import MINUTE_MS, Limit, reconcile_args
 from gateway.scheduling import (
     MaxConcurrent,
     QueueFull,
+    QueueLost,
     QueueTimeout,
     RateLimited,
     Scheduler,
@@ -192,6 +193,41 @@ async def test_a_full_queue_and_a_queue_timeout_give_the_charge_back(valkey_clie
         for grant in held:
             await scheduler.release(grant)
         assert in_use_case(valkey_client) == 0
+
+
+async def test_a_lost_place_in_the_queue_gives_the_charge_back(valkey_client, valkey_url):
+    """GIVEN both replicas of llama held and a request waiting, charged on its use case
+    WHEN its place in the pool's slot disappears (the pool's primary failed over to a replica
+    that never had it), while the tenant's slot kept the charge
+    THEN the request is refused as queue_lost and the tenant's slot gives its charge back."""
+    rpm = uc_limit("req", 100, 1)
+    async with split_scheduler(valkey_url) as scheduler:
+        held = [
+            await scheduler.acquire(ticket(f"h{n}", "llama", rpm, max_concurrent=10))
+            for n in range(2)
+        ]
+        waiting = asyncio.create_task(
+            scheduler.acquire(ticket("late", "llama", rpm, max_concurrent=10, queue_timeout_s=60))
+        )
+
+        async def three_counted() -> bool:
+            return _counted_now(valkey_client, rpm) == 3 and in_use_case(valkey_client) == 3
+
+        await _eventually(three_counted)
+        pool = keys.pool_prefix("llama")
+        [place] = valkey_client.zrange(keys.queue("llama"), 0, -1)
+        valkey_client.delete(f"{pool}qi:{place.decode()}")
+        valkey_client.zrem(keys.queue("llama"), place)
+
+        with pytest.raises(QueueLost):
+            await asyncio.wait_for(waiting, timeout=20)
+
+        async def two_left() -> bool:
+            return _counted_now(valkey_client, rpm) == 2 and in_use_case(valkey_client) == 2
+
+        await _eventually(two_left)
+        for grant in held:
+            await scheduler.release(grant)
 
 
 async def test_max_concurrent_spans_pools(valkey_client, valkey_url):
