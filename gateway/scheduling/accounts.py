@@ -29,35 +29,67 @@ class Account:
     positions: tuple[int, ...]  # each limit's index in the ticket's limits
 
 
-def split(ticket: Ticket, *, prefix: str = keys.KEY_PREFIX) -> tuple[tuple[Account, ...], Ticket]:
-    """The ticket's accounts, and the ticket acquire.lua gets: the pool's own limits, no max
-    concurrent (the tenant's account counts it)."""
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where a ticket's limits go: the same for every ticket of a plan, so kept on it."""
+
+    prefix: str
+    limits: int  # how many limits the tickets it was made for have
+    accounts: tuple[tuple[str, str, tuple[int, ...]], ...]  # slot, concurrency key, positions
+    local: tuple[int, ...]  # the positions of the pool's own limits
+
+
+def _layout(ticket: Ticket, prefix: str) -> _Layout:
     pool = keys.pool_prefix(ticket.model, prefix=prefix)
     tenant = keys.account_prefix(ticket.tenant, prefix=prefix)
-    grouped: dict[str, list[tuple[int, Limit]]] = {}
+    grouped: dict[str, list[int]] = {}
     if ticket.max_concurrent > 0:
         grouped[tenant] = []
+    local = []
     for position, limit in enumerate(ticket.limits):
-        if limit.slot != pool:
-            grouped.setdefault(limit.slot, []).append((position, limit))
-    if not grouped:
-        return (), ticket
+        if limit.slot == pool:
+            local.append(position)
+        else:
+            grouped.setdefault(limit.slot, []).append(position)
     concurrency = (
         keys.concurrency(ticket.tenant, ticket.use_case_id, prefix=prefix)
         if ticket.max_concurrent > 0
         else ""
     )
-    accounts = tuple(
-        Account(
-            slot=slot,
-            concurrency_key=concurrency if slot == tenant else "",
-            limits=tuple(limit for _, limit in found),
-            positions=tuple(position for position, _ in found),
-        )
-        for slot, found in grouped.items()
+    return _Layout(
+        prefix=prefix,
+        limits=len(ticket.limits),
+        accounts=tuple(
+            (slot, concurrency if slot == tenant else "", tuple(positions))
+            for slot, positions in grouped.items()
+        ),
+        local=tuple(local),
     )
-    local = tuple(limit for limit in ticket.limits if limit.slot == pool)
-    return accounts, replace(ticket, limits=local, max_concurrent=0, plan=None)
+
+
+def split(ticket: Ticket, *, prefix: str = keys.KEY_PREFIX) -> tuple[tuple[Account, ...], Ticket]:
+    """The ticket's accounts, and the ticket acquire.lua gets: the pool's own limits, no max
+    concurrent (the tenant's account counts it). It keeps the ticket's plan: a plan's tickets
+    always split alike, so where their limits go is worked out once and kept on the plan, and
+    the scheduler packs the pool's part from the plan once (scheduler.py ``_PackedPlan``,
+    made from the first such ticket)."""
+    plan = ticket.plan
+    layout = plan.split_layout if plan is not None else None
+    if not isinstance(layout, _Layout) or layout.prefix != prefix:
+        layout = _layout(ticket, prefix)
+        if plan is not None:
+            plan.split_layout = layout
+    elif layout.limits != len(ticket.limits):  # (a plan's ticket that dropped limits)
+        layout = _layout(ticket, prefix)
+    if not layout.accounts:
+        return (), ticket
+    limits = ticket.limits
+    accounts = tuple(
+        Account(slot, concurrency, tuple(limits[i] for i in positions), positions)
+        for slot, concurrency, positions in layout.accounts
+    )
+    local = tuple(limits[i] for i in layout.local)
+    return accounts, replace(ticket, limits=local, max_concurrent=0)
 
 
 def charge_args(

@@ -55,7 +55,8 @@ class Ticket:
     prompt_tokens: int = 0
     # The plan that made this ticket, if one did: what the scheduler keys its packed form of
     # the plan's fixed values on. A ticket changed in any other way than dropping its limits
-    # must drop it too.
+    # or being split for a Cluster (accounts.split: a plan's tickets split alike) must drop
+    # it too.
     plan: TicketPlan | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -155,7 +156,7 @@ class TicketPlan:
     tens of microseconds), so that a request only fills in its id, token estimate and
     prefix; the ticket it makes is the one ``ticket_for`` would make."""
 
-    __slots__ = ("_base", "_has_token_limits", "packed")
+    __slots__ = ("_base", "_has_token_limits", "packed", "split_layout")
 
     def __init__(self, policy: Policy, principal: Principal, model: Model) -> None:
         limits = limits_for(policy, principal, model.public_id, 0)
@@ -164,6 +165,8 @@ class TicketPlan:
         # The scheduler's packed form of the plan's fixed acquire values, made on first use
         # (scheduler.py); it lives and goes with the plan.
         self.packed: object = None
+        # Where its limits go with split slots (accounts.py), made on first use.
+        self.split_layout: object = None
 
     def ticket(
         self, *, request_id: str, cost: int, prefix_hash: str = "", prompt_tokens: int = 0

@@ -32,6 +32,8 @@ from gateway.scheduling import (
     ticket_for,
     write_fleet,
 )
+from gateway.scheduling.accounts import split
+from gateway.scheduling.scheduler import _PackedPlan
 
 from .conftest import MODEL, R1
 
@@ -205,7 +207,7 @@ def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
 
     # Split slots (a Cluster): acquire names the pool's slot alone (its limits are the
     # pool's; a ticket without limits keeps its plan and takes the packed way).
-    split = Scheduler(client, gateway_id="gw-c", split_slots=True)
+    splitting = Scheduler(client, gateway_id="gw-c", split_slots=True)
 
     def packed_both_ways(ticket: Ticket, scheduler: Scheduler = scheduler) -> None:
         args = scheduler.acquire_args(ticket, "lease-1", NOW)
@@ -230,7 +232,7 @@ def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
                 packed_both_ways(made)
                 packed_both_ways(made)  # the second time from the packed plan
                 if not made.limits:
-                    packed_both_ways(made, split)
+                    packed_both_ways(made, splitting)
     # The long flag and the pool's lanes (3 replicas: llama; 1: qwen), packed both ways too.
     lanes = TicketPlans()
     for model in snapshot(**POLICY_SECTIONS).models.values():
@@ -245,6 +247,23 @@ def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
                 (1 if len(model.replicas) >= 3 else 0),
             )
     assert all(plan.packed is not None for plan in used)  # every plan took the packed way
+    # Split slots (a Cluster): the pool's part of a plan's tickets, packed from the plan too,
+    # with the pool's slot as the one key.
+    split_plans = TicketPlans()
+    limited_policy = snapshot(**POLICY_SECTIONS)
+    for model in limited_policy.models.values():
+        plan = split_plans.plan(limited_policy, ALICE, model)
+        for estimate in (0, 7, 28_000):
+            accounts, local = split(plan.ticket(request_id="r", cost=estimate))
+            assert accounts
+            assert local.plan is plan
+            assert local.max_concurrent == 0
+            args = splitting.acquire_args(local, "lease-1", NOW)
+            expected = (pack_values([1, keys.pool_prefix(model.public_id), *args]), 2 + len(args))
+            assert splitting._acquire_call(local, "lease-1", NOW) == expected
+            assert splitting._acquire_call(local, "lease-1", NOW) == expected
+        assert isinstance(plan.packed, _PackedPlan)
+        assert plan.packed.scheduler is splitting
     limited = snapshot(**POLICY_SECTIONS)
     failed_over = plans.plan(limited, ALICE, limited.models["llama"]).ticket(
         request_id="r", cost=50
