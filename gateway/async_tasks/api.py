@@ -3,7 +3,8 @@
 - ``submit``: ``POST /v1/async/{embeddings,completions,chat/completions}``, one body or a
   JSON array of them. The same authentication, body checks, model resolution and request
   guardrails as the synchronous endpoint; then submit.lua counts the rate limits, checks the
-  backlog and queues every task, or refuses and writes nothing. ``202`` with the tasks.
+  backlog and queues every task, or refuses and writes nothing (on a Valkey Cluster the
+  limits of other slots are charged first: queue.py). ``202`` with the tasks.
 - ``poll``: ``GET /v1/tasks/{id}[?wait=seconds]``: the task as its hash says, to its owner's
   use case only (anyone else: 404, as for an id that never existed).
 
@@ -87,6 +88,8 @@ class AsyncTasks:
             queue_ttl_s=settings.async_queue_ttl_s,
             partitions=settings.async_partitions,
             backlog_retry_after_s=settings.async_backlog_retry_after_s,
+            # A Valkey Cluster: the limits of other slots are charged on them first.
+            split_slots=gateway.scheduler.split_slots,
         )
         self.waiters = DoneWaiters(gateway.valkey)
         self._metrics.watch_long_polls(self.waiters.waiting)
@@ -104,16 +107,6 @@ class AsyncTasks:
         principal = authenticate(scope, policy, gateway.tokens)
         if principal is None:  # a token signed by a key not fetched yet
             principal = await authenticate_after_key_fetch(scope, policy, gateway.tokens)
-        if gateway.scheduler.split_slots:
-            # submit.lua counts the limits in the same call as the task streams, which a
-            # Valkey Cluster refuses across slots (docs/valkey-ha.md, "What works where").
-            raise errors.GatewayError(
-                501,
-                "Async tasks are not available on this gateway: it runs on a Valkey Cluster, "
-                "and async submission needs a one-server or Sentinel-managed Valkey.",
-                type="server_error",
-                code="async_unavailable_on_cluster",
-            )
         path = layout.ENDPOINTS[scope["path"]]
         body = await read_body(receive, self._settings.max_body_bytes)
         count = 1
@@ -220,7 +213,7 @@ class AsyncTasks:
             for task in tasks
         ]
         packed: bytes | None = None
-        if len(tasks) == 1:
+        if len(tasks) == 1 and not self.queue.split_slots:
             plan = self._plans.plan(policy, principal, new[0].model)
             limits: Sequence[Limit] = plan.limits
             packed = plan.packed(new[0].estimate)
