@@ -215,6 +215,11 @@ class AutoPipeline:
                 acknowledged = await self.execute("WAIT", replicas, replica_timeout_ms)
         return replies
 
+    async def node_for(self, key: bytes) -> AutoPipeline:
+        """The pipeline whose connection carries commands on ``key``: this one, on one server
+        (a WAIT must follow the writes it stands for on their own connection)."""
+        return self
+
     async def close(self) -> None:
         self._closed = True
         if self._watchdog is not None:
@@ -500,6 +505,10 @@ class ClusterAutoPipeline(AutoPipeline):
             pipe._scripts = dict(self._scripts)
             self._nodes[node.name] = pipe
         return pipe
+
+    async def node_for(self, key: bytes) -> AutoPipeline:
+        """The pipeline of the primary that owns ``key``'s slot."""
+        return await self._pipe_for(key)
 
     async def _refresh(self) -> None:
         """The slot map moved (a reshard or a failover): read it again."""

@@ -85,11 +85,15 @@ class GatewaySettings:
     async_partitions: int = 4
     async_priority_class: str = "batch"
     async_backlog_retry_after_s: int = 30
-    # Usage records leave the gateway's buffer only once this many Valkey replicas have them
-    # (WAIT; 0: once the primary has them). Set to 1 or more with Sentinel so that a
-    # failover cannot lose a record (docs/valkey-ha.md); the WAIT's own timeout, repeated.
+    # Usage records leave the gateway's buffer, and an async submit answers 202, only once
+    # this many Valkey replicas have them (WAIT; 0: once the primary has them). Set to 1 or
+    # more with Sentinel so that a failover cannot lose a record or an acknowledged task
+    # (docs/valkey-ha.md); the WAIT's own timeout, repeated.
     usage_replicas: int = 0
     usage_replica_timeout_ms: int = 100
+    # How long an async submit waits for those replicas before it answers 503
+    # async_not_replicated (its tasks queued on the primary only).
+    async_replica_wait_ms: int = 1000
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -158,6 +162,7 @@ class GatewaySettings:
             usage_replica_timeout_ms=env_int(
                 "SWITCHYARD_GATEWAY_USAGE_WAIT_TIMEOUT_MS", 100, minimum=1
             ),
+            async_replica_wait_ms=env_int("SWITCHYARD_ASYNC_REPLICA_WAIT_MS", 1000, minimum=1),
         )
 
 

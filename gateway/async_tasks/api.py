@@ -3,7 +3,9 @@
 - ``submit``: ``POST /v1/async/{embeddings,completions,chat/completions}``, one body or a
   JSON array of them. The same authentication, body checks, model resolution and request
   guardrails as the synchronous endpoint; then submit.lua counts the rate limits, checks the
-  backlog and queues every task, or refuses and writes nothing. ``202`` with the tasks.
+  backlog and queues every task, or refuses and writes nothing (on a Valkey Cluster the
+  limits of other slots are charged first: queue.py). ``202`` with the tasks — once the
+  replicas have them, when the gateway waits for replicas (acks.py).
 - ``poll``: ``GET /v1/tasks/{id}[?wait=seconds]``: the task as its hash says, to its owner's
   use case only (anyone else: 404, as for an id that never existed).
 
@@ -36,6 +38,7 @@ from gateway.app import (
     refusal,
 )
 from gateway.async_tasks import layout
+from gateway.async_tasks.acks import ReplicaAcks
 from gateway.async_tasks.bodies import TaskBody, at_index, parse_submission, read_task
 from gateway.async_tasks.documents import (
     fields_of,
@@ -52,6 +55,7 @@ from gateway.async_tasks.queue import (
     merged_limits,
 )
 from gateway.async_tasks.waiters import DoneWaiters
+from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
 from gateway.guardrails import GuardPlan
 from gateway.http import ClientGone, Receive, Scope, Send, read_body, send_response
@@ -87,6 +91,20 @@ class AsyncTasks:
             queue_ttl_s=settings.async_queue_ttl_s,
             partitions=settings.async_partitions,
             backlog_retry_after_s=settings.async_backlog_retry_after_s,
+            # A Valkey Cluster: the limits of other slots are charged on them first.
+            split_slots=gateway.scheduler.split_slots,
+        )
+        # A 202 tells a client its tasks are queued: with replicas to wait for, only once they
+        # have them. WAIT blocks its connection: these waits get their own.
+        self.acks = (
+            ReplicaAcks(
+                auto_pipeline(gateway.valkey),
+                replicas=settings.usage_replicas,
+                wait_ms=settings.usage_replica_timeout_ms,
+                bound_ms=settings.async_replica_wait_ms,
+            )
+            if settings.usage_replicas
+            else None
         )
         self.waiters = DoneWaiters(gateway.valkey)
         self._metrics.watch_long_polls(self.waiters.waiting)
@@ -96,6 +114,8 @@ class AsyncTasks:
 
     async def close(self) -> None:
         await self.waiters.close()
+        if self.acks is not None:
+            await self.acks.close()
 
     # --- submit ----------------------------------------------------------------------------
     async def submit(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
@@ -104,16 +124,6 @@ class AsyncTasks:
         principal = authenticate(scope, policy, gateway.tokens)
         if principal is None:  # a token signed by a key not fetched yet
             principal = await authenticate_after_key_fetch(scope, policy, gateway.tokens)
-        if gateway.scheduler.split_slots:
-            # submit.lua counts the limits in the same call as the task streams, which a
-            # Valkey Cluster refuses across slots (docs/valkey-ha.md, "What works where").
-            raise errors.GatewayError(
-                501,
-                "Async tasks are not available on this gateway: it runs on a Valkey Cluster, "
-                "and async submission needs a one-server or Sentinel-managed Valkey.",
-                type="server_error",
-                code="async_unavailable_on_cluster",
-            )
         path = layout.ENDPOINTS[scope["path"]]
         body = await read_body(receive, self._settings.max_body_bytes)
         count = 1
@@ -128,6 +138,9 @@ class AsyncTasks:
         if guard is not None and guard.request is not None:
             await self._check_requests(path, tasks, bulk, guard, policy, principal, request_id)
         queued = await self._queue(path, tasks, policy, principal)
+        if self.acks is not None and not await self.acks.wait(layout.task(queued[0].id)):
+            self._metrics.async_submitted("unavailable", count)
+            raise _not_replicated(queued, self.acks.replicas)
         self._metrics.async_submitted("accepted", count)
         headers = [(b"x-request-id", request_id)]
         if bulk:
@@ -220,7 +233,7 @@ class AsyncTasks:
             for task in tasks
         ]
         packed: bytes | None = None
-        if len(tasks) == 1:
+        if len(tasks) == 1 and not self.queue.split_slots:
             plan = self._plans.plan(policy, principal, new[0].model)
             limits: Sequence[Limit] = plan.limits
             packed = plan.packed(new[0].estimate)
@@ -323,6 +336,20 @@ class AsyncTasks:
         finally:
             self.waiters.discard(task_id, done)
             self._metrics.async_waited(outcome, time.monotonic() - started)
+
+
+def _not_replicated(queued: Sequence[QueuedTask], replicas: int) -> GatewayError:
+    """The tasks are queued on the primary, but its replicas did not confirm them in time: a
+    failover now could lose them. Not retried by the SDKs (a retry would queue them twice):
+    the client polls the ids (404: lost, submit again) — docs/async.md."""
+    ids = ", ".join(task.id for task in queued)
+    refused = errors.service_unavailable(
+        f"The tasks were queued but not yet copied to {replicas} Valkey replica(s), so a "
+        f"failover could lose them: poll them before submitting again (404: lost). Tasks: {ids}.",
+        code="async_not_replicated",
+    )
+    refused.headers.append((b"x-should-retry", b"false"))
+    return refused
 
 
 def _outcome(refused: GatewayError) -> AsyncSubmitOutcome:

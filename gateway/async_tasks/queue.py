@@ -5,25 +5,41 @@ bulk call costs N requests and the sum of its token estimates), the model's back
 is checked, and the tasks go to their partition streams with their hashes — or nothing is
 written. The call goes over the gateway's auto-pipelined connection, so a submit costs one
 round trip shared with every other request in flight, as an admission does.
+
+On a Valkey Cluster (``split_slots``) a script may touch one slot only, and the limits live
+in the tenant's and the pools' slots (gateway/slots.py): as the synchronous path does
+(gateway/scheduling/accounts.py), each of those slots is first charged with account.lua,
+then submit.lua runs on the task streams' slot with the limits that live there (the global
+limit's, the shared slot), and any refusal or failure gives every charge back. A refused
+submission counts nothing; the bound is the synchronous split path's (docs/async.md).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import valkey
 
 from gateway.admission.limits import Limit, limit_args, limits_for
 from gateway.async_tasks import layout
-from gateway.autopipeline import AutoPipeline, bulk, pack_values
+from gateway.autopipeline import Arg, AutoPipeline, bulk, pack_values
 from gateway.policy import Policy, Principal
+from gateway.scheduling import scheduler as scheduling
 from gateway.scheduling.errors import MAX_RETRY_AFTER_S, RateLimited
 from gateway.scheduling.keys import KEY_PREFIX
 
+logger = logging.getLogger("gateway.async_tasks")
+
 _HERE = Path(__file__).resolve().parent
 SCRIPT = "async_submit"
+ACCOUNT_SCRIPT = "account"  # the scheduler's account.lua, by the name it registers
 # A drain rate older than this says nothing about now (the batchers may be gone).
 DRAIN_RATE_FRESH_MS = 60_000
 _PER_TASK = 2 + len(layout.ENTRY_FIELDS)  # task key, stream key, the entry's values
@@ -185,8 +201,16 @@ class TaskQueue:
         partitions: int,
         backlog_retry_after_s: int,
         prefix: str = KEY_PREFIX,
+        split_slots: bool = False,
     ) -> None:
         pipe.register(SCRIPT, lua_source())
+        # A Valkey Cluster: the limits outside the streams' slot are charged on their own
+        # slots first (account.lua), as the synchronous path charges them.
+        self.split_slots = split_slots
+        if split_slots:
+            pipe.register(ACCOUNT_SCRIPT, scheduling.lua_source(ACCOUNT_SCRIPT))
+        self._background: set[asyncio.Future[None]] = set()
+        self._route_key = prefix.encode()
         self._pipe = pipe
         self._clock = clock
         self._max_backlog = max_backlog
@@ -236,6 +260,120 @@ class TaskQueue:
 
         ``limits`` are the call's charges; ``packed_limits``, when given, the same already
         packed (LimitPlan.packed)."""
+        if not self.split_slots:
+            return await self._submit(
+                tasks, limits, packed_limits, use_case_id, tenant, priority_class, result_ttl_s
+            )
+        local = [limit for limit in limits if limit.slot == self._prefix]
+        elsewhere: dict[str, list[tuple[int, Limit]]] = {}
+        for position, limit in enumerate(limits):
+            if limit.slot != self._prefix:
+                elsewhere.setdefault(limit.slot, []).append((position, limit))
+        charge_id = "atq-" + secrets.token_hex(12)
+        charged = await self._charge(elsewhere, charge_id)
+        try:
+            queued = await self._submit(
+                tasks, local, None, use_case_id, tenant, priority_class, result_ttl_s
+            )
+        except BaseException:  # refused (a limit here, the backlog), failed or cancelled
+            # Awaited: once the client has its refusal, the refusal has counted nothing.
+            await self._settled(self._give_back(charged, charge_id, "refund"))
+            raise
+        # Queued: the charges stand. Settling drops their refund records now rather than at
+        # their TTL (an hour): a record per task for an hour would be most of the slot's memory.
+        self._give_back(charged, charge_id, "settle")
+        return queued
+
+    async def _charge(
+        self, elsewhere: dict[str, list[tuple[int, Limit]]], charge_id: str
+    ) -> list[str]:
+        """account.lua's charge on each slot (at once); the slots charged. A refusal or a
+        failure on any gives the others back and raises (the first limit refused, in the
+        call's order, as one atomic call would have named it)."""
+        if not elsewhere:
+            return []
+        now = self._clock()
+        slots = list(elsewhere)
+        replies = await asyncio.gather(
+            *(
+                self._pipe.script(
+                    ACCOUNT_SCRIPT,
+                    [slot],
+                    # No max concurrent (async work is not "in flight" at submit); the record
+                    # is kept an hour past ``now``: the settle after the submit drops it.
+                    [
+                        "charge",
+                        now,
+                        charge_id,
+                        "",
+                        0,
+                        now + 1,
+                        *limit_args([limit for _, limit in elsewhere[slot]]),
+                    ],
+                )
+                for slot in slots
+            ),
+            return_exceptions=True,
+        )
+        counted = [
+            slot
+            for slot, reply in zip(slots, replies, strict=True)
+            if not isinstance(reply, BaseException) and int(reply[0]) == 1
+        ]
+        if len(counted) == len(slots):
+            return slots
+        await self._settled(self._give_back(counted, charge_id, "refund"))
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        refusals: list[tuple[int, Limit, int]] = []
+        for slot, reply in zip(slots, replies, strict=True):
+            answer: Any = reply  # (no exceptions left)
+            if int(answer[0]) == -4:
+                position, limit = elsewhere[slot][int(answer[2]) - 1]
+                refusals.append((position, limit, int(answer[3])))
+        if not refusals:
+            raise RuntimeError(f"account.lua answered {replies!r}")
+        _, limit, retry_after_ms = min(refusals, key=lambda found: found[0])
+        raise RateLimited(limit, retry_after_ms=retry_after_ms)
+
+    def _give_back(
+        self, slots: Sequence[str], charge_id: str, op: str
+    ) -> list[asyncio.Future[None]]:
+        """Refund (the submission was refused) or settle (queued) each slot's charge, in tasks
+        of their own: a caller being cancelled does not stop them."""
+        now = self._clock()
+        sent: list[asyncio.Future[None]] = []
+        for slot in slots:
+            task = asyncio.ensure_future(self._account(slot, [op, now, charge_id, ""]))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            sent.append(task)
+        return sent
+
+    @staticmethod
+    async def _settled(sent: list[asyncio.Future[None]]) -> None:
+        if sent:
+            await asyncio.wait(sent)
+
+    async def _account(self, slot: str, args: list[Arg]) -> None:
+        try:
+            await self._pipe.script(ACCOUNT_SCRIPT, [slot], args)
+        except (valkey.ValkeyError, OSError) as exc:
+            # A refund lost: the charge stays counted until its windows pass (an upper
+            # bound, as for the synchronous path's); a settle lost: its record's TTL ends it.
+            logger.warning("async_%s_failed slot=%s error=%r", args[0], slot, exc)
+
+    async def _submit(
+        self,
+        tasks: Sequence[NewTask],
+        limits: Sequence[Limit],
+        packed_limits: bytes | None,
+        use_case_id: int,
+        tenant: str,
+        priority_class: str,
+        result_ttl_s: int,
+    ) -> list[QueuedTask]:
         for _ in range(2):
             now = self._clock()
             expires = now + self._ttl_ms
@@ -291,7 +429,9 @@ class TaskQueue:
                 parts.append(pack_values(limit_args(limits)))
             call = b"".join(parts)
             count = self._fixed_count + 5 * len(counts) + len(tasks) * _PER_TASK + 5 * len(limits)
-            reply = await (await self._pipe.send_packed_script(SCRIPT, call, count))
+            reply = await (
+                await self._pipe.send_packed_script(SCRIPT, call, count, key=self._route_key)
+            )
             status = int(reply[0])
             if status == 1:
                 return queued

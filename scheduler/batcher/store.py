@@ -16,7 +16,9 @@ from typing import Any
 import orjson
 import valkey
 import valkey.asyncio as avalkey
+from valkey.asyncio import cluster as acluster
 
+from config.valkey_urls import async_transaction
 from gateway.async_tasks import layout
 from scheduler.batcher.payloads import Task
 
@@ -157,7 +159,7 @@ class TaskStore:
         """End tasks (finish.lua each, one pipeline); per ending whether it ended the task."""
         if not endings:
             return []
-        async with self.client.pipeline(transaction=False) as pipe:
+        async with await self._ending_pipeline() as pipe:
             for ending in endings:
                 task = ending.task
                 letter: list[str | int] = []
@@ -186,6 +188,14 @@ class TaskStore:
                 )
             replies = await pipe.execute()
         return [bool(int(reply[0])) for reply in replies]
+
+    async def _ending_pipeline(self) -> avalkey.client.Pipeline:
+        """One server or Sentinel: a plain pipeline. A Cluster: valkey-py's cluster pipeline
+        refuses scripts, and every key finish.lua is given is in the streams' slot, so the
+        calls go in one MULTI on that slot's primary (async_transaction)."""
+        if isinstance(self.client, acluster.ValkeyCluster):
+            return await async_transaction(self.client, layout.dead_letters())
+        return self.client.pipeline(transaction=False)
 
     async def drained(self, model: str, ended: int, now_ms: int) -> None:
         await self._drain(keys=[layout.drain_rate(model)], args=[now_ms, ended, DRAIN_TAU_MS])

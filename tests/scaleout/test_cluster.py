@@ -90,17 +90,6 @@ def test_the_gateway_admits_over_three_shards_and_a_use_case_limit_holds_across_
 
     assert wait_until(lambda: {f"cluster-{n}" for n in range(4)} <= recorded(), timeout=10)
 
-    # Async submission does not run on a Cluster yet (its script counts the limits beside the
-    # task streams): refused plainly, not as a retryable outage.
-    refused = httpx.post(
-        gateway.base_url + "/v1/async/chat/completions",
-        json={"model": models[0], "messages": [{"role": "user", "content": "later"}]},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=30,
-    )
-    assert refused.status_code == 501, refused.text
-    assert refused.json()["error"]["code"] == "async_unavailable_on_cluster"
-
 
 def test_celery_and_channels_refuse_a_cluster_url_naming_their_own_setting() -> None:
     url = "valkey+cluster://127.0.0.1:7000,127.0.0.1:7001"

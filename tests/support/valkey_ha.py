@@ -219,3 +219,29 @@ def names_on_nodes(
             names.append(name)
         n += 1
     return names
+
+
+def start_batcher_on(
+    url: str, directory: Path, name: str = "batcher", **env: str
+) -> ManagedProcess:
+    """A batcher process (``python -m scheduler.batcher``) on ``url``, whatever its topology
+    (the conftest's ``start_batcher`` is bound to the test's own Valkey), with ``env`` added
+    (on a Cluster: ``SWITCHYARD_CELERY_BROKER_URL``, for its callbacks); ready once it has
+    joined its streams. The caller stops it. A fleet watcher on ``url`` must run beside it
+    (``start_gateway(valkey=url)`` starts one)."""
+    from config.processes import batcher_command, batcher_ready
+
+    directory.mkdir(parents=True, exist_ok=True)
+    process = ManagedProcess(
+        name,
+        batcher_command(),
+        env={
+            "SWITCHYARD_VALKEY_URL": url,
+            "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS": "0.1",
+            "SWITCHYARD_BATCHER_DISCOVER_SECONDS": "0.1",
+            **env,
+        },
+        log_path=directory / f"{name}.log",
+    )
+    process.start(ready=batcher_ready(process), timeout=20)
+    return process
