@@ -151,7 +151,10 @@ class _PackedPlan:
 
     def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
         self.scheduler = scheduler  # its staleness bound and threshold are in ``pool``
-        self.keys = b"$1\r\n2\r\n" + pack_values(scheduler._acquire_keys(ticket))
+        # numkeys and the keys: the pool's and the tenant's slots, or with split slots (a
+        # Cluster) the pool's alone — a count packed wrong desynchronises the connection.
+        slots = scheduler._acquire_keys(ticket)
+        self.keys = pack_values([len(slots), *slots])
         self.model_to_max_concurrent = pack_values(_class_values(ticket))
         self.pool = pack_values(scheduler._pool_values(ticket))
         # The limits, cut where a token window's cost (this request's estimate) goes; a
@@ -171,7 +174,7 @@ class _PackedPlan:
         parts.append(current)
         self.limit_parts = tuple(parts)
         self.limits = len(ticket.limits)
-        self.count = 3 + 20 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
+        self.count = 1 + len(slots) + 20 + 2 * len(ticket.replicas) + 5 * len(ticket.limits)
 
 
 def _class_values(ticket: Ticket) -> list[Arg]:

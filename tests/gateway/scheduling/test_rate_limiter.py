@@ -203,10 +203,16 @@ def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
     with_lanes = Scheduler(client, gateway_id="gw-b", long_prompt_tokens=8192)
     plans = TicketPlans()
 
+    # Split slots (a Cluster): acquire names the pool's slot alone (its limits are the
+    # pool's; a ticket without limits keeps its plan and takes the packed way).
+    split = Scheduler(client, gateway_id="gw-c", split_slots=True)
+
     def packed_both_ways(ticket: Ticket, scheduler: Scheduler = scheduler) -> None:
         args = scheduler.acquire_args(ticket, "lease-1", NOW)
-        slots = [keys.pool_prefix(ticket.model), keys.account_prefix(ticket.tenant)]
-        expected = (pack_values([2, *slots, *args]), 3 + len(args))
+        slots = [keys.pool_prefix(ticket.model)]
+        if not scheduler.split_slots:
+            slots.append(keys.account_prefix(ticket.tenant))
+        expected = (pack_values([len(slots), *slots, *args]), 1 + len(slots) + len(args))
         assert scheduler._acquire_call(ticket, "lease-1", NOW) == expected
 
     used = []
@@ -223,6 +229,8 @@ def test_acquire_from_a_plan_is_packed_exactly_as_from_every_argument():
                 )
                 packed_both_ways(made)
                 packed_both_ways(made)  # the second time from the packed plan
+                if not made.limits:
+                    packed_both_ways(made, split)
     # The long flag and the pool's lanes (3 replicas: llama; 1: qwen), packed both ways too.
     lanes = TicketPlans()
     for model in snapshot(**POLICY_SECTIONS).models.values():
