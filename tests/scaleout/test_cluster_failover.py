@@ -1,0 +1,87 @@
+"""The hot path's Cluster pipeline (gateway/autopipeline.py, ``ClusterAutoPipeline``) follows
+a failover on its own: a primary killed under it fails the calls on their way with
+``valkey.ConnectionError`` (the gateway's 503 ``admission_unavailable``), never a hang, and
+once its replica is promoted the calls go there — the pipeline re-reads the slot map after
+a failed connection, without waiting for some other client of the process to do it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import valkey
+
+from config.valkey_urls import async_client
+from gateway.autopipeline import ClusterAutoPipeline, auto_pipeline
+from tests.support.valkey_ha import ClusterSet
+
+INCR = "return redis.call('INCR', KEYS[1])"
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[ClusterSet]:
+    cluster = ClusterSet(tmp_path / "cluster", replicas=1, node_timeout_ms=1000)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def test_a_killed_primary_fails_calls_closed_then_the_pipeline_follows_its_replica(
+    replicated: ClusterSet,
+) -> None:
+    """GIVEN a script counting on a key whose primary has a replica on another node
+    WHEN that primary is killed while calls keep coming
+    THEN every call either counts or fails with ConnectionError (none hangs, none gets
+    another error), and once the replica is promoted the calls count again on it, with
+    the count the replica had."""
+    key = "{pool-a}:count"
+    primary = replicated.owner_of(key)
+
+    async def scene() -> tuple[int, list[str], int]:
+        client = async_client(replicated.url)
+        pipe = auto_pipeline(client, reply_timeout_s=1.0)
+        assert isinstance(pipe, ClusterAutoPipeline)
+        pipe.register("incr", INCR)
+        try:
+            for _ in range(20):
+                await pipe.script("incr", [key], [])
+            # (the 20 counts reach the replica before the kill)
+            await pipe.execute("WAIT", 1, 1000)
+            replicated.kill(primary)
+            failures: list[str] = []
+            promoted = asyncio.get_running_loop().run_in_executor(
+                None, replicated.wait_failover, primary
+            )
+            counted = 0
+            async with asyncio.timeout(30):
+                while counted < 10:
+                    try:
+                        await pipe.script("incr", [key], [])
+                    except valkey.ConnectionError:
+                        failures.append("connection")
+                        await asyncio.sleep(0.05)
+                        continue
+                    except valkey.ResponseError as exc:
+                        failures.append(str(exc))
+                        await asyncio.sleep(0.05)
+                        continue
+                    counted += 1
+            await promoted
+            total = int(await pipe.execute("GET", key))
+            return counted, failures, total
+        finally:
+            await pipe.close()
+            await client.aclose()
+
+    counted, failures, total = asyncio.run(scene())
+    assert counted == 10
+    # While no primary owns the slot: the connection is refused, or a live node says the
+    # slot is down (CLUSTERDOWN) — both "unavailable", both retried.
+    assert {f for f in failures if f != "connection"} <= {
+        f for f in failures if f.startswith("CLUSTERDOWN")
+    }, failures
+    assert failures, "the kill went unnoticed: the calls did not reach the killed primary"
+    assert total == 30
