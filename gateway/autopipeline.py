@@ -50,6 +50,7 @@ from valkey.asyncio.cluster import ValkeyCluster
 from valkey.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from valkey.asyncio.sentinel import SentinelConnectionPool
 from valkey.crc import key_slot
+from valkey.exceptions import ValkeyClusterException
 
 Arg = str | bytes | int | float
 # A script call's EVAL form, packed only if the server turns out not to know the SHA: the
@@ -414,6 +415,11 @@ class AutoPipeline:
 
 _REDIRECT = ("MOVED", "ASK")
 _REFRESH_S = 0.2
+# What reading the slot map or finding a slot's node raises while a failover is under way:
+# valkey-py's ValkeyClusterException (slots not covered, nodes that disagree) is no
+# ValkeyError, and escaping as it is it would end the caller's loop (the reaper's) for good;
+# IndexError: no primary known at all.
+_UNREACHABLE = (valkey.ValkeyError, OSError, ValkeyClusterException, IndexError)
 
 
 def _as_bytes(value: Arg) -> bytes:
@@ -486,10 +492,16 @@ class ClusterAutoPipeline(AutoPipeline):
                 self._ready = True
             manager = self._cluster.nodes_manager
             if key is None:
-                node = self._cluster.get_default_node() or manager.get_random_node()
+                # (valkey-py drops its default node when its client fails to re-initialise;
+                # its NodesManager has no get_random_node: the AttributeError that was
+                # called here ended the caller's loop, the reaper's, for good)
+                node = (
+                    self._cluster.get_default_node()
+                    or manager.get_nodes_by_server_type("primary")[0]
+                )
             else:
                 node = manager.get_node_from_slot(key_slot(key))
-        except (valkey.ValkeyError, OSError) as exc:
+        except _UNREACHABLE as exc:
             raise valkey.ConnectionError(f"Cannot reach the Valkey Cluster: {exc!r}") from exc
         pipe = self._nodes.get(node.name)
         if pipe is None:
@@ -512,7 +524,7 @@ class ClusterAutoPipeline(AutoPipeline):
         """The slot map moved (a reshard or a failover): read it again."""
         try:
             await self._cluster.nodes_manager.initialize()
-        except (valkey.ValkeyError, OSError) as exc:
+        except _UNREACHABLE as exc:
             raise valkey.ConnectionError(f"Cannot reach the Valkey Cluster: {exc!r}") from exc
 
     def _unreachable(self) -> None:
