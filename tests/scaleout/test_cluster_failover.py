@@ -93,3 +93,40 @@ def test_a_killed_primary_fails_calls_closed_then_the_pipeline_follows_its_repli
     }, failures
     assert failures, "the kill went unnoticed: the calls did not reach the killed primary"
     assert total == 30
+
+
+def test_the_gateways_subscription_moves_on_when_the_first_listed_node_dies(
+    replicated: ClusterSet,
+) -> None:
+    """GIVEN a subscription made from a Cluster URL (the scheduler's grants: on the first
+    node listed, valkey.asyncio's Cluster client has no pub/sub of its own)
+    WHEN that node is killed and its replica takes over
+    THEN the subscription reconnects to another node of the URL and gets what is published
+    there (a Cluster delivers a PUBLISH to every node), instead of knocking at the dead one."""
+    first = replicated.primaries[0]
+
+    async def scene() -> list[bytes]:
+        client = async_client(replicated.url)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe("sy:gw:test")
+        try:
+            replicated.kill(first)
+            await asyncio.get_running_loop().run_in_executor(None, replicated.wait_failover, first)
+            publisher = replicated.primaries[1].client()
+            received: list[bytes] = []
+            async with asyncio.timeout(30):
+                while not received:
+                    publisher.publish("sy:gw:test", b"granted")
+                    try:
+                        message = await pubsub.get_message(timeout=0.5)
+                    except valkey.ConnectionError:
+                        await asyncio.sleep(0.1)
+                        continue
+                    if message is not None:
+                        received.append(message["data"])
+            return received
+        finally:
+            await pubsub.aclose()
+            await client.aclose()
+
+    assert asyncio.run(scene()) == [b"granted"]
