@@ -175,20 +175,44 @@ def async_client(url: str, **kwargs: Any) -> avalkey.Valkey:
         return cast(avalkey.Valkey, primary)
     nodes = [acluster.ClusterNode(host, port) for host, port in target.nodes]
     client = _AsyncCluster(startup_nodes=nodes, **auth, **kwargs)
-    client.pubsub_node = (target.nodes[0], auth)
+    client.pubsub_nodes = (list(target.nodes), auth)
     return cast(avalkey.Valkey, client)
 
 
 class _AsyncCluster(acluster.ValkeyCluster):
     """valkey.asyncio's Cluster client has no ``pubsub()``; a Cluster delivers a PUBLISH to
     every node's subscribers, so subscribing on one node is enough: the first one listed
-    (the scheduler's grants also arrive by polling while it is unreachable)."""
+    that accepts the connection, the next one when it dies (the scheduler's grants also
+    arrive by polling meanwhile)."""
 
-    pubsub_node: tuple[tuple[str, int], dict[str, Any]]
+    pubsub_nodes: tuple[list[tuple[str, int]], dict[str, Any]]
 
     def pubsub(self, **kwargs: Any) -> avalkey.client.PubSub:
-        (host, port), auth = self.pubsub_node
-        return avalkey.Valkey(host=host, port=port, **auth).pubsub(**kwargs)
+        nodes, auth = self.pubsub_nodes
+        pool = avalkey.ConnectionPool(connection_class=_AnyNodeConnection, nodes=nodes, **auth)
+        return avalkey.Valkey(connection_pool=pool).pubsub(**kwargs)
+
+
+class _AnyNodeConnection(avalkey.Connection):
+    """A connection to the first of ``nodes`` that accepts one, starting from the last that
+    did: a pub/sub reconnecting after its node died moves to the next node (valkey-py's
+    PubSub re-subscribes on reconnect) instead of knocking at the dead one."""
+
+    def __init__(self, *, nodes: list[tuple[str, int]], **kwargs: Any) -> None:
+        self._nodes = list(nodes)
+        host, port = self._nodes[0]
+        super().__init__(host=host, port=port, **kwargs)
+
+    async def _connect(self) -> None:
+        for attempt in range(len(self._nodes)):
+            try:
+                await super()._connect()  # type: ignore[no-untyped-call]
+                return
+            except (OSError, TimeoutError):
+                if attempt == len(self._nodes) - 1:
+                    raise
+                self._nodes.append(self._nodes.pop(0))
+                self.host, self.port = self._nodes[0]
 
 
 def transaction(client: valkey.Valkey, key: str) -> valkey.client.Pipeline:

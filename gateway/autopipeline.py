@@ -29,7 +29,9 @@ URL has the primary's address looked up from the sentinels at every (re)connect,
 ``READONLY`` reply (a demoted primary still reachable) drops the connection so that the next
 command reconnects to the new one. A Cluster client gets ``ClusterAutoPipeline``: one
 ``AutoPipeline`` per primary, each command sent to the primary of its first key's slot, and
-a ``MOVED``/``ASK`` reply refreshes the slot map and resends the command once.
+a ``MOVED``/``ASK`` reply refreshes the slot map and resends the command once; a node that
+cannot be reached (a killed primary) fails its callers and has the slot map re-read in the
+background, so that once its replica is promoted the next commands go there.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from valkey.asyncio.cluster import ValkeyCluster
 from valkey.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from valkey.asyncio.sentinel import SentinelConnectionPool
 from valkey.crc import key_slot
+from valkey.exceptions import ValkeyClusterException
 
 Arg = str | bytes | int | float
 # A script call's EVAL form, packed only if the server turns out not to know the SHA: the
@@ -416,6 +419,12 @@ class AutoPipeline:
 
 
 _REDIRECT = ("MOVED", "ASK")
+_REFRESH_S = 0.2
+# What reading the slot map or finding a slot's node raises while a failover is under way:
+# valkey-py's ValkeyClusterException (slots not covered, nodes that disagree) is no
+# ValkeyError, and escaping as it is it would end the caller's loop (the reaper's) for good;
+# IndexError: no primary known at all.
+_UNREACHABLE = (valkey.ValkeyError, OSError, ValkeyClusterException, IndexError)
 
 
 def _as_bytes(value: Arg) -> bytes:
@@ -469,6 +478,10 @@ class ClusterAutoPipeline(AutoPipeline):
         self._nodes: dict[str, AutoPipeline] = {}
         self._ready = False
         self._closed = False
+        # A node that cannot be reached may have failed over: the slot map is read again
+        # (from any live node), at most one read at a time, at most every _REFRESH_S.
+        self._refreshing: asyncio.Future[None] | None = None
+        self._refreshed_at = -_REFRESH_S
 
     def register(self, name: str, source: str) -> None:
         super().register(name, source)
@@ -484,10 +497,16 @@ class ClusterAutoPipeline(AutoPipeline):
                 self._ready = True
             manager = self._cluster.nodes_manager
             if key is None:
-                node = self._cluster.get_default_node() or manager.get_random_node()
+                # (valkey-py drops its default node when its client fails to re-initialise;
+                # its NodesManager has no get_random_node: the AttributeError that was
+                # called here ended the caller's loop, the reaper's, for good)
+                node = (
+                    self._cluster.get_default_node()
+                    or manager.get_nodes_by_server_type("primary")[0]
+                )
             else:
                 node = manager.get_node_from_slot(key_slot(key))
-        except (valkey.ValkeyError, OSError) as exc:
+        except _UNREACHABLE as exc:
             raise valkey.ConnectionError(f"Cannot reach the Valkey Cluster: {exc!r}") from exc
         pipe = self._nodes.get(node.name)
         if pipe is None:
@@ -514,8 +533,31 @@ class ClusterAutoPipeline(AutoPipeline):
         """The slot map moved (a reshard or a failover): read it again."""
         try:
             await self._cluster.nodes_manager.initialize()
-        except (valkey.ValkeyError, OSError) as exc:
+        except _UNREACHABLE as exc:
             raise valkey.ConnectionError(f"Cannot reach the Valkey Cluster: {exc!r}") from exc
+
+    def _unreachable(self) -> None:
+        """A node's connection failed (refused, reset, no reply): its replica may be taking
+        over. Re-read the slot map in the background, so that the commands after this one
+        go to the new primary; the callers of this one fail ("Valkey unavailable"). Until
+        the replica is promoted the map still names the dead node: the next failure reads
+        it again."""
+        loop = asyncio.get_running_loop()
+        if self._closed or self._refreshing is not None:
+            return
+        if loop.time() - self._refreshed_at < _REFRESH_S:
+            return
+        self._refreshed_at = loop.time()
+
+        async def refresh() -> None:
+            try:
+                await self._refresh()
+            except valkey.ConnectionError:
+                pass  # every node listed is away: the next failure tries again
+            finally:
+                self._refreshing = None
+
+        self._refreshing = asyncio.ensure_future(refresh())
 
     async def send_packed_script(
         self, name: str, call: bytes, count: int, *, key: bytes | None = None
@@ -525,7 +567,11 @@ class ClusterAutoPipeline(AutoPipeline):
             # costs the gateway several per cent of its CPU: callers pass ``key``).
             values, _ = _first_values(b"*%d\r\n" % count + call, 0)
             key = values[1] if len(values) > 1 and values[0] != b"0" else None
-        first = await (await self._pipe_for(key)).send_packed_script(name, call, count)
+        try:
+            first = await (await self._pipe_for(key)).send_packed_script(name, call, count)
+        except valkey.ConnectionError:
+            self._unreachable()
+            raise
 
         async def redirected() -> Any:
             try:
@@ -533,6 +579,9 @@ class ClusterAutoPipeline(AutoPipeline):
             except valkey.ResponseError as exc:
                 if not str(exc).startswith(_REDIRECT):
                     raise
+            except valkey.ConnectionError:
+                self._unreachable()
+                raise
             await self._refresh()
             return await (await (await self._pipe_for(key)).send_packed_script(name, call, count))
 
@@ -573,9 +622,15 @@ class ClusterAutoPipeline(AutoPipeline):
                 )
                 for pipe, indices in groups.values()
             ]
-            for indices, answer in sent:
-                for index, reply in zip(indices, await answer, strict=True):
-                    replies[index] = reply
+            try:
+                for indices, answer in sent:
+                    for index, reply in zip(indices, await answer, strict=True):
+                        replies[index] = reply
+            except valkey.ConnectionError:
+                self._unreachable()
+                for _, answer in sent:
+                    answer.close()  # (those not sent: a coroutine never awaited warns)
+                raise
             todo = [
                 i
                 for i in todo

