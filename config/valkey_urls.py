@@ -32,8 +32,19 @@ import valkey.asyncio.cluster as acluster
 import valkey.asyncio.sentinel as asentinel
 import valkey.cluster
 import valkey.sentinel
+from valkey.exceptions import ValkeyClusterException
 
 from config.env import ConfigurationError
+
+# What a call to Valkey raises when Valkey (or the way to it) fails, on any topology: the
+# client's errors, the socket's, and valkey-py's ValkeyClusterException (no node reachable
+# while a Cluster client re-reads its slot map), which is not a ValkeyError. Catch this, not
+# a tuple of one's own, so that a Cluster's failover is handled where a server's would be.
+VALKEY_FAILURES: tuple[type[BaseException], ...] = (
+    valkey.ValkeyError,
+    OSError,
+    ValkeyClusterException,
+)
 
 _TO_REDIS = {"valkey": "redis", "valkeys": "rediss", "redis": "redis", "rediss": "rediss"}
 _SINGLE = {"valkey", "valkeys", "redis", "rediss", "unix"}

@@ -57,8 +57,11 @@ import valkey.asyncio as avalkey
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from config.valkey_urls import VALKEY_FAILURES
 from gateway.autopipeline import Arg, AutoPipeline, auto_pipeline, bulk
 from gateway.metrics import GatewayMetrics
+
+_FAILED_OR_TIMED_OUT: tuple[type[BaseException], ...] = (*VALKEY_FAILURES, TimeoutError)
 
 logger = logging.getLogger("gateway.accounting")
 
@@ -586,7 +589,7 @@ class Accounting:
             # still caught (the pipeline's reply timeout drops the connection).
             async with asyncio.timeout(None if self._replicas else self._write_timeout_s):
                 await self._write(batch)
-        except (valkey.ValkeyError, OSError, TimeoutError) as exc:
+        except _FAILED_OR_TIMED_OUT as exc:
             self._requeue(batch)
             if self._healthy:
                 logger.warning("accounting_write_failed error=%s", exc.__class__.__name__)
@@ -683,5 +686,5 @@ class Accounting:
                 check_at = loop.time() + self._backlog_check_s
                 try:
                     await self.check_backlog()
-                except (valkey.ValkeyError, OSError) as exc:
+                except VALKEY_FAILURES as exc:
                     logger.debug("accounting_backlog_check_failed error=%r", exc)

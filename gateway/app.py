@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import valkey
 
-from config.valkey_urls import async_client, is_cluster
+from config.valkey_urls import VALKEY_FAILURES, async_client, is_cluster
 from gateway import control_proxy, errors
 from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
@@ -613,7 +612,7 @@ class Gateway:
                 call, "rejected", f"rate_limit:{refused.limit.name}", refused.retry_after_s
             )
             raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             raise admission_unavailable(exc) from None
         slots = request_slots(call.path, document)
         if not slots:
@@ -671,7 +670,7 @@ class Gateway:
                         call.model.public_id,
                         {exc.replica: saturated_entry(scraped_at_ms=self.scheduler.now_ms())},
                     )
-                except (valkey.ValkeyError, OSError) as failed:
+                except VALKEY_FAILURES as failed:
                     raise admission_unavailable(failed) from None
         raise GatewayError(
             502,
@@ -695,7 +694,7 @@ class Gateway:
             decision: Decision = "rejected" if isinstance(refused, QueueFull) else "shed"
             self._decided(call, decision, refused.code, refused.retry_after_s)
             raise refusal(503, "service_unavailable", refused) from None
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             raise admission_unavailable(exc) from None
         call.admitted_ms = grant.admitted_ms  # this grant's charge is the one reconciled
         call.grant = grant

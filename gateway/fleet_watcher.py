@@ -51,15 +51,13 @@ from typing import Any
 
 import aiohttp
 import orjson
-import valkey
 import valkey.asyncio as avalkey
 from prometheus_client.parser import text_string_to_metric_families
 from valkey.asyncio.cluster import ValkeyCluster
-from valkey.exceptions import ValkeyClusterException
 
 from config.env import env_float, env_int, env_str
 from config.service import run_service
-from config.valkey_urls import async_client, async_transaction, for_valkey_py
+from config.valkey_urls import VALKEY_FAILURES, async_client, async_transaction, for_valkey_py
 from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
 from gateway.policy import Policy
@@ -458,7 +456,7 @@ class FleetWatcher:
             return CycleReport(self.clock(), 0.0, written=False)
         try:
             await self.clock.sync(self.client.time)
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             logger.debug("clock_sync_failed error=%r", exc)  # the write will fail too
         models = {name: model.replicas for name, model in policy.models.items()}
         replicas = sorted({url for urls in models.values() for url in urls})
@@ -503,7 +501,7 @@ class FleetWatcher:
                     for model in models:
                         pipe.hgetall(scheduling_keys.throughput(model))
                 replies = await pipe.execute()
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             logger.debug("in_flight_read_failed error=%r", exc)
             return None
         counts = {
@@ -623,7 +621,7 @@ class FleetWatcher:
                     shared_ops(pipe)
 
                 await self._transaction(HEARTBEAT_KEY, every_op, models)
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             if self.last_write_ok is not False:
                 logger.warning("fleet_write_failed error=%s", exc.__class__.__name__)
             self.last_write_ok = False
@@ -725,9 +723,9 @@ class FleetWatcher:
     async def _refresh_policy(self) -> None:
         try:
             await self.policy.refresh()
-        except (valkey.ValkeyError, OSError, ValkeyClusterException) as exc:
-            # (ValkeyClusterException, no ValkeyError: valkey-py's Cluster client reaching
-            # none of its nodes while it re-reads the slot map; it ended the process)
+        except VALKEY_FAILURES as exc:
+            # (VALKEY_FAILURES has ValkeyClusterException: a Cluster client reaching none of
+            # its nodes while it re-reads the slot map; it once ended the process)
             logger.warning("policy_refresh_failed error=%s", exc.__class__.__name__)
         except (ValueError, KeyError, TypeError) as exc:
             logger.error("policy_snapshot_invalid error=%r", exc)

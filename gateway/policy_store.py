@@ -16,9 +16,9 @@ import asyncio
 import logging
 import time
 
-import valkey
 import valkey.asyncio as avalkey
 
+from config.valkey_urls import VALKEY_FAILURES
 from gateway.discovery import DiscoverySettings, ReplicaDiscovery, service_names
 from gateway.errors import service_unavailable
 from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, Policy, parse_snapshot
@@ -96,7 +96,7 @@ class PolicyStore:
         while not self._stopping:
             try:
                 await self.refresh()
-            except (valkey.ValkeyError, OSError) as exc:
+            except VALKEY_FAILURES as exc:
                 logger.warning("policy_refresh_failed error=%s", exc.__class__.__name__)
             except (ValueError, KeyError, TypeError) as exc:
                 logger.error("policy_snapshot_invalid error=%r", exc)

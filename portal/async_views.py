@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import valkey
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -21,6 +20,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
+from config.valkey_urls import VALKEY_FAILURES
 from gateway.async_tasks.layout import MAX_ATTEMPTS
 from governance.async_tasks import (
     DeadLetter,
@@ -74,7 +74,7 @@ def dead_letters(request: HttpRequest) -> HttpResponse:
     }
     try:
         page = dead_letters_list(user=request.user, count=DEAD_LETTERS_PER_PAGE, before=before)
-    except (valkey.ValkeyError, OSError):
+    except VALKEY_FAILURES:
         context["unreachable"] = True
         return render(request, "portal/async/dead_letters.html", context, status=503)
     use_cases = _use_cases(page.letters)
@@ -106,7 +106,7 @@ def _decide(
         )
     except GovernanceError as problem:  # gone (NotFound) or cannot run again (Conflict)
         messages.error(request, str(problem))
-    except (valkey.ValkeyError, OSError):
+    except VALKEY_FAILURES:
         messages.error(request, _UNREACHABLE)
     else:
         messages.success(request, done(outcome))

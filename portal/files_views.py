@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import valkey
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -27,6 +26,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from config.valkey_urls import VALKEY_FAILURES
 from governance.audit import Actor
 from governance.choices import FileKind, FileState
 from governance.errors import Conflict
@@ -171,7 +171,7 @@ def file_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
             messages.error(request, str(refused))
         except Conflict as conflict:
             messages.error(request, str(conflict))
-        except (valkey.ValkeyError, OSError):
+        except VALKEY_FAILURES:
             messages.error(
                 request, "The scheduler's store cannot be reached; the file is not cancelled."
             )

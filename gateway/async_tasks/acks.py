@@ -24,8 +24,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import valkey
-
+from config.valkey_urls import VALKEY_FAILURES
 from gateway.autopipeline import AutoPipeline
 from gateway.scheduling.keys import KEY_PREFIX
 
@@ -96,7 +95,7 @@ class ReplicaAcks:
                 continue
             try:
                 missing, acknowledged = await self._round(waiters, loop.time())
-            except (valkey.ValkeyError, OSError) as exc:
+            except VALKEY_FAILURES as exc:
                 logger.warning("async_replica_wait_failed error=%r", exc)
                 for waiter in waiters:
                     _answer(waiter, False)

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import orjson
-import valkey
 
+from config.valkey_urls import VALKEY_FAILURES
 from gateway import errors
 from gateway.admission.limits import Limit
 from gateway.app import (
@@ -263,7 +263,7 @@ class AsyncTasks:
             raise errors.service_unavailable(
                 str(full), code=full.code, retry_after_s=full.retry_after_s
             ) from None
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             self._metrics.async_submitted("unavailable", len(tasks))
             raise admission_unavailable(exc) from None
 
@@ -298,7 +298,7 @@ class AsyncTasks:
         """The task's hash if it exists and the caller's use case owns it."""
         try:
             reply = await self._pipe.execute("HGETALL", layout.task(task_id))
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             logger.warning("async_tasks_unavailable error=%s", exc.__class__.__name__)
             raise errors.service_unavailable(
                 "The task store is unavailable (the gateway cannot reach Valkey); retry shortly.",

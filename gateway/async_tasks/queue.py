@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import valkey
-
+from config.valkey_urls import VALKEY_FAILURES
 from gateway.admission.limits import Limit, limit_args, limits_for
 from gateway.async_tasks import layout
 from gateway.autopipeline import Arg, AutoPipeline, bulk, pack_values
@@ -359,7 +358,7 @@ class TaskQueue:
     async def _account(self, slot: str, args: list[Arg]) -> None:
         try:
             await self._pipe.script(ACCOUNT_SCRIPT, [slot], args)
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             # A refund lost: the charge stays counted until its windows pass (an upper
             # bound, as for the synchronous path's); a settle lost: its record's TTL ends it.
             logger.warning("async_%s_failed slot=%s error=%r", args[0], slot, exc)

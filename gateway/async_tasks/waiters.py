@@ -17,6 +17,7 @@ import valkey
 import valkey.asyncio as avalkey
 from valkey.asyncio.client import PubSub
 
+from config.valkey_urls import VALKEY_FAILURES
 from gateway.async_tasks import layout
 
 logger = logging.getLogger("gateway.async_tasks")
@@ -81,7 +82,7 @@ class DoneWaiters:
                     await pubsub.subscribe(self._channel)
                     self.subscribed.set()
                 message = await self._pubsub.get_message(timeout=1.0)
-            except (valkey.ValkeyError, OSError) as exc:
+            except VALKEY_FAILURES as exc:
                 logger.warning("async_waiters_listener_error error=%r", exc)
                 self.subscribed.clear()
                 await self._drop_subscription()

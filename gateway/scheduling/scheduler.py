@@ -40,10 +40,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import valkey
 import valkey.asyncio as avalkey
 from valkey.asyncio.client import PubSub
 
+from config.valkey_urls import VALKEY_FAILURES
 from gateway.admission.limits import Limit, limit_args
 from gateway.autopipeline import Arg, AutoPipeline, bulk, pack_values
 from gateway.scheduling import accounts as slot_accounts
@@ -128,7 +128,7 @@ class _KeepAlive:
             else:
                 sent = await scheduler.send_release(grant, reconcile)
                 sent.add_done_callback(lambda reply: scheduler._released(grant.lease_id, reply))
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             # Not worth masking the request's own outcome: the lease expires and a reaper
             # returns the capacity within about lease_ms.
             logger.warning("scheduler_release_failed lease=%s error=%r", grant.lease_id, exc)
@@ -838,7 +838,7 @@ class Scheduler:
     ) -> None:
         try:
             await self.pipe.script(name, [model] if slot else self._keys(model), args)
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             # The lease expires and the waiter's deadline passes: the reaper cleans up.
             logger.warning("scheduler_%s_failed lease=%s error=%r", name, args[1], exc)
 
@@ -848,7 +848,7 @@ class Scheduler:
             await asyncio.sleep(interval)
             try:
                 await self.renew_held()
-            except (valkey.ValkeyError, OSError) as exc:
+            except VALKEY_FAILURES as exc:
                 logger.warning("scheduler_renew_failed error=%r", exc)
 
     async def _listen(self) -> None:
@@ -857,7 +857,7 @@ class Scheduler:
         while True:
             try:
                 message = await pubsub.get_message(timeout=1.0)
-            except (valkey.ValkeyError, OSError) as exc:
+            except VALKEY_FAILURES as exc:
                 # Grants keep arriving through the fallback poll meanwhile.
                 logger.warning("scheduler_listener_error error=%r", exc)
                 await asyncio.sleep(0.1)
@@ -878,14 +878,14 @@ class Scheduler:
             await asyncio.sleep(self._beat_s)
             try:
                 await self.heartbeat()
-            except (valkey.ValkeyError, OSError) as exc:
+            except VALKEY_FAILURES as exc:
                 logger.warning("scheduler_heartbeat_failed error=%r", exc)
             if loop.time() + self._beat_s / 2 < reap_at:  # timers may fire a little early
                 continue
             reap_at = loop.time() + self._reap_s
             try:
                 released, dropped, _ = await self.reap()
-            except (valkey.ValkeyError, OSError) as exc:
+            except VALKEY_FAILURES as exc:
                 logger.warning("scheduler_reap_failed error=%r", exc)
                 continue
             if released or dropped:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import valkey
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -16,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.valkey_urls import VALKEY_FAILURES
 from governance.api.files import StoreUnavailable
 from governance.api.serializers import ErrorSerializer
 from governance.api.views import HasSwitchyardRole
@@ -93,7 +93,7 @@ class DeadLetterListView(APIView):
             page = dead_letters_list(
                 user=request.user, count=count, before=query.validated_data.get("before")
             )
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             raise StoreUnavailable() from exc
         following = None
         if page.next_before is not None:
@@ -120,7 +120,7 @@ class DeadLetterReplayView(APIView):
     def post(self, request: Request, entry_id: str) -> Response:
         try:
             replayed = dead_letter_replay(actor=_actor(request), entry_id=entry_id)
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             raise StoreUnavailable() from exc
         return Response(
             {
@@ -144,6 +144,6 @@ class DeadLetterDiscardView(APIView):
     def post(self, request: Request, entry_id: str) -> Response:
         try:
             letter = dead_letter_discard(actor=_actor(request), entry_id=entry_id)
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             raise StoreUnavailable() from exc
         return Response(DeadLetterSerializer(letter).data)

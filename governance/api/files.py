@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import valkey
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseBase
 from drf_spectacular.utils import (
@@ -30,6 +29,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.valkey_urls import VALKEY_FAILURES
 from governance.api.authentication import (
     ApiKeyAuthentication,
     ApiKeyUser,
@@ -323,7 +323,7 @@ class FileRegistrationViewSet(
                 },
                 status=status.HTTP_409_CONFLICT,
             )
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             raise StoreUnavailable() from exc
         return Response(_answer(registered), status=status.HTTP_201_CREATED)
 
@@ -346,7 +346,7 @@ class FileRegistrationViewSet(
                 api_key=_key_of(request),
                 reason=body.validated_data["reason"],
             )
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             raise StoreUnavailable() from exc
         return Response(FileRegistrationSerializer(file).data)
 

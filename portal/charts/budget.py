@@ -16,10 +16,13 @@ from typing import Any, cast
 
 import valkey
 
+from config.valkey_urls import VALKEY_FAILURES
 from gateway.admission import Limit, limits_for
 from gateway.policy import SNAPSHOT_KEY, Policy, Principal, parse_snapshot
 from gateway.scheduling import keys
 from governance.models import UseCase
+
+_FAILED_OR_INVALID: tuple[type[BaseException], ...] = (*VALKEY_FAILURES, ValueError)
 
 # limits.lua's epsilon: a request fits when estimate + cost <= limit + 1e-9.
 EPSILON = 1e-9
@@ -107,7 +110,7 @@ def use_case_budgets(
         if now_ms is None:
             seconds, micros = cast(tuple[int, int], client.time())
             now_ms = int(seconds) * 1000 + int(micros) // 1000
-    except (valkey.ValkeyError, OSError, ValueError):
+    except _FAILED_OR_INVALID:
         return Budgets(available=False, by_use_case={})
     if policy is None:
         return Budgets(available=False, by_use_case={})
@@ -126,7 +129,7 @@ def use_case_budgets(
         for uc in use_cases:
             pipe.get(keys.concurrency(uc.tenant.slug, uc.pk))
         replies: list[Any] = pipe.execute()  # type: ignore[no-untyped-call]  # untyped in valkey-py
-    except (valkey.ValkeyError, OSError):
+    except VALKEY_FAILURES:
         return Budgets(available=False, by_use_case={})
     counts = [int(v or 0) for v in replies[: len(names)]]
     in_flight = [int(v or 0) for v in replies[len(names) :]]

@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-import valkey
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from config.valkey_urls import VALKEY_FAILURES
 from governance.file_selectors import files_visible, with_parts_counts
 from governance.files import valkey_client
 from governance.models import UseCase
@@ -51,7 +51,7 @@ def _tasks_context(request: HttpRequest) -> dict[str, Any]:
         page: TaskPage | None = tasks_page(
             valkey_client(), use_case_ids=_use_case_ids(request), cursor=cursor
         )
-    except (valkey.ValkeyError, OSError):
+    except VALKEY_FAILURES:
         page = None
     rows = page.rows if page else []
     use_cases = UseCase.objects.select_related("tenant").in_bulk({row.use_case_id for row in rows})
@@ -100,7 +100,7 @@ def my_work_task(request: HttpRequest, task_id: str) -> HttpResponse:
     _require_role(request)
     try:
         document = task_read(valkey_client(), task_id=task_id, use_case_ids=_use_case_ids(request))
-    except (valkey.ValkeyError, OSError):
+    except VALKEY_FAILURES:
         error = {
             "error": {
                 "message": "The task store cannot be reached now.",

@@ -23,7 +23,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from config.env import env_float
-from config.valkey_urls import async_client
+from config.valkey_urls import VALKEY_FAILURES, async_client
 from portal.fleet.access import may_watch_fleet, session_may_watch_fleet
 from portal.fleet.messages import (
     AVAILABLE_TYPE,
@@ -156,7 +156,7 @@ async def _latest_snapshot() -> Any:
     client = async_client(settings.VALKEY_URL, socket_timeout=2.0, socket_connect_timeout=2.0)
     try:
         raw = await client.get(LAST_SNAPSHOT_KEY)
-    except (valkey.ValkeyError, OSError):
+    except VALKEY_FAILURES:
         return None
     finally:
         await client.aclose()

@@ -27,7 +27,7 @@ import valkey
 import valkey.asyncio as avalkey
 
 from config.env import env_float
-from config.valkey_urls import async_client
+from config.valkey_urls import VALKEY_FAILURES, async_client
 from portal.fleet.leader import Leadership
 from portal.fleet.messages import (
     GROUP,
@@ -38,6 +38,8 @@ from portal.fleet.messages import (
     SnapshotMessage,
 )
 from portal.fleet.reader import FleetReader
+
+_FAILED_OR_TIMED_OUT: tuple[type[BaseException], ...] = (*VALKEY_FAILURES, TimeoutError)
 
 logger = logging.getLogger("portal.fleet.publisher")
 
@@ -101,7 +103,7 @@ async def run(*, interval_s: float = INTERVAL_S, stop: asyncio.Event | None = No
                         failures,
                     )
                     failures = 0
-            except (valkey.ValkeyError, OSError, TimeoutError) as exc:
+            except _FAILED_OR_TIMED_OUT as exc:
                 # Valkey away: the pages say so (their consumers see it); try again later.
                 if not failures:
                     down_since = started

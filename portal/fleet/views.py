@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-import valkey
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -13,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from config.valkey_urls import sync_client
+from config.valkey_urls import VALKEY_FAILURES, sync_client
 from portal.fleet.access import may_watch_fleet
 from portal.fleet.messages import LAST_SNAPSHOT_KEY
 
@@ -22,7 +21,7 @@ def _latest_snapshot() -> Any:
     client = sync_client(settings.VALKEY_URL, socket_timeout=1.0)
     try:
         raw = client.get(LAST_SNAPSHOT_KEY)
-    except (valkey.ValkeyError, OSError):
+    except VALKEY_FAILURES:
         return None
     finally:
         client.close()  # type: ignore[no-untyped-call]

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 import valkey
 
-from config.valkey_urls import async_client, is_cluster
+from config.valkey_urls import VALKEY_FAILURES, async_client, is_cluster
 from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
 from gateway.autopipeline import auto_pipeline
@@ -59,6 +59,8 @@ from scheduler.batcher.payloads import MalformedTask, Task
 from scheduler.batcher.settings import BatcherSettings
 from scheduler.batcher.store import Ending, TaskStore, error_object
 from scheduler.batcher.window import ArrivalRate, window_ms
+
+_FAILED_OR_INVALID: tuple[type[BaseException], ...] = (*VALKEY_FAILURES, ValueError)
 
 logger = logging.getLogger("scheduler.batcher")
 
@@ -198,7 +200,7 @@ class Batcher:
         await self.accounting.start()
         try:
             await self.policy.refresh()
-        except (valkey.ValkeyError, OSError, ValueError) as exc:
+        except _FAILED_OR_INVALID as exc:
             logger.warning("policy_initial_load_failed error=%r", exc)
         await self.discover()
         self._loops = [
@@ -249,7 +251,7 @@ class Batcher:
         while not self._stopping:
             try:
                 await work()
-            except (valkey.ValkeyError, OSError) as exc:
+            except VALKEY_FAILURES as exc:
                 logger.warning("batcher_loop_failed work=%s error=%r", work.__name__, exc)
             except Exception:
                 logger.exception("batcher_loop_crashed work=%s", work.__name__)
@@ -278,7 +280,7 @@ class Batcher:
                     count=max(min(room, READ_COUNT) // len(self.streams), 1),
                     block_ms=READ_BLOCK_MS,
                 )
-            except (valkey.ValkeyError, OSError) as exc:
+            except VALKEY_FAILURES as exc:
                 logger.warning("batcher_read_failed error=%r", exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -417,7 +419,7 @@ class Batcher:
     async def _run_batch(self, tasks: list[Task]) -> None:
         try:
             await self._run(tasks)
-        except (valkey.ValkeyError, OSError) as exc:
+        except VALKEY_FAILURES as exc:
             # Nothing ended: the entries stay pending here; they are tried again after a
             # backoff, or reclaimed by another batcher if this one dies.
             logger.warning("batch_valkey_failed tasks=%d error=%r", len(tasks), exc)

@@ -7,7 +7,8 @@ a failed connection, without waiting for some other client of the process to do 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
@@ -15,8 +16,11 @@ import pytest
 import valkey
 from valkey.asyncio.cluster import ValkeyCluster
 
-from config.valkey_urls import async_client
+from config.processes import wait_until
+from config.valkey_urls import async_client, sync_client
 from gateway.autopipeline import ClusterAutoPipeline, auto_pipeline
+from gateway.policy_store import PolicyStore
+from tests.support.policy import PolicyBuilder
 from tests.support.valkey_ha import ClusterSet
 
 INCR = "return redis.call('INCR', KEYS[1])"
@@ -130,3 +134,63 @@ def test_the_gateways_subscription_moves_on_when_the_first_listed_node_dies(
             await client.aclose()
 
     assert asyncio.run(scene()) == [b"granted"]
+
+
+def test_the_policy_refresh_outlives_a_cluster_with_no_node_reachable(tmp_path: Path) -> None:
+    """GIVEN a gateway's policy store refreshing from a Cluster of three primaries
+    WHEN every node is killed (the client, re-reading its slot map, reaches none: valkey-py
+    raises ValkeyClusterException, which is no ValkeyError) and then restarted, empty
+    THEN the refresh loop is still running and loads the policy published after the restart
+    (before, that exception ended the loop, and the gateway went policy_stale for good)."""
+    cluster = ClusterSet(tmp_path / "cluster").start()
+    try:
+
+        async def scene() -> tuple[int | None, int]:
+            client = async_client(cluster.url)
+            store = PolicyStore(client, refresh_s=0.1, max_staleness_s=60)
+            running = asyncio.create_task(store.run())
+
+            async def until(condition: Callable[[], bool]) -> None:
+                async with asyncio.timeout(30):
+                    # (polled: the store has no event to wait on)
+                    while not (condition() or running.done()):  # noqa: ASYNC110
+                        await asyncio.sleep(0.05)
+                assert not running.done(), running.exception()
+
+            try:
+                policy = PolicyBuilder().model("llama", ["http://127.0.0.1:1"])
+                policy.publish(sync_client(cluster.url))
+                before = policy.publish(sync_client(cluster.url))  # version 2
+                await until(lambda: store.version == before)
+                for node in cluster.nodes:
+                    cluster.kill(node)
+                await asyncio.sleep(2)  # refreshes meet no node
+                assert not running.done(), running.exception()
+                for node in cluster.nodes:
+                    cluster.restart(node)
+                assert wait_until(lambda: _cluster_ok(cluster), 30)
+                # Restarted empty: the version counter starts again (1), another snapshot.
+                after = policy.publish(sync_client(cluster.url))
+                assert after != before
+                await until(lambda: store.version == after)
+                return store.version, after
+            finally:
+                store.stop()
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
+                await client.aclose()
+
+        loaded, published = asyncio.run(scene())
+        assert loaded == published
+    finally:
+        cluster.stop()
+
+
+def _cluster_ok(cluster: ClusterSet) -> bool:
+    with contextlib.suppress(valkey.ValkeyError, OSError):
+        return all(
+            b"cluster_state:ok" in node.client().execute_command("CLUSTER", "INFO")
+            for node in cluster.nodes
+        )
+    return False

@@ -1,9 +1,12 @@
 """Several "hosts" on one machine, for tests: network namespaces joined by a bridge.
 
-Each host is a namespace with one interface (``eth0``, 10.77.0.<n>/24) whose veth peer sits
+Each host is a namespace with one interface (``eth0``, 10.77.<k>.<n>/24) whose veth peer sits
 on a bridge inside a namespace of its own (the "switch"); the root namespace joins the same
-bridge as 10.77.0.254, so the test itself can reach every host (readiness probes, publishing
-a policy) without being one. ``Host.process(...)`` runs a command inside a host
+bridge as 10.77.<k>.254, so the test itself can reach every host (readiness probes,
+publishing a policy) without being one. Each network claims its own subnet <k> (a lock file
+per subnet, taken over from a dead owner): test processes running at once (pytest-xdist)
+each build theirs, and two root links on one subnet would route one network's traffic into
+the other. ``Host.process(...)`` runs a command inside a host
 (``ip netns exec``); ``Host.partition(...)`` drops its traffic with iptables in its own
 namespace, ``Host.heal()`` undoes it; ``skewed(...)`` runs a process with a shifted wall
 clock (libfaketime).
@@ -31,8 +34,8 @@ from pathlib import Path
 
 from config.processes import ManagedProcess
 
-SUBNET = "10.77.0"
-ROOT_ADDRESS = f"{SUBNET}.254"
+SUBNETS = "10.77"  # each Network claims one /24 of this /16: 10.77.<k>.0/24
+_CLAIMS = Path("/tmp/switchyard-netns-subnets")
 _PREFIX = "syha"
 _OWNED = re.compile(rf"^{_PREFIX}(\d+)-")
 
@@ -102,7 +105,7 @@ class Host:
         self.network = network
         self.name = name
         self.namespace = f"{network.prefix}-{name}"
-        self.address = f"{SUBNET}.{index}"
+        self.address = f"{network.subnet}.{index}"
         self.processes: list[ManagedProcess] = []
         self._rules: list[list[str]] = []
 
@@ -135,7 +138,7 @@ class Host:
     def partition(self, *peers: Host) -> None:
         """Drop every packet between this host and ``peers`` (all hosts if none given), in
         both directions: connections stall, as on a real partition (no reset, no refusal)."""
-        targets = [peer.address for peer in peers] or [f"{SUBNET}.0/24"]
+        targets = [peer.address for peer in peers] or [f"{self.network.subnet}.0/24"]
         for target in targets:
             for chain, flag in (("OUTPUT", "-d"), ("INPUT", "-s")):
                 rule = [chain, flag, target, "-j", "DROP"]
@@ -160,11 +163,13 @@ def skewed(argv: Sequence[str], offset_s: float) -> list[str]:
 
 
 class Network:
-    """``Network(["valkey", "gateway", ...])``: one host per name, 10.77.0.1, .2, …"""
+    """``Network(["valkey", "gateway", ...])``: one host per name, 10.77.<k>.1, .2, …"""
 
     def __init__(self, names: Sequence[str]) -> None:
         require_capabilities()
         remove_stale()
+        self.subnet, self._claim = _claim_subnet()
+        self.root_address = f"{self.subnet}.254"
         self.prefix = f"{_PREFIX}{os.getpid()}"
         self.switch = f"{self.prefix}-switch"
         self.root_link = f"{self.prefix}r"
@@ -199,7 +204,7 @@ class Network:
         _run(*sw, "ip", "link", "add", "root", "type", "veth", "peer", "name", self.root_link)
         _run(*sw, "ip", "link", "set", self.root_link, "netns", str(os.getpid()))
         _run(*sw, "ip", "link", "set", "root", "master", "br0", "up")
-        _run("ip", "addr", "add", f"{ROOT_ADDRESS}/24", "dev", self.root_link)
+        _run("ip", "addr", "add", f"{self.root_address}/24", "dev", self.root_link)
         _run("ip", "link", "set", self.root_link, "up")
 
     def close(self) -> None:
@@ -212,3 +217,23 @@ class Network:
         for host in self.hosts.values():
             _run("ip", "netns", "delete", host.namespace, check=False)
         _run("ip", "netns", "delete", self.switch, check=False)
+        self._claim.unlink(missing_ok=True)
+
+
+def _claim_subnet() -> tuple[str, Path]:
+    """A /24 no live process holds: its claim file made exclusively (O_EXCL), or taken over
+    from an owner that is gone."""
+    _CLAIMS.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 255):
+        claim = _CLAIMS / str(k)
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            if not _alive(int(claim.read_text() or "0")):
+                claim.unlink(missing_ok=True)
+        try:
+            descriptor = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        with os.fdopen(descriptor, "w") as owner:
+            owner.write(str(os.getpid()))
+        return f"{SUBNETS}.{k}", claim
+    raise NetnsUnavailable(f"every subnet of {SUBNETS}.0.0/16 is claimed ({_CLAIMS})")

@@ -1,7 +1,7 @@
 """A private PostgreSQL 15 in a network-namespace host (tests/support/netns.py), for tests
 whose records must end in a real database on another host: ``initdb`` into a fresh folder,
 ``postgres`` listening on the host's address only, trust authentication for the test
-network (10.77.0.0/24; nothing else can reach it), durability off (a test's data).
+network (its 10.77.<k>.0/24; nothing else can reach it), durability off (a test's data).
 
 PostgreSQL refuses to run as root: both run as the ``postgres`` system user (the Debian
 package's), over a folder made for it outside pytest's private temporary tree."""
@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 
 from config.processes import ManagedProcess
-from tests.support.netns import SUBNET, Host, NetnsUnavailable
+from tests.support.netns import Host, NetnsUnavailable
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 PORT = 5432
@@ -60,7 +60,7 @@ class PostgresHost:
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed: {done.stderr[-500:]}")
         with (self.data / "pg_hba.conf").open("a") as hba:
-            hba.write(f"host all all {SUBNET}.0/24 trust\n")
+            hba.write(f"host all all {self.host.network.subnet}.0/24 trust\n")
         self.process = self.host.process(
             "postgres",
             ["runuser", "-u", "postgres", "--", str(BIN / "postgres"), "-D", str(self.data),
