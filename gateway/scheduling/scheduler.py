@@ -880,6 +880,11 @@ class Scheduler:
                 await self.heartbeat()
             except VALKEY_FAILURES as exc:
                 logger.warning("scheduler_heartbeat_failed error=%r", exc)
+            except Exception:
+                # A bug must not end the task: without heartbeats every pump passes this
+                # gateway's waiters over, and without the reaper nobody's expired lease
+                # comes back (an AttributeError at a Cluster failover once did both).
+                logger.exception("scheduler_heartbeat_crashed")
             if loop.time() + self._beat_s / 2 < reap_at:  # timers may fire a little early
                 continue
             reap_at = loop.time() + self._reap_s
@@ -887,6 +892,9 @@ class Scheduler:
                 released, dropped, _ = await self.reap()
             except VALKEY_FAILURES as exc:
                 logger.warning("scheduler_reap_failed error=%r", exc)
+                continue
+            except Exception:
+                logger.exception("scheduler_reap_crashed")
                 continue
             if released or dropped:
                 logger.info("scheduler_reaped leases=%s waiters=%s", released, dropped)

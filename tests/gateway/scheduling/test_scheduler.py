@@ -449,6 +449,41 @@ async def test_a_grant_racing_a_cancel_is_released(client_url):
         assert outcomes["cancelled"] >= 20, outcomes
 
 
+async def test_a_bug_in_one_heartbeat_or_reaper_pass_does_not_end_them(client_url, caplog):
+    """GIVEN a scheduler whose heartbeat and reaper passes raise a bug's exception (not a
+    Valkey failure) once each
+    WHEN its background task meets them
+    THEN it logs them with their traceback and goes on: the next passes run (an expired lease
+    is reaped, the heartbeat is renewed), where before the task ended for good."""
+    async with running_schedulers(client_url, reap_interval_s=0.05) as [gateway]:
+        client = gateway._client
+        await write_fresh_fleet(client, [R1])
+        faults = {"heartbeat": 1, "reap": 1}
+        for name in faults:
+            real = getattr(gateway, name)
+
+            async def faulty(*args: Any, _real: Any = real, _name: str = name) -> Any:
+                if faults[_name]:
+                    faults[_name] -= 1
+                    raise AttributeError(f"a bug in {_name}")
+                return await _real(*args)
+
+            setattr(gateway, name, faulty)
+        await eventually(lambda: not any(faults.values()), message="the faults never ran")
+        held = await gateway.acquire(ticket("held"))
+        await client.zadd(keys.leases(MODEL), {held.lease_id: 0})
+        await eventually(
+            lambda: _zcard_of(client, keys.leases(MODEL), 0),
+            message="the reaper stopped after the bug",
+        )
+        assert "scheduler_heartbeat_crashed" in caplog.text
+        assert "scheduler_reap_crashed" in caplog.text
+
+
+async def _zcard_of(client: Any, key: str, count: int) -> bool:
+    return int(await client.zcard(key)) == count
+
+
 async def test_a_crashed_gateways_leases_are_reaped_and_the_capacity_returns(client_url):
     """GIVEN gateway A holds the only slot with a 400 ms lease and dies without releasing,
     WHEN gateway B's request waits for that slot, THEN B's reaper returns the capacity once
