@@ -8,6 +8,7 @@ the vLLM simulator."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -219,3 +220,49 @@ def test_a_global_limit_refuses_on_the_streams_slot_and_the_other_slots_are_refu
     assert "global" in answers[-1].json()["error"]["message"]
     for slot in (keys.KEY_PREFIX, keys.pool_prefix(model), keys.account_prefix(tenant)):
         assert _counted(client, slot, "rpm") == 3, slot
+
+
+def test_async_202s_wait_for_the_replica_of_the_streams_primary_on_a_cluster(
+    tmp_path: Path, start_simulator, start_gateway
+) -> None:
+    """GIVEN a Cluster of three primaries with a replica each, and a gateway whose async 202s
+    wait for one replica (SWITCHYARD_GATEWAY_USAGE_WAIT_REPLICAS=1)
+    WHEN tasks are submitted, then the replica of the streams' primary is stopped (SIGSTOP)
+    and one more is submitted
+    THEN the first are answered 202 (the wait went to the primary that has the tasks, whose
+    replica confirmed them), the last 503 async_not_replicated naming its task — which is
+    queued on that primary all the same."""
+    cluster = ClusterSet(tmp_path / "cluster", replicas=1).start()
+    try:
+        (model,) = cluster.names_on_each_node("chat", 1, keys.pool_prefix)
+        sim = start_simulator(CHAT, "--time-scale", "0")
+        policy = PolicyBuilder().model(model, [sim.base_url], served_name=CHAT)
+        key = policy.key(tenant="acme", models=[model])
+        policy.publish(sync_client(cluster.url))
+        gateway = start_gateway(
+            valkey=cluster.url,
+            SWITCHYARD_GATEWAY_USAGE_WAIT_REPLICAS="1",
+            SWITCHYARD_ASYNC_REPLICA_WAIT_MS="500",
+        )
+
+        accepted = [_submit(gateway.base_url, key, _chat(model, f"task {n}")) for n in range(3)]
+        assert [r.status_code for r in accepted] == [202] * 3, accepted[-1].text
+
+        streams = cluster.owner_of(keys.KEY_PREFIX)
+        (replica,) = cluster.replica_of[cluster.primaries.index(streams)]
+        replica.process.signal(signal.SIGSTOP)
+        try:
+            refused = _submit(gateway.base_url, key, _chat(model, "unconfirmed"))
+        finally:
+            replica.process.signal(signal.SIGCONT)
+
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "async_not_replicated"
+        (task_id,) = [
+            word.rstrip(".,") for word in error["message"].split() if word.startswith("task_")
+        ]
+        status = streams.client().hget(layout.task(task_id), "status")
+        assert status == b"queued"
+    finally:
+        cluster.stop()
