@@ -262,7 +262,7 @@ def test_async_202s_wait_for_the_replica_of_the_streams_primary_on_a_cluster(
         (task_id,) = [
             word.rstrip(".,") for word in error["message"].split() if word.startswith("task_")
         ]
-        status = streams.client().hget(layout.task(task_id), "status")
+        status: Any = streams.client().hget(layout.task(task_id), "status")
         assert status == b"queued"
     finally:
         cluster.stop()
