@@ -127,6 +127,9 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C stops it even when started with SIGINT ignored, as a non-interactive shell starts
+    # a job with "&" (as config.stack does).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     server: ValkeyServer | None = None
     children: list[ManagedProcess] = []
     try:

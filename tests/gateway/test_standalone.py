@@ -14,6 +14,8 @@ from config.processes import PYTHON, REPO_ROOT, free_port, wait_until
 def test_the_standalone_gateway_serves_a_minted_key_in_front_of_an_upstream(
     start_simulator, tmp_path
 ) -> None:
+    """It serves the SDK with the key it printed, and Ctrl-C stops it and its children, even
+    when it was started with SIGINT ignored."""
     upstream = start_simulator("llama-existing", "--time-scale", "0")
     port = free_port()
     out = tmp_path / "out.txt"
@@ -22,6 +24,8 @@ def test_the_standalone_gateway_serves_a_minted_key_in_front_of_an_upstream(
             [PYTHON, "-m", "gateway.standalone", "--upstream", upstream.base_url,
              "--model", "llama", "--served-name", "llama-existing", "--port", str(port)],
             cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+            # Started as a shell starts a background job: SIGINT ignored, which it inherits.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )  # fmt: skip
     try:
         assert wait_until(
