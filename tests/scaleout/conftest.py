@@ -1,12 +1,15 @@
-"""Fixtures for the multi-host tests: hosts as network namespaces (tests/support/netns.py)."""
+"""Fixtures for the scale-out tests: hosts as network namespaces (tests/support/netns.py),
+and a Valkey Cluster on loopback."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
 from tests.support.netns import NetnsUnavailable, Network
+from tests.support.valkey_ha import ClusterSet
 
 NetworkFactory = Callable[[Sequence[str]], Network]
 
@@ -30,3 +33,13 @@ def hosts() -> Iterator[NetworkFactory]:
     finally:
         for network in made:
             network.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ClusterSet]:
+    """A Valkey Cluster of three primaries on loopback, for one test."""
+    nodes = ClusterSet(tmp_path / "cluster")
+    try:
+        yield nodes.start()
+    finally:
+        nodes.stop()

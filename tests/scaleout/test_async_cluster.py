@@ -29,15 +29,6 @@ CHAT = "llama-async-cluster"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ClusterSet]:
-    nodes = ClusterSet(tmp_path / "cluster")
-    try:
-        yield nodes.start()
-    finally:
-        nodes.stop()
-
-
-@pytest.fixture
 def batchers(tmp_path: Path) -> Iterator[list[ManagedProcess]]:
     started: list[ManagedProcess] = []
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import valkey
 
 from config.processes import ManagedProcess, wait_until
 from config.valkey_urls import sync_client
+from tests.support.client_threads import ClientThreads
 from tests.support.policy import PolicyBuilder
 from tests.support.valkey_ha import SentinelSet, start_batcher_on
 
@@ -53,17 +53,16 @@ def batchers() -> Iterator[list[ManagedProcess]]:
             process.stop()
 
 
-class Submitter:
+class Submitter(ClientThreads):
     """Clients submitting async chats, one at a time each, until stopped."""
 
     def __init__(self, base_url: str, key: str, clients: int = 4) -> None:
+        super().__init__(clients)
         self.base_url = base_url
         self.key = key
         self.numbers = itertools.count()
         # (status, task id or error code, when it was sent: time.monotonic())
         self.results: list[tuple[int, str, float]] = []
-        self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._run) for _ in range(clients)]
 
     def _run(self) -> None:
         with httpx.Client(timeout=30) as client:
@@ -90,16 +89,6 @@ class Submitter:
 
     def sent_since(self, since: float) -> int:
         return sum(sent >= since for _, _, sent in list(self.results))
-
-    def __enter__(self) -> Submitter:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join()
 
 
 def _hold_back_replication(primary: valkey.Valkey, replica: ManagedProcess) -> None:

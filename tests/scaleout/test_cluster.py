@@ -5,8 +5,6 @@ pools, and usage records on whichever primary owns the stream."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -23,15 +21,6 @@ from tests.support.policy import PolicyBuilder
 from tests.support.valkey_ha import ClusterSet
 
 CHAT = "llama-cluster"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ClusterSet]:
-    nodes = ClusterSet(tmp_path / "cluster")
-    try:
-        yield nodes.start()
-    finally:
-        nodes.stop()
 
 
 def test_the_gateway_admits_over_three_shards_and_a_use_case_limit_holds_across_pools(

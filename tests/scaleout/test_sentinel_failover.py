@@ -9,7 +9,6 @@ go of, and what it had not let go of is written again to the new primary."""
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from config.valkey_urls import sync_client
 from gateway.accounting import USAGE_STREAM
 from scheduler.models import UsageMinute
 from scheduler.usage import usage_persist
+from tests.support.client_threads import ClientThreads
 from tests.support.policy import PolicyBuilder
 from tests.support.valkey_ha import SentinelSet
 
@@ -60,17 +60,16 @@ def dump_state(client: valkey.Valkey) -> str:
     return "\n".join(out)
 
 
-class Load:
+class Load(ClientThreads):
     """Clients sending chat completions, each with its own request id, until stopped."""
 
     def __init__(self, base_url: str, key: str, clients: int = 4) -> None:
+        super().__init__(clients)
         self.base_url = base_url
         self.key = key
         self.ids = itertools.count()
         # (request id, status, error code, when it was sent: time.monotonic())
         self.results: list[tuple[str, int, str, float]] = []
-        self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._run) for _ in range(clients)]
 
     def _run(self) -> None:
         with httpx.Client(timeout=30) as client:
@@ -87,16 +86,6 @@ class Load:
 
     def answered(self) -> list[str]:
         return [rid for rid, status, _, _ in list(self.results) if status == 200]
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join()
 
 
 def test_a_killed_primary_fails_over_and_no_answered_requests_usage_is_lost(
