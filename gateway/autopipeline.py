@@ -50,7 +50,8 @@ from valkey.asyncio.cluster import ValkeyCluster
 from valkey.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from valkey.asyncio.sentinel import SentinelConnectionPool
 from valkey.crc import key_slot
-from valkey.exceptions import ValkeyClusterException
+
+from config.valkey_urls import VALKEY_FAILURES
 
 Arg = str | bytes | int | float
 # A script call's EVAL form, packed only if the server turns out not to know the SHA: the
@@ -424,7 +425,7 @@ _REFRESH_S = 0.2
 # valkey-py's ValkeyClusterException (slots not covered, nodes that disagree) is no
 # ValkeyError, and escaping as it is it would end the caller's loop (the reaper's) for good;
 # IndexError: no primary known at all.
-_UNREACHABLE = (valkey.ValkeyError, OSError, ValkeyClusterException, IndexError)
+_UNREACHABLE: tuple[type[BaseException], ...] = (*VALKEY_FAILURES, IndexError)
 
 
 def _as_bytes(value: Arg) -> bytes:
