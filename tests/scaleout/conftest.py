@@ -1,5 +1,5 @@
 """Fixtures for the scale-out tests: hosts as network namespaces (tests/support/netns.py),
-and a Valkey Cluster on loopback."""
+a Valkey Cluster on loopback, and the batchers a test starts."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from config.processes import ManagedProcess
 from tests.support.netns import NetnsUnavailable, Network
 from tests.support.valkey_ha import ClusterSet
 
@@ -43,3 +44,14 @@ def cluster(tmp_path: Path) -> Iterator[ClusterSet]:
         yield nodes.start()
     finally:
         nodes.stop()
+
+
+@pytest.fixture
+def batchers() -> Iterator[list[ManagedProcess]]:
+    """Batcher processes a test starts (append them): stopped when it ends."""
+    started: list[ManagedProcess] = []
+    try:
+        yield started
+    finally:
+        for process in started:
+            process.stop()

@@ -9,16 +9,13 @@ the vLLM simulator."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
-import pytest
 import valkey
 from valkey.cluster import ValkeyCluster
 
-from config.processes import ManagedProcess
 from config.valkey_urls import sync_client
 from gateway.async_tasks import layout
 from gateway.scheduling import keys
@@ -26,16 +23,6 @@ from tests.support.policy import PolicyBuilder
 from tests.support.valkey_ha import ClusterSet, start_batcher_on
 
 CHAT = "llama-async-cluster"
-
-
-@pytest.fixture
-def batchers(tmp_path: Path) -> Iterator[list[ManagedProcess]]:
-    started: list[ManagedProcess] = []
-    try:
-        yield started
-    finally:
-        for process in started:
-            process.stop()
 
 
 def _node_of(cluster_client: valkey.Valkey, key_name: str) -> valkey.Valkey:

@@ -43,16 +43,6 @@ def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
         valkeys.stop()
 
 
-@pytest.fixture
-def batchers() -> Iterator[list[ManagedProcess]]:
-    started: list[ManagedProcess] = []
-    try:
-        yield started
-    finally:
-        for process in started:
-            process.stop()
-
-
 class Submitter(ClientThreads):
     """Clients submitting async chats, one at a time each, until stopped."""
 
