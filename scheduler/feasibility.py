@@ -15,7 +15,9 @@ A registration is answered at once from three things in Valkey and no scrape:
 The check is earliest-deadline-first: capacity is spent, inside each job's intervals, on the
 released job with the earliest deadline; every promise, old and new, must finish by its
 deadline. Accepted, the answer is the new job's ETA in that schedule; refused, it is the
-earliest deadline that would have been accepted (a bisection over the new job's deadline).
+earliest deadline that would have been accepted (a bisection over the new job's deadline),
+quoted ``QUOTE_MARGIN_SECONDS`` later: work that could start now finishes a second later for
+every second the client takes to ask again, so an exact quote would already be refused.
 
 The check and the promise are atomic: the ledger is read with its version in one MULTI/EXEC,
 and a script writes the promise only if the version is unchanged (else the check runs
@@ -40,6 +42,7 @@ from gateway.scheduling import keys as scheduling_keys
 from scheduler.windows import Window, open_intervals, zone
 
 PROMISE_GRACE_SECONDS = 3600.0  # a promise past its deadline this long is expired and dropped
+QUOTE_MARGIN_SECONDS = 60.0  # a refusal's earliest possible holds for a retry this soon
 _MAX_RETRIES = 20
 _BISECT_STEPS = 40
 _FAR = 10 * 365 * 86400.0  # an "any time" interval ends this far ahead for the simulation
@@ -204,6 +207,11 @@ class Answer:
 
 def _at(seconds: float) -> datetime | None:
     return None if math.isinf(seconds) else datetime.fromtimestamp(seconds, UTC)
+
+
+def _quote(earliest: float) -> datetime | None:
+    """The earliest possible as told to the client: a whole second, with the retry margin."""
+    return _at(math.ceil(earliest + QUOTE_MARGIN_SECONDS))
 
 
 def decide(
@@ -373,7 +381,7 @@ def promise(
         return Answer(
             feasible=ok,
             eta=_at(eta) if ok else None,
-            earliest_possible=None if ok else _at(earliest),
+            earliest_possible=None if ok else _quote(earliest),
             rate=rate,
             measured=measured,
         )
