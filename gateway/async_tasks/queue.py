@@ -20,7 +20,7 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,11 @@ from gateway.scheduling.errors import MAX_RETRY_AFTER_S, RateLimited
 from gateway.scheduling.keys import KEY_PREFIX
 
 logger = logging.getLogger("gateway.async_tasks")
+
+# A submit whose reply was lost: how often its outcome is asked (a Cluster pipe re-reads the
+# slot map at most every 0.2 s after a node is unreachable, so three asks span a re-read).
+_RESOLVE_ATTEMPTS = 3
+_RESOLVE_PAUSE_S = 0.25
 
 _HERE = Path(__file__).resolve().parent
 SCRIPT = "async_submit"
@@ -259,9 +264,17 @@ class TaskQueue:
 
         ``limits`` are the call's charges; ``packed_limits``, when given, the same already
         packed (LimitPlan.packed)."""
+        task_ids = [new_task_id() for _ in tasks]
         if not self.split_slots:
             return await self._submit(
-                tasks, limits, packed_limits, use_case_id, tenant, priority_class, result_ttl_s
+                tasks,
+                task_ids,
+                limits,
+                packed_limits,
+                use_case_id,
+                tenant,
+                priority_class,
+                result_ttl_s,
             )
         local = [limit for limit in limits if limit.slot == self._prefix]
         elsewhere: dict[str, list[tuple[int, Limit]]] = {}
@@ -272,11 +285,17 @@ class TaskQueue:
         charged = await self._charge(elsewhere, charge_id)
         try:
             queued = await self._submit(
-                tasks, local, None, use_case_id, tenant, priority_class, result_ttl_s
+                tasks, task_ids, local, None, use_case_id, tenant, priority_class, result_ttl_s
             )
-        except BaseException:  # refused (a limit here, the backlog), failed or cancelled
+        except (RateLimited, BacklogFull):
             # Awaited: once the client has its refusal, the refusal has counted nothing.
             await self._settled(self._give_back(charged, charge_id, "refund"))
+            raise
+        except BaseException:  # failed or cancelled: submit.lua may have run, its reply lost
+            if charged:
+                await self._settled(
+                    [self._in_background(self._resolve(charged, charge_id, task_ids[:1]))]
+                )
             raise
         # Queued: the charges stand. Settling drops their refund records now rather than at
         # their TTL (an hour): a record per task for an hour would be most of the slot's memory.
@@ -336,19 +355,53 @@ class TaskQueue:
         _, limit, retry_after_ms = min(refusals, key=lambda found: found[0])
         raise RateLimited(limit, retry_after_ms=retry_after_ms)
 
+    async def _resolve(self, charged: Sequence[str], charge_id: str, first: Sequence[str]) -> None:
+        """After a submit whose outcome is unknown, settle the charges if its tasks are queued
+        and refund them if not: submit.lua is all or nothing, so its first task's hash
+        (``first``, empty for none) tells.
+
+        A cancelled caller's submit is still ahead of the check on the same connection; after
+        a lost connection the check goes out on a new one once the old one is gone. Left
+        unanswered (the node is down) after the slot map is re-read, the charges stay counted
+        until their windows pass: over-counting is the bounded error, never a queued task left
+        uncounted."""
+        if not first:  # no task: nothing can have been queued
+            await self._settled(self._give_back(charged, charge_id, "refund"))
+            return
+        task_key = layout.task(first[0], prefix=self._prefix)
+        for attempt in range(_RESOLVE_ATTEMPTS):
+            try:
+                queued = bool(await self._pipe.execute("EXISTS", task_key))
+            except VALKEY_FAILURES as exc:
+                if attempt + 1 < _RESOLVE_ATTEMPTS:
+                    await asyncio.sleep(_RESOLVE_PAUSE_S)
+                    continue
+                logger.warning(
+                    "async_submit_unresolved charge=%s kept_counted=%s error=%r",
+                    charge_id,
+                    ",".join(charged),
+                    exc,
+                )
+                return
+            break
+        await self._settled(self._give_back(charged, charge_id, "settle" if queued else "refund"))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """``work`` in a task of its own: a caller being cancelled does not stop it."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
     def _give_back(
         self, slots: Sequence[str], charge_id: str, op: str
     ) -> list[asyncio.Future[None]]:
         """Refund (the submission was refused) or settle (queued) each slot's charge, in tasks
-        of their own: a caller being cancelled does not stop them."""
+        of their own."""
         now = self._clock()
-        sent: list[asyncio.Future[None]] = []
-        for slot in slots:
-            task = asyncio.ensure_future(self._account(slot, [op, now, charge_id, ""]))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            sent.append(task)
-        return sent
+        return [
+            self._in_background(self._account(slot, [op, now, charge_id, ""])) for slot in slots
+        ]
 
     @staticmethod
     async def _settled(sent: list[asyncio.Future[None]]) -> None:
@@ -366,6 +419,7 @@ class TaskQueue:
     async def _submit(
         self,
         tasks: Sequence[NewTask],
+        task_ids: Sequence[str],
         limits: Sequence[Limit],
         packed_limits: bytes | None,
         use_case_id: int,
@@ -391,8 +445,7 @@ class TaskQueue:
                 parts.append(self._model_part(model, count))
             parts.append(bulk(len(tasks)))
             queued: list[QueuedTask] = []
-            for task in tasks:
-                task_id = new_task_id()
+            for task, task_id in zip(tasks, task_ids, strict=True):
                 partitions = self._registered.get(task.model, self._partitions)
                 parts.append(
                     pack_values(

@@ -22,7 +22,8 @@ from gateway.async_tasks.queue import (
     merged_limits,
 )
 from gateway.autopipeline import AutoPipeline, pack_values
-from gateway.scheduling import RateLimited
+from gateway.scheduling import RateLimited, keys
+from tests.support.reply_loss import ReplyLosingProxy
 
 NOW = 1_767_225_600_000
 
@@ -140,3 +141,57 @@ def test_a_limit_plans_packed_limits_are_the_charged_limits_packed() -> None:
     for tokens in (1, 37, 123_456):
         assert plan.packed(tokens) == pack_values(limit_args(plan.charged(tokens)))
     assert LimitPlan([]).packed(5) == b""
+
+
+@pytest.mark.parametrize(
+    ("ran", "then_down"),
+    [(True, False), (False, False), (False, True)],
+    ids=["queued-reply-lost", "never-ran", "never-ran-node-gone"],
+)
+def test_a_split_submit_whose_connection_dies_counts_exactly_when_its_task_was_queued(
+    valkey_client: valkey.Valkey, ran: bool, then_down: bool
+) -> None:
+    """GIVEN split slots (a Cluster's way: the use case's limit is charged on the tenant's
+    slot by account.lua, then submit.lua queues on the streams' slot) WHEN the connection dies
+    right after submit.lua ran (its reply lost) THEN the caller gets the connection error and
+    the charge stands, settled: the task is queued and will run. WHEN it dies before submit.lua
+    could run THEN the charge is given back. Either way no refund record is left. WHEN the
+    node stays unreachable, so that nobody can tell THEN the charge stays counted (its refund
+    record with it): over-counting is the bounded error, never a queued task uncounted."""
+    tenant_slot = keys.account_prefix("acme")
+    limit = Limit("uc:7:rpm", "req", 60_000, 10, 1, "use case x requests per minute", tenant_slot)
+    window = f"{limit.stem}:{NOW // 60_000}"
+    port = valkey_client.connection_pool.connection_kwargs["port"]
+
+    async def main() -> None:
+        proxy = ReplyLosingProxy(port)
+        client = avalkey.Valkey(port=await proxy.start())
+        pipe = AutoPipeline(client)
+        queue = TaskQueue(
+            pipe,
+            clock=lambda: NOW,
+            max_backlog=100,
+            queue_ttl_s=60,
+            partitions=2,
+            backlog_retry_after_s=30,
+            split_slots=True,
+        )
+        try:
+            # One that goes through: the scripts are loaded, so the armed write is the call.
+            await _submit(queue, [_task("a")], [limit])
+            # Only submit.lua's call names a task's key (account.lua's charge does not).
+            marker = layout.task("", prefix=keys.KEY_PREFIX).encode()
+            proxy.arm(marker, ran=ran, then_down=then_down)
+            with pytest.raises(valkey.ConnectionError):
+                await _submit(queue, [_task("a")], [limit])
+            assert proxy.lost.is_set()
+        finally:
+            await pipe.close()
+            await client.aclose()
+            await proxy.close()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    assert valkey_client.get(layout.depth("a")) == (b"2" if ran else b"1")
+    assert valkey_client.get(window) == (b"2" if ran or then_down else b"1")
+    refund_records: list[bytes] = valkey_client.keys(tenant_slot + "rf:*")  # type: ignore[assignment]
+    assert len(refund_records) == (1 if then_down else 0)
