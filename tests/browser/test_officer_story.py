@@ -211,6 +211,32 @@ def _leave(field: Locator) -> None:
     field.press("Tab")
 
 
+def _refused_as_left_then_corrected(
+    page: Page,
+    field: Locator,
+    errors_id: str,
+    *,
+    wrong: str,
+    says: str,
+    right: str,
+    screenshot: Path | None = None,
+) -> None:
+    """Leave ``field`` holding ``wrong``: its error (``#errors_id``) says ``says`` and the
+    field is marked invalid, the page still accessible; then correct it to ``right`` and leave
+    again: the error and the mark are gone."""
+    field.fill(wrong)
+    _leave(field)
+    expect(page.locator(f"#{errors_id}")).to_contain_text(says)
+    expect(field).to_have_attribute("aria-invalid", "true")
+    if screenshot is not None:
+        page.screenshot(path=str(screenshot))
+    _accessible(page)
+    field.fill(right)
+    _leave(field)
+    expect(page.locator(f"#{errors_id}")).to_be_empty()
+    expect(field).not_to_have_attribute("aria-invalid", "true")
+
+
 def test_officer_adds_a_model_a_deployment_and_an_sla_class_checked_field_by_field(
     browser: Browser,
     portal_server: str,
@@ -244,16 +270,14 @@ def test_officer_adds_a_model_a_deployment_and_an_sla_class_checked_field_by_fie
     expect(page.get_by_role("heading", name="Models and deployments", level=1)).to_be_visible()
     _accessible(page)
     page.get_by_role("link", name="New model").click()
-    model_id = page.get_by_label("Model id")
-    model_id.fill("qwen 72b")
-    _leave(model_id)
-    expect(page.locator("#id_public_id_errors")).to_contain_text("Use letters, digits")
-    expect(model_id).to_have_attribute("aria-invalid", "true")
-    _accessible(page)
-    model_id.fill("qwen-2.5-72b")
-    _leave(model_id)
-    expect(page.locator("#id_public_id_errors")).to_be_empty()
-    expect(model_id).not_to_have_attribute("aria-invalid", "true")
+    _refused_as_left_then_corrected(
+        page,
+        page.get_by_label("Model id"),
+        "id_public_id_errors",
+        wrong="qwen 72b",
+        says="Use letters, digits",
+        right="qwen-2.5-72b",
+    )
     page.get_by_label("Description").fill("Qwen for long documents")
     page.get_by_label("Chat completions").check()
     page.get_by_label("Timeout (seconds)").fill("120")
@@ -268,16 +292,15 @@ def test_officer_adds_a_model_a_deployment_and_an_sla_class_checked_field_by_fie
     # --- its deployment: a replica URL the services refuse shows as the field is left
     page.get_by_role("link", name="New deployment of qwen-2.5-72b").click()
     page.get_by_label("Served name").fill("qwen-h200")
-    replicas = page.get_by_label("Replica base URLs")
-    replicas.fill("ftp://vllm-0.qwen:8000")
-    _leave(replicas)
-    expect(page.locator("#id_replicas_errors")).to_contain_text("is not an http(s):// base URL")
-    expect(replicas).to_have_attribute("aria-invalid", "true")
-    page.screenshot(path=str(screenshot_dir / "officer-deployment-field-error.png"))
-    _accessible(page)
-    replicas.fill("http://vllm-0.qwen:8000\nhttp://vllm-1.qwen:8000")
-    _leave(replicas)
-    expect(page.locator("#id_replicas_errors")).to_be_empty()
+    _refused_as_left_then_corrected(
+        page,
+        page.get_by_label("Replica base URLs"),
+        "id_replicas_errors",
+        wrong="ftp://vllm-0.qwen:8000",
+        says="is not an http(s):// base URL",
+        right="http://vllm-0.qwen:8000\nhttp://vllm-1.qwen:8000",
+        screenshot=screenshot_dir / "officer-deployment-field-error.png",
+    )
     page.get_by_label("Node pool").fill("h200")
     page.get_by_role("button", name="Review change").click()
     deployment_path = "models[qwen-2.5-72b].deployments[qwen-h200]"
@@ -304,15 +327,14 @@ def test_officer_adds_a_model_a_deployment_and_an_sla_class_checked_field_by_fie
     page.get_by_label("Audio (transcription)").check()
     page.get_by_label("Priority class").select_option("batch")
     page.get_by_label("Processing windows").fill("mon-fri 22:00-06:00")
-    zone = page.get_by_label("Time zone")
-    zone.fill("Mars/Olympus")
-    _leave(zone)
-    expect(page.locator("#id_time_zone_errors")).to_contain_text("is not a time zone")
-    expect(zone).to_have_attribute("aria-invalid", "true")
-    _accessible(page)
-    zone.fill("Europe/Zurich")
-    _leave(zone)
-    expect(page.locator("#id_time_zone_errors")).to_be_empty()
+    _refused_as_left_then_corrected(
+        page,
+        page.get_by_label("Time zone"),
+        "id_time_zone_errors",
+        wrong="Mars/Olympus",
+        says="is not a time zone",
+        right="Europe/Zurich",
+    )
     page.get_by_role("button", name="Review change").click()
     sla_path = "use_cases[acme/chatbot].sla_classes[overnight]"
     expect(_cell(page, sla_path, "time_zone")).to_have_text('"Europe/Zurich"')

@@ -163,7 +163,9 @@ def test_without_chunked_prefill_the_stream_stalls_for_the_whole_prefill(
 ) -> None:
     measured = asyncio.run(_measure(not_chunking))
 
-    # (A token may land at either edge of the window, sent just before the prefill began or
-    # in the step that ends it.)
-    assert measured.tokens_during <= 2, measured
+    # The measure the first test passes fails here. (Tokens are stamped as the client reads
+    # them: on a loaded machine one or two sent just before the prefill began are read inside
+    # the window, and one may come in the step that ends it; a stall is still a stall.)
+    chunks = TARGET_TOKENS // BUDGET
+    assert measured.tokens_during < chunks // 2 + 1, measured
     assert measured.longest_gap_s > 0.8 * measured.alone_s, measured
