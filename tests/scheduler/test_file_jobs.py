@@ -306,7 +306,7 @@ def test_a_file_uploaded_late_on_a_busy_model_is_kept_and_marked_at_risk(
         "audio",
         "late.wav",
         audio,
-        declared_seconds=60,
+        declared_seconds=600,  # 15,000 tokens: 30 s of the model's batch share
         sla_class=world["hourly"],
     )
     now = datetime.now(UTC).timestamp()
@@ -314,8 +314,10 @@ def test_a_file_uploaded_late_on_a_busy_model_is_kept_and_marked_at_risk(
     feasibility.record(
         valkey_client,
         "whisper",
-        # due after it, but so full that the late file's 3 s before it would make it late
-        Job("other", tokens=rate * 318, deadline=now + 320, intervals=((now, now + 320),)),
+        # Due after it, and so full that the late file's 30 s before it make it late; alone
+        # it has 15 s to spare, for the start lag and a loaded machine's slow steps (2 s was
+        # not enough under five test processes on two cores).
+        Job("other", tokens=rate * 305, deadline=now + 320, intervals=((now, now + 320),)),
     )
     event = upload(valkey_client, registration, audio)
 
