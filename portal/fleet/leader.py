@@ -13,13 +13,18 @@ import valkey.asyncio as avalkey
 
 LEADER_KEY: Final = "sy:portal:fleet:publisher"
 
-# Only the holder's own lease is renewed or dropped: compare and act in one step.
-_RENEW: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+# Taken when free, renewed when the holder's own, in one step: as two calls (SET NX, then a
+# renewal) a lease running out between them was neither taken nor renewed, and its holder
+# skipped a tick as if another held it.
+_HOLD: Final = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
 end
 return 0
 """
+# Only the holder's own lease is dropped: compare and act in one step.
 _RELEASE: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -40,9 +45,7 @@ class Leadership:
 
     async def hold(self) -> bool:
         """True while this process is the publisher (taking the lease when it is free)."""
-        if await self.client.set(LEADER_KEY, self.me, nx=True, px=self.ttl_ms):
-            return True
-        return await self._eval(_RENEW, self.me, self.ttl_ms) == 1
+        return await self._eval(_HOLD, self.me, self.ttl_ms) == 1
 
     async def release(self) -> None:
         """Hand over at once on a clean stop, not after the TTL."""
