@@ -3,6 +3,7 @@ a Valkey Cluster on loopback, and the batchers a test starts."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from config.processes import ManagedProcess
 from tests.support.netns import NetnsUnavailable, Network
-from tests.support.valkey_ha import ClusterSet
+from tests.support.valkey_ha import ClusterSet, SentinelSet
 
 NetworkFactory = Callable[[Sequence[str]], Network]
 
@@ -44,6 +45,18 @@ def cluster(tmp_path: Path) -> Iterator[ClusterSet]:
         yield nodes.start()
     finally:
         nodes.stop()
+
+
+@pytest.fixture
+def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
+    """A primary, its replica and three sentinels on loopback, for one test."""
+    valkeys = SentinelSet(tmp_path / "sentinel")
+    try:
+        yield valkeys.start()
+    finally:
+        for node in valkeys.data.values():  # a test that failed with a node stopped (SIGSTOP)
+            node.signal(signal.SIGCONT)
+        valkeys.stop()
 
 
 @pytest.fixture

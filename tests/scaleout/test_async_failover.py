@@ -15,12 +15,10 @@ from __future__ import annotations
 import itertools
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
-import pytest
 import valkey
 
 from config.processes import ManagedProcess, wait_until
@@ -30,17 +28,6 @@ from tests.support.policy import PolicyBuilder
 from tests.support.valkey_ha import SentinelSet, start_batcher_on
 
 CHAT = "llama-async-ha"
-
-
-@pytest.fixture
-def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
-    valkeys = SentinelSet(tmp_path / "sentinel")
-    try:
-        yield valkeys.start()
-    finally:
-        for node in valkeys.data.values():  # a test that failed with the replica stopped
-            node.signal(signal.SIGCONT)
-        valkeys.stop()
 
 
 class Submitter(ClientThreads):

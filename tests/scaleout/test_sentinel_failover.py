@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import cast
 
 import httpx
@@ -30,15 +28,6 @@ from tests.support.valkey_ha import SentinelSet
 
 CHAT = "llama-ha"
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
-    valkeys = SentinelSet(tmp_path / "sentinel")
-    try:
-        yield valkeys.start()
-    finally:
-        valkeys.stop()
 
 
 def dump_state(client: valkey.Valkey) -> str:
