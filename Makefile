@@ -12,7 +12,13 @@ SWITCHYARD_TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_WORKERS ?= 3
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: up test test-live lint format bench venv clean chromium assets
+.PHONY: up test test-live lint format bench venv clean system-packages assets
+
+## Every Debian package the suite, the stack or the benches need, in one list: a new machine has
+## none of what a previous session installed by hand. chromium: the browser tests; iptables and
+## faketime: the multi-host tests' partitions and skewed clocks (tests/support/netns.py); wrk:
+## the benches' load generator. Installed only where one is missing (one apt-get for all).
+SYSTEM_PACKAGES := chromium iptables faketime wrk
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,7 +49,7 @@ up: $(STAMP) $(ASSETS)
 
 ## The full test suite: lint and types, then the tests on SQLite, then the database tests
 ## again on PostgreSQL if one answers.
-test: lint chromium $(ASSETS)
+test: lint system-packages $(ASSETS)
 	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 	@if $(PY) -c "import psycopg,sys; psycopg.connect('$(SWITCHYARD_TEST_POSTGRES_URL)', connect_timeout=3).close()" 2>/dev/null; then \
 		echo "--- database tests on PostgreSQL ($(SWITCHYARD_TEST_POSTGRES_URL))"; \
@@ -52,10 +58,14 @@ test: lint chromium $(ASSETS)
 		echo "--- PostgreSQL not reachable at $(SWITCHYARD_TEST_POSTGRES_URL): database tests ran on SQLite only"; \
 	fi
 
-## Debian's Chromium for the browser tests (tests/browser); Playwright's own browser download
-## is never used.
-chromium:
-	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+## The list above, checked by dpkg rather than by a command on PATH (a package's binary may sit
+## in /usr/sbin). Playwright's own browser download is never used: the browser is Debian's.
+system-packages:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
 
 ## The simulator's contract tests against a real vLLM on the CPU (installs it; takes minutes).
 test-live: $(STAMP)
@@ -71,8 +81,7 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 
 ## Benchmarks (results in bench/RESULTS.md); the load generator is Debian's wrk.
-bench: $(STAMP)
-	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+bench: $(STAMP) system-packages
 	$(PY) -m bench.simulator.throughput
 	$(PY) -m bench.scheduling.lua_cost
 	$(PY) -m bench.gateway.overhead
@@ -80,6 +89,7 @@ bench: $(STAMP)
 	$(PY) -m bench.guardrails.quality
 	$(PY) -m bench.guardrails.latency
 	$(PY) -m bench.gateway.records
+	$(PY) -m bench.gateway.recording
 	$(PY) -m bench.records.persist
 
 clean:
