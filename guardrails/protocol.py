@@ -23,6 +23,25 @@ from guardrails.catalogue import ACTIONS, STAGES, entries
 CHECK_PATH: Final = "/v1/check"
 HEALTH_PATH: Final = "/healthz"
 METRICS_PATH: Final = "/metrics"
+# The characters one check may carry (all its texts together), for the gateway and the service
+# alike: a detector's time grows with the text, and a check past the service's timeout kills
+# and reloads a worker, so a request over the budget is refused before it is sent.
+MAX_TEXT_CHARS_ENV: Final = "SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS"
+DEFAULT_MAX_TEXT_CHARS: Final = 50_000
+# The shared secret the gateway presents (``Authorization: Bearer …``) and the service checks.
+TOKEN_ENV: Final = "SWITCHYARD_GUARDRAIL_TOKEN"  # noqa: S105 (a variable's name)
+
+
+def text_chars(texts: Sequence[str]) -> int:
+    return sum(len(text) for text in texts)
+
+
+def over_budget_message(chars: int, budget: int) -> str:
+    return (
+        f"The text to check ({chars:,} characters) is over the guardrail budget of "
+        f"{budget:,} characters for one request: send less text, or ask the platform team "
+        f"to raise {MAX_TEXT_CHARS_ENV}."
+    )
 
 
 class InvalidCheck(ValueError):
@@ -52,7 +71,11 @@ def encode_request(stage: str, texts: Sequence[str], checks: Sequence[CheckSpec]
     )
 
 
-def parse_request(raw: bytes) -> CheckRequest:
+class OverBudget(InvalidCheck):
+    """The texts are over the service's character budget."""
+
+
+def parse_request(raw: bytes, *, max_text_chars: int | None = None) -> CheckRequest:
     """A validated check request, or ``InvalidCheck`` naming what is wrong.
 
     Settings are taken as governance validated them when the selection was saved: checking
@@ -69,6 +92,8 @@ def parse_request(raw: bytes) -> CheckRequest:
     texts = document.get("texts")
     if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
         raise InvalidCheck("'texts' must be an array of strings.")
+    if max_text_chars is not None and (chars := text_chars(texts)) > max_text_chars:
+        raise OverBudget(over_budget_message(chars, max_text_chars))
     raw_checks = document.get("checks")
     if not isinstance(raw_checks, list) or not raw_checks:
         raise InvalidCheck("'checks' must be a non-empty array.")

@@ -8,11 +8,20 @@ side is aiohttp; the protocol is guardrails/protocol.py.
 
 ``GET /healthz``: 200 while at least one worker is ready. ``GET /metrics``: Prometheus, the
 checks answered (by stage and outcome), their latency, workers ready and replaced.
+
+Callers authenticate with a shared secret (``SWITCHYARD_GUARDRAIL_TOKEN``, or ``…_FILE``) as
+``Authorization: Bearer …`` on ``/v1/check``; the probes stay open. Without a token the
+service listens on loopback only: it refuses to start bound to another address. A check whose
+texts are over ``SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS`` is refused (413) before any worker
+sees it — the gateway refuses the same budget before sending, so a client cannot make the
+service time out, kill and reload workers with long texts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import logging
 import time
 from dataclasses import dataclass
@@ -21,13 +30,16 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from config.env import env_float, env_int, env_list, env_str
+from config.env import ConfigurationError, env_float, env_int, env_list, env_str
 from guardrails.catalogue import entries
 from guardrails.protocol import (
     CHECK_PATH,
+    DEFAULT_MAX_TEXT_CHARS,
     HEALTH_PATH,
     METRICS_PATH,
+    TOKEN_ENV,
     InvalidCheck,
+    OverBudget,
     error_body,
     parse_request,
 )
@@ -50,6 +62,8 @@ class ServiceSettings:
     load_timeout_s: float
     preload: tuple[str, ...]
     max_body_bytes: int
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    token: str = ""  # the callers' shared secret; empty: loopback only
 
     @classmethod
     def from_env(cls) -> ServiceSettings:
@@ -72,7 +86,20 @@ class ServiceSettings:
             max_body_bytes=env_int(
                 "SWITCHYARD_GUARDRAIL_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024
             ),
-        )
+            max_text_chars=env_int(
+                "SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS, minimum=1
+            ),
+            token=env_str("SWITCHYARD_GUARDRAIL_TOKEN", ""),
+        ).checked()
+
+    def checked(self) -> ServiceSettings:
+        """Refuse to serve unauthenticated checks beyond this machine."""
+        if not self.token and not _loopback(self.host):
+            raise ConfigurationError(
+                f"SWITCHYARD_GUARDRAIL_HOST={self.host!r} is not a loopback address: set "
+                f"{TOKEN_ENV} (or {TOKEN_ENV}_FILE) so that only the gateways can ask for checks"
+            )
+        return self
 
     def preload_names(self) -> list[str]:
         if "all" in self.preload:
@@ -105,16 +132,33 @@ class _Metrics:
         self.ready = Gauge(PREFIX + "workers_ready", "Workers loaded and alive.", registry=r)
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 _POOL = web.AppKey("pool", WorkerPool)
 _METRICS = web.AppKey("metrics", _Metrics)
+_SETTINGS = web.AppKey("settings", ServiceSettings)
 _STATUS = {PoolBusy: 503, CheckTimeout: 504}
 
 
 async def check(request: web.Request) -> web.Response:
     metrics = request.app[_METRICS]
+    settings = request.app[_SETTINGS]
     started = time.monotonic()
+    if settings.token and not _authorised(request, settings.token):
+        metrics.checks.labels("unknown", "unauthorised").inc()
+        return _json(401, error_body("A valid service token is required.", "unauthorised"))
     try:
-        parsed = parse_request(await request.read())
+        parsed = parse_request(await request.read(), max_text_chars=settings.max_text_chars)
+    except OverBudget as exc:
+        metrics.checks.labels("unknown", "over_budget").inc()
+        return _json(413, error_body(str(exc), "guardrail_text_too_large"))
     except InvalidCheck as exc:
         metrics.checks.labels("unknown", "invalid").inc()
         return _json(400, error_body(str(exc), "invalid_check"))
@@ -128,6 +172,13 @@ async def check(request: web.Request) -> web.Response:
     metrics.checks.labels(parsed.stage, "ok").inc()
     metrics.latency.labels(parsed.stage).observe(time.monotonic() - started)
     return web.json_response(outcome)
+
+
+def _authorised(request: web.Request, token: str) -> bool:
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        presented.strip().encode(), token.encode()
+    )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -161,6 +212,7 @@ def create_app(settings: ServiceSettings) -> web.Application:
     )
     app[_METRICS] = metrics
     app[_POOL] = pool
+    app[_SETTINGS] = settings
 
     async def lifecycle(app: web.Application) -> object:
         await pool.start(settings.load_timeout_s)

@@ -6,7 +6,16 @@ import re
 
 from config.processes import REPO_ROOT
 
-SOURCES = ["config", "gateway", "governance", "portal", "scheduler", "Makefile"]
+SOURCES = [
+    "config",
+    "gateway",
+    "governance",
+    "portal",
+    "scheduler",
+    "guardrails",
+    "s3endpoint",
+    "Makefile",
+]
 # Reads of a variable: our typed helpers, os.environ.get and os.getenv (a name that only
 # appears inside a code snippet shown to users is not configuration).
 READS = re.compile(r"(?:env_[a-z]+|environ\.get|getenv)\(\s*\"(SWITCHYARD_[A-Z0-9_]+)\"")

@@ -30,6 +30,8 @@ SECRETS_DIR = "/run/secrets/switchyard/"
 SERVING = {"web", "gateway", "guardrails", "s3-endpoint", "batcher", "celery-worker"}
 # Who calls vLLM: the gateway and the batcher send requests, the watcher scrapes /metrics.
 VLLM_CALLERS = {"gateway", "batcher", "fleet-watcher"}
+# Who asks the guardrail service for checks: every door's stages, and async results'.
+GUARDRAIL_CALLERS = {"gateway", "batcher"}
 
 
 @pytest.mark.parametrize("overlay", ALL)
@@ -184,7 +186,8 @@ def test_every_serving_role_has_a_disruption_budget_over_its_pods(overlay: str) 
 @pytest.mark.parametrize("overlay", ALL)
 def test_only_the_callers_of_vllm_reach_its_pods(overlay: str) -> None:
     objects = render(overlay)
-    (policy,) = of_kind(objects, "NetworkPolicy")
+    policies = of_kind(objects, "NetworkPolicy")
+    (policy,) = [p for p in policies if p["metadata"]["name"] == "vllm-ingress"]
     headless = [s for s in of_kind(objects, "Service") if s["spec"].get("clusterIP") == "None"]
     assert headless, "a headless Service lists the vLLM replicas"
     selected = policy["spec"]["podSelector"]["matchLabels"]
@@ -201,6 +204,34 @@ def test_only_the_callers_of_vllm_reach_its_pods(overlay: str) -> None:
             assert expressions["app.kubernetes.io/component"]["operator"] == "In"
             admitted |= set(expressions["app.kubernetes.io/component"]["values"])
     assert admitted == VLLM_CALLERS
+
+
+@pytest.mark.parametrize("overlay", ALL)
+def test_only_the_gateways_and_the_batcher_reach_the_guardrail_service(overlay: str) -> None:
+    """It binds every interface in a pod: a NetworkPolicy admits its callers only, and the
+    token it asks them for is a secret file every Switchyard pod is given."""
+    objects = render(overlay)
+    policies = of_kind(objects, "NetworkPolicy")
+    (policy,) = [p for p in policies if p["metadata"]["name"] == "switchyard-guardrails-ingress"]
+    (service,) = [
+        s
+        for s in of_kind(objects, "Service")
+        if s["metadata"]["name"].endswith("switchyard-guardrails")
+    ]
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected.items() <= service["spec"]["selector"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    admitted: set[str] = set()
+    for rule in policy["spec"]["ingress"]:
+        assert rule["ports"] == [{"protocol": "TCP", "port": 8095}]
+        for peer in rule["from"]:
+            assert set(peer) == {"podSelector"}, peer
+            expressions = {e["key"]: e for e in peer["podSelector"]["matchExpressions"]}
+            assert expressions["app.kubernetes.io/name"]["values"] == ["switchyard"]
+            admitted |= set(expressions["app.kubernetes.io/component"]["values"])
+    assert admitted == GUARDRAIL_CALLERS
+    (settings,) = of_kind(objects, "ConfigMap")
+    assert settings["data"]["SWITCHYARD_GUARDRAIL_TOKEN_FILE"].startswith(SECRETS_DIR)
 
 
 @pytest.mark.parametrize("overlay", ALL)
