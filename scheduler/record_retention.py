@@ -5,7 +5,7 @@ A use case id no longer in governance (deleted, or a standalone gateway's) gets
 ``RECORD_RETENTION_DAYS``; its records are still held when their tenant is.
 
 An object holds one use case × one hour, so it goes once its whole hour is past the cutoff:
-the object is deleted from storage first, then (in one transaction) its rows, the
+in one transaction, the object is deleted from storage first, then its rows, the
 ``RecordObject`` and an audit event — a crash in between leaves rows whose object is gone,
 which the next run deletes (deleting a missing object is a no-op). Metadata-only rows (no
 object) go by their own time. With an hour's objects go the objects under the same
@@ -16,12 +16,17 @@ batches (``OBJECTS_PER_BATCH`` objects,
 ``ROWS_PER_BATCH`` rows), at most ``MAX_BATCHES`` a run; the next run carries on. Every batch
 is one ``records.deleted`` audit event: the use case, the counts, the time range, and each
 object's key with its checksums.
+
+The holds read at the start only plan the run: each batch re-reads them with the use case's
+and tenants' rows locked, first in the transaction that deletes (storage included), so a hold
+placed while a run is under way stops it before its next batch. The price: a batch holds those
+row locks (on SQLite, the write lock) while it deletes its objects from storage.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -83,8 +88,12 @@ def record_retention_apply(
     rows_per_batch: int = ROWS_PER_BATCH,
     max_batches: int = MAX_BATCHES,
     orphan_grace: timedelta = ORPHAN_GRACE,
+    on_batch: Callable[[], None] | None = None,
 ) -> RecordRetentionReport:
-    """Delete records past retention, in at most ``max_batches`` audited batches."""
+    """Delete records past retention, in at most ``max_batches`` audited batches.
+
+    ``on_batch`` is called after each batch is selected and before it is deleted: the seam
+    where a test places a legal hold mid-run (each batch re-checks the holds under lock)."""
     now = now or timezone.now()
     report = RecordRetentionReport()
     held_tenants = set(Tenant.objects.filter(legal_hold=True).values_list("pk", flat=True))
@@ -94,7 +103,7 @@ def record_retention_apply(
             continue
         cutoff = now - timedelta(days=policy.days)
         budget = (objects_per_batch, rows_per_batch, max_batches)
-        if not _apply(policy, cutoff, held_tenants, budget, orphan_grace, report):
+        if not _apply(policy, cutoff, held_tenants, budget, orphan_grace, report, on_batch):
             report.backlog = True
             break
     logger.info(
@@ -133,44 +142,101 @@ def _apply(
     budget: tuple[int, int, int],
     orphan_grace: timedelta,
     report: RecordRetentionReport,
+    on_batch: Callable[[], None] | None,
 ) -> bool:
-    """Batches for one use case while the run's budget lasts; False when it ran out."""
+    """Batches for one use case while the run's budget lasts; False when it ran out.
+
+    What a batch selects is only a candidate: the batch re-reads the holds under a lock
+    before it deletes anything (``_locked_holds``), and a hold found there ends the use case's
+    part of the run, or drops a newly held tenant's records from it."""
     objects_per_batch, rows_per_batch, max_batches = budget
-    objects = (
-        RecordObject.objects.filter(use_case_id=policy.use_case_id, hour__lte=cutoff - _HOUR)
-        .exclude(tenant_id__in=held_tenants)
-        .order_by("hour", "pk")
-    )
-    rows = (
-        InteractionRecord.objects.filter(
-            use_case_id=policy.use_case_id, occurred_at__lt=cutoff, object__isnull=True
-        )
-        .exclude(tenant_id__in=held_tenants)
-        .order_by("occurred_at", "pk")
-    )
     while True:
         if report.batches >= max_batches:
             return False
-        batch = list(objects[:objects_per_batch])
+        batch = list(
+            RecordObject.objects.filter(use_case_id=policy.use_case_id, hour__lte=cutoff - _HOUR)
+            .exclude(tenant_id__in=held_tenants)
+            .order_by("hour", "pk")[:objects_per_batch]
+        )
         if batch:
-            _delete_objects(policy, batch, orphan_grace, report)
+            if on_batch is not None:
+                on_batch()
+            if not _delete_objects(policy, batch, held_tenants, orphan_grace, report):
+                report.held.append(policy.use_case_id)
+                return True
             continue
-        ids = list(rows.values_list("pk", flat=True)[:rows_per_batch])
+        ids = list(
+            InteractionRecord.objects.filter(
+                use_case_id=policy.use_case_id, occurred_at__lt=cutoff, object__isnull=True
+            )
+            .exclude(tenant_id__in=held_tenants)
+            .order_by("occurred_at", "pk")
+            .values_list("pk", flat=True)[:rows_per_batch]
+        )
         if not ids:
             return True
-        _delete_rows(policy, ids, report)
+        if on_batch is not None:
+            on_batch()
+        if not _delete_rows(policy, ids, held_tenants, report):
+            report.held.append(policy.use_case_id)
+            return True
+
+
+def _locked_holds(policy: _Policy, tenant_ids: set[int], held_tenants: set[int]) -> bool:
+    """Lock the use case's row and its records' tenants' rows and read their holds; False
+    when the use case (or its own tenant) is held now. Tenants found held join
+    ``held_tenants``, so the caller leaves their records out.
+
+    Called first in the deleting transaction: a hold committed after the batch was selected
+    is seen here, and one placed from now on waits until the batch is committed. The row
+    locks are PostgreSQL's ``FOR UPDATE``; on SQLite, transactions are ``IMMEDIATE``
+    (config/settings.py), so the write lock is held from the start of the transaction."""
+    use_case = list(
+        UseCase.objects.select_for_update()
+        .filter(pk=policy.use_case_id)
+        .values_list("legal_hold", "tenant_id")
+    )
+    if use_case:
+        tenant_ids = tenant_ids | {use_case[0][1]}
+    held_tenants |= set(
+        Tenant.objects.select_for_update()
+        .filter(pk__in=tenant_ids, legal_hold=True)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    if not use_case:
+        return True  # gone from governance: only a tenant hold applies, row by row
+    held, tenant_id = use_case[0]
+    return not held and tenant_id not in held_tenants
 
 
 def _delete_objects(
     policy: _Policy,
     batch: list[RecordObject],
+    held_tenants: set[int],
     orphan_grace: timedelta,
     report: RecordRetentionReport,
-) -> None:
-    unreferenced = _unreferenced(batch, orphan_grace)
-    for key in [obj.key for obj in batch] + unreferenced:
-        delete_object(key)  # first: a row left behind is retried, content never is
+) -> bool:
+    """Delete one batch of objects with their rows; False, deleting nothing, when the use
+    case is held now. The storage deletes run inside the transaction, after the holds are
+    read under lock, so no hold can be placed between the check and the delete."""
     with transaction.atomic():
+        tenant_ids = {obj.tenant_id for obj in batch if obj.tenant_id is not None}
+        if not _locked_holds(policy, tenant_ids, held_tenants):
+            return False
+        # Read again under lock: a key rotation's re-wrap may have moved an object meanwhile.
+        batch = [
+            obj
+            for obj in RecordObject.objects.select_for_update()
+            .filter(pk__in=[obj.pk for obj in batch])
+            .order_by("hour", "pk")
+            if obj.tenant_id not in held_tenants
+        ]
+        if not batch:
+            return True  # a tenant is held now: the next selection leaves it out
+        unreferenced = _unreferenced(batch, orphan_grace)
+        for key in [obj.key for obj in batch] + unreferenced:
+            delete_object(key)  # first: a row left behind is retried, content never is
         lines = InteractionRecord.objects.filter(object__in=batch)
         span = lines.aggregate(first=Min("occurred_at"), last=Max("occurred_at"))
         records, _ = lines.delete()
@@ -196,6 +262,7 @@ def _delete_objects(
     report.unreferenced += len(unreferenced)
     report.records += records
     report.batches += 1
+    return True
 
 
 def _unreferenced(batch: list[RecordObject], grace: timedelta) -> list[str]:
@@ -213,11 +280,25 @@ def _unreferenced(batch: list[RecordObject], grace: timedelta) -> list[str]:
     )
 
 
-def _delete_rows(policy: _Policy, ids: list[int], report: RecordRetentionReport) -> None:
+def _delete_rows(
+    policy: _Policy, ids: list[int], held_tenants: set[int], report: RecordRetentionReport
+) -> bool:
+    """Delete one batch of metadata-only rows; False, deleting nothing, when the use case is
+    held now."""
     with transaction.atomic():
         rows = InteractionRecord.objects.filter(pk__in=ids)
+        tenant_ids = {
+            tenant_id
+            for tenant_id in rows.values_list("tenant_id", flat=True).distinct()
+            if tenant_id is not None
+        }
+        if not _locked_holds(policy, tenant_ids, held_tenants):
+            return False
+        rows = rows.exclude(tenant_id__in=held_tenants)
         span = rows.aggregate(first=Min("occurred_at"), last=Max("occurred_at"))
         records, _ = rows.delete()
+        if not records:
+            return True  # a tenant is held now: the next selection leaves it out
         _audit(
             policy,
             records=records,
@@ -228,6 +309,7 @@ def _delete_rows(policy: _Policy, ids: list[int], report: RecordRetentionReport)
         )
     report.records += records
     report.batches += 1
+    return True
 
 
 def _audit(

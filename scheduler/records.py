@@ -72,6 +72,8 @@ logger = logging.getLogger(__name__)
 BATCH_SIZE = 500  # entries of about 2 KB each: a batch is about 1 MB of content
 KEEP_ACKNOWLEDGED_MS = 60_000
 STORED_ACTION = "records.object_stored"
+RESEALED_ACTION = "records.object_resealed"  # scheduler/record_rewrap.py: same content, new seal
+MAX_RESEALS = 100  # links followed back from a re-seal's event to where the object was stored
 ACTOR = Actor.system("records-persister")
 # The columns a records entry owns on a row the usage persister may have created first.
 CONTENT_FIELDS = ("content", "object", "line", "content_sha256", "truncated")
@@ -314,29 +316,49 @@ def stored_detail(obj: RecordObject) -> dict[str, Any]:
     }
 
 
+def _audit_problem(obj: RecordObject) -> str:
+    """Why the audit trail does not vouch for the object's row ("" when it does): the row's
+    event is this object's and records the row as it is. A re-seal's event (a key rotation)
+    names, in ``before``, the row as it was and its event: each link back to the event that
+    stored the object must hold the same content checksum and line count, so a re-seal can
+    change the seal and the key, never what the object says."""
+    sequence, expected = obj.audit_sequence, stored_detail(obj)
+    for _ in range(MAX_RESEALS):
+        if sequence is None:
+            return "no audit event recorded its checksums"
+        event = AuditEvent.objects.filter(sequence=sequence).first()
+        if event is None:
+            return f"audit event {sequence} is missing"
+        if event.hash != event_hash(event):
+            return f"audit event {event.sequence} does not match its hash"
+        if event.action not in (STORED_ACTION, RESEALED_ACTION) or (
+            event.object_type,
+            event.object_id,
+        ) != (RecordObject._meta.label_lower, str(obj.pk)):
+            return f"audit event {event.sequence} is not this object's"
+        if event.after != expected:
+            return f"the object's row differs from what audit event {event.sequence} recorded"
+        if event.action == STORED_ACTION:
+            return ""
+        before = event.before if isinstance(event.before, dict) else {}
+        if [before.get(name) for name in ("sha256", "records")] != [
+            expected["sha256"],
+            expected["records"],
+        ]:
+            return f"audit event {event.sequence} re-sealed other content"
+        sequence, expected = before.get("audit_sequence"), {k: before.get(k) for k in expected}
+    return f"more than {MAX_RESEALS} re-seals"
+
+
 def records_verify(obj: RecordObject, *, stored: bytes | None = None) -> Verification:
     """Whether an object is the one that was recorded: its stored bytes against the row's
     checksums, the row against the audit event written when it was stored (and that event
     against its own hash), the seal, and each record's line against its checksum. A changed
     object fails on its checksum; one swapped for another genuine object fails on the row's;
     a row edited to match fails on the audit event."""
-    if obj.audit_sequence is None:
-        return Verification(False, "no audit event recorded its checksums")
-    event = AuditEvent.objects.filter(sequence=obj.audit_sequence).first()
-    if event is None:
-        return Verification(False, f"audit event {obj.audit_sequence} is missing")
-    if event.hash != event_hash(event):
-        return Verification(False, f"audit event {event.sequence} does not match its hash")
-    if (event.action, event.object_type, event.object_id) != (
-        STORED_ACTION,
-        RecordObject._meta.label_lower,
-        str(obj.pk),
-    ):
-        return Verification(False, f"audit event {event.sequence} is not this object's")
-    if event.after != stored_detail(obj):
-        return Verification(
-            False, f"the object's row differs from what audit event {event.sequence} recorded"
-        )
+    problem = _audit_problem(obj)
+    if problem:
+        return Verification(False, problem)
     try:
         sealed = read_object(obj.key) if stored is None else stored
     except ObjectUnreadable as exc:

@@ -6,8 +6,10 @@ copy of the bucket alone therefore reveals nothing, and the GCM tags make any ch
 sealed object fail to open.
 
 Key-encryption keys come from ``SWITCHYARD_RECORDS_KEYS``: ``kid:base64key`` pairs, the first
-the current one. Rotation is adding a new key in front: new objects are sealed with it and old
-ones still open, since every object names the key (``kid``) that wrapped its data key.
+the current one, the others retired (they open, never seal). Rotation is adding a new key in
+front: new objects are sealed with it and old ones still open, since every object names the
+key (``kid``) that wrapped its data key. A retired key may go only once nothing sealed with it
+is left: ``manage.py records_rewrap`` re-seals it all (``reseal``; scheduler/record_rewrap.py).
 
 Sealed layout: ``b"SYSEAL1\\n"``, a 4-byte big-endian header length, the header (JSON: ``kid``,
 ``wrapped`` key, its ``wrap_nonce``, the content ``nonce``), then the ciphertext with its tag.
@@ -71,6 +73,11 @@ class Keyring:
             keys[kid] = key
         return cls(current=next(iter(keys)), keys=keys)
 
+    @property
+    def retired(self) -> tuple[str, ...]:
+        """Ids of the keys that still open what they sealed but no longer seal."""
+        return tuple(kid for kid in self.keys if kid != self.current)
+
 
 @cache
 def _keyring_for(spec: str, secret: str) -> Keyring:
@@ -120,6 +127,16 @@ def unseal(blob: bytes, ring: Keyring | None = None) -> bytes:
         return AESGCM(data_key).decrypt(nonce, blob[len(prefix) :], prefix)
     except (InvalidTag, KeyError, ValueError, TypeError) as exc:
         raise SealError("the object does not open: it was altered or is not ours") from exc
+
+
+def reseal(blob: bytes, ring: Keyring | None = None) -> bytes | None:
+    """The same plaintext sealed under the current key, or None when it already is. The
+    header is the ciphertext's associated data, so the content is sealed afresh (a new data
+    key and nonces), not just its key re-wrapped."""
+    ring = ring or keyring()
+    if sealed_key_id(blob) == ring.current:
+        return None
+    return seal(unseal(blob, ring), ring)
 
 
 def _header(blob: bytes) -> tuple[dict[str, object], bytes]:
