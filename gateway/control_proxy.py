@@ -10,21 +10,35 @@ both are passed through unchanged apart from the hop-by-hop headers.
 Off the hot path: the gateway asks ``handles(path)`` only for paths it has no route for, and
 the aiohttp session is created on the first forwarded request. The web process down or cut
 short answers 502 in OpenAI's error shape; no control URL configured, 503.
+
+Only the routes of those two APIs go through (``ROUTES``), read from the raw path as the client
+sent it: a dot segment, an empty segment, a backslash or any percent-escape is refused (400)
+before matching, so that what is matched is what the web process receives. The ASGI
+``path`` is already percent-decoded, and aiohttp resolves dot segments in the URL it is
+given: ``/v1/files/..%2F..%2Fadmin/`` once reached the web's admin.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 
 import aiohttp
 
+from gateway import errors
 from gateway.errors import GatewayError
 from gateway.http import BodyTooLarge, ClientGone, Receive, Scope, Send, header
 
 logger = logging.getLogger(__name__)
 
 PREFIXES = ("/v1/files", "/v1/batches")
+# The Files and Batch APIs' routes (governance/api/openai_batch.py), with the ids the web
+# process mints ("file-…", "batch_…"): nothing else under the prefixes is forwarded.
+_ID = r"[A-Za-z0-9_-]{1,128}"
+ROUTES = re.compile(rf"/v1/(?:files(?:/{_ID}(?:/content)?)?|batches(?:/{_ID}(?:/cancel)?)?)")
+# No route needs these, and each can make the web process (or aiohttp) read another path.
+_AMBIGUOUS = re.compile(r"%|\\|//|/\.\.?(?:/|$)")
 CHUNK_BYTES = 64 * 1024
 # RFC 9110 §7.6.1, plus Host (the web process's own) and Expect (this hop's uvicorn already
 # answered a 100-continue; the web process gets the body without asking).
@@ -52,6 +66,22 @@ def handles(path: str) -> bool:
     return False
 
 
+def upstream_path(scope: Scope) -> str:
+    """The path to forward: the raw path when it is plain and one of ``ROUTES``, else a
+    GatewayError (400 for an ambiguous spelling, 404 for any other path)."""
+    raw: bytes | None = scope.get("raw_path")
+    path = raw.decode("latin-1") if raw is not None else scope["path"]
+    if _AMBIGUOUS.search(path):
+        raise errors.bad_request(
+            "The path may not contain dot segments, empty segments, backslashes or "
+            "percent-escapes.",
+            code="invalid_path",
+        )
+    if not ROUTES.fullmatch(path):
+        raise errors.not_found(f"Unknown path {path}.")
+    return path
+
+
 class ControlProxy:
     def __init__(self, base_url: str, *, max_body_bytes: int, timeout_s: float) -> None:
         self.base_url = base_url.rstrip("/")
@@ -76,6 +106,7 @@ class ControlProxy:
 
     async def forward(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
         """Relay one request to the web process and its answer back."""
+        path = upstream_path(scope)
         if not self.base_url:
             raise GatewayError(
                 503,
@@ -101,7 +132,7 @@ class ControlProxy:
             chain.append(str(client[0]))
         if chain:
             headers.append(("x-forwarded-for", ", ".join(chain)))
-        url = self.base_url + scope["path"]
+        url = self.base_url + path
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
         has_body = scope["method"] in ("POST", "PUT", "PATCH")
