@@ -287,6 +287,27 @@ def apifile_chunks(file: ApiFile) -> Iterator[bytes]:
         stream.close()
 
 
+def apifile_download(*, actor: Actor, file: ApiFile) -> Iterator[bytes]:
+    """Audit a read of the file's content (who, which file, its tenant), then hand back its
+    chunks. The event is written before the first byte is sent, so a download the client
+    cuts short is on the trail as much as a whole one."""
+    audit_record(
+        actor=actor,
+        action="apifile.download",
+        obj=file,
+        after={
+            "file": file.public_id,
+            "purpose": file.purpose,
+            "object": file.object_name,
+            "bytes": file.bytes,
+        },
+        tenant_slug=file.use_case.tenant.slug,
+        tenant_id=file.use_case.tenant_id,
+        object_repr=f"{file.use_case}: {file.filename}",
+    )
+    return apifile_chunks(file)
+
+
 def batch_input_summary(file: ApiFile) -> BatchInput:
     """Line count, endpoint and model of a stored batch input (checked at upload): counts the
     requests and reads the first, without holding the file in memory."""

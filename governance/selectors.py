@@ -6,8 +6,12 @@ Views build their querysets here, so an object outside the scope is a 404, not a
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
+from datetime import datetime
 
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from governance.choices import ApiKeyStatus, UseCaseStatus
 from governance.models import (
     ApiKey,
     AuditEvent,
@@ -38,6 +42,21 @@ def sla_classes_visible(user: AnyUser) -> QuerySet[SlaClass]:
 def api_keys_visible(user: AnyUser) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(use_case__in=use_cases_visible(user)).select_related(
         "use_case__tenant", "requested_by", "decided_by"
+    )
+
+
+def api_keys_live(now: datetime | None = None) -> QuerySet[ApiKey]:
+    """The keys that may act right now: active, unexpired, of an approved use case. The rule
+    the gateway's snapshot applies (governance/snapshot.py), so a key the gateway refuses is
+    refused on the web process's doors too."""
+    return (
+        ApiKey.objects.filter(
+            status=ApiKeyStatus.ACTIVE,
+            key_hash__isnull=False,
+            use_case__status=UseCaseStatus.APPROVED,
+        )
+        .exclude(expires_at__lte=now or timezone.now())
+        .select_related("use_case__tenant")
     )
 
 

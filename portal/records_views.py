@@ -92,7 +92,8 @@ def record_detail(request: HttpRequest, record_id: str) -> HttpResponse:
 @login_required
 @require_GET
 def records_export_download(request: HttpRequest) -> HttpResponseBase:
-    """The search's selection as JSON Lines or CSV, streamed; audited when it ends."""
+    """The search's selection as JSON Lines or CSV, streamed; audited when it starts and
+    when it ends."""
     _require_records(request)
     form = RecordSearchForm(request.GET, user=request.user)
     if not form.is_valid():
@@ -101,11 +102,15 @@ def records_export_download(request: HttpRequest) -> HttpResponseBase:
     found = form.record_filter()
     rows = records_search(request.user, found)
     try:
-        export_check(rows=rows, fmt=fmt)
+        expected = export_check(rows=rows, fmt=fmt)
     except ExportRefused as refused:
         return _search_page(request, form, problem=str(refused), status=400)
     chunks = records_export(
-        actor=Actor.from_request(request), rows=rows, fmt=fmt, described=found.describe()
+        actor=Actor.from_request(request),
+        rows=rows,
+        fmt=fmt,
+        described=found.describe(),
+        expected=expected,
     )
     return download_response(
         request, chunks, filename=export_filename(fmt), content_type=export_content_type(fmt)

@@ -24,7 +24,6 @@ import jwt
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser
-from django.utils import timezone
 from rest_framework import exceptions, status
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
@@ -37,10 +36,10 @@ from gateway.service_accounts import (
     signing_kid,
 )
 from governance.audit import Actor
-from governance.choices import ApiKeyStatus
 from governance.identity import SSORefused, identity_from_claims, sso_user_sync
 from governance.keys import KEY_PREFIX, key_hash
 from governance.models import ApiKey
+from governance.selectors import api_keys_live
 
 _CHALLENGE = 'Bearer realm="switchyard"'
 
@@ -184,9 +183,11 @@ class ApiKeyUser(AnonymousUser):
 
 
 class ApiKeyAuthentication(BaseAuthentication):
-    """``Authorization: Bearer sk-sy-…``: an active, unexpired API key, found by the SHA-256
-    of the key (as the gateway does: the database compares hashes, never the secret, so no
-    timing tells anything about a key), mapped to its use case."""
+    """``Authorization: Bearer sk-sy-…``: an active, unexpired API key of an approved use
+    case (``api_keys_live``), found by the SHA-256 of the key (as the gateway does: the
+    database compares hashes, never the secret, so no timing tells anything about a key),
+    mapped to its use case. Every door of the web process that takes a key uses this class,
+    so this is where the key's and its use case's status are checked, once."""
 
     def authenticate(self, request: Request) -> tuple[ApiKeyUser, ApiKey] | None:
         parts = get_authorization_header(request).split()
@@ -199,15 +200,15 @@ class ApiKeyAuthentication(BaseAuthentication):
         if not token.startswith(KEY_PREFIX):
             return None
         digest = key_hash(token)
-        key = (
-            ApiKey.objects.filter(key_hash=digest, status=ApiKeyStatus.ACTIVE)
-            .select_related("use_case__tenant")
-            .first()
-        )
+        # Checked on every request, on every door that takes a key: a key stops acting the
+        # moment its use case is suspended or retired, as it does at the gateway. One answer
+        # for every reason (as the gateway's), so a refusal says nothing about other keys.
+        key = api_keys_live().filter(key_hash=digest).first()
         if key is None or key.key_hash is None or not hmac.compare_digest(key.key_hash, digest):
-            raise InvalidBearerToken("The API key is not valid (unknown, revoked or expired).")
-        if key.expires_at is not None and key.expires_at <= timezone.now():
-            raise InvalidBearerToken("The API key is not valid (unknown, revoked or expired).")
+            raise InvalidBearerToken(
+                "The API key is not valid (unknown, revoked or expired, or its use case is "
+                "not approved)."
+            )
         return ApiKeyUser(key), key
 
     def authenticate_header(self, request: Request) -> str:

@@ -32,9 +32,9 @@ from governance.api_files import (
     PURPOSES,
     BatchInputInvalid,
     InvalidRequest,
-    apifile_chunks,
     apifile_create,
     apifile_delete,
+    apifile_download,
     apifile_get,
     apifile_object,
     apifiles_of,
@@ -50,6 +50,7 @@ from governance.batches import (
     batches_of,
     batches_started_at,
 )
+from governance.choices import UseCaseStatus
 from governance.downloads import download_response
 from governance.errors import Conflict
 from governance.files import Infeasible, key_actor
@@ -174,6 +175,13 @@ class OpenAIView(APIView):
                 f"The service account {client!r} is bound to no use case; an officer binds it "
                 "on the use case (service-account client)."
             )
+        if bound.status != UseCaseStatus.APPROVED:
+            # Checked on every request, as the gateway does for the same token (its snapshot
+            # leaves a stopped use case's client out): suspending the use case stops it here.
+            raise PermissionDenied(
+                f"The service account {client!r} is bound to use case {bound}, which is "
+                f"{bound.status}; only an approved use case's files and batches can be reached."
+            )
         self.use_case, self.api_key = bound, None
 
     def perform_content_negotiation(
@@ -280,7 +288,7 @@ class FileContentView(OpenAIView):
         file: ApiFile = apifile_get(use_case_id=self.use_case.pk, public_id=file_id)
         return download_response(
             request._request,
-            apifile_chunks(file),
+            apifile_download(actor=self.actor(), file=file),
             filename=file.filename,
             content_type="application/octet-stream",
         )

@@ -2,9 +2,9 @@
 
 ``/api/records/`` searches (the portal's filters as query parameters), ``/api/records/{id}/``
 is one transcript with its content (reading it is audited), ``/api/records/export/`` streams a
-selection as JSON Lines or CSV (audited when it ends), ``/api/audit/export/`` streams the
-signed audit trail. Who sees which records is decided in one place,
-``scheduler.record_reading.records_visible_to``; a record outside it is a 404.
+selection as JSON Lines or CSV (audited when it starts and when it ends),
+``/api/audit/export/`` streams the signed audit trail. Who sees which records is decided in one
+place, ``scheduler.record_reading.records_visible_to``; a record outside it is a 404.
 """
 
 from __future__ import annotations
@@ -277,12 +277,13 @@ class RecordViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):  # type: ig
     )
     def export(self, request: Request) -> HttpResponseBase:
         """The selection as JSON Lines or CSV, streamed, content included where kept; 400
-        beyond ``SWITCHYARD_RECORDS_EXPORT_MAX_RECORDS``. Audited when the stream ends."""
+        beyond ``SWITCHYARD_RECORDS_EXPORT_MAX_RECORDS``. Audited when it starts (the filter)
+        and when the stream ends (the count)."""
         fmt = request.query_params.get("format", "jsonl")
         found = _search_form(request).record_filter()
         rows = records_search(request.user, found)
         try:
-            export_check(rows=rows, fmt=fmt)
+            expected = export_check(rows=rows, fmt=fmt)
         except ExportRefused as refused:
             raise exceptions.ValidationError({"detail": [str(refused)]}) from refused
         chunks = records_export(
@@ -290,6 +291,7 @@ class RecordViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):  # type: ig
             rows=rows,
             fmt=fmt,
             described=found.describe(),
+            expected=expected,
         )
         return download_response(
             request._request,

@@ -28,6 +28,8 @@ import valkey
 
 from gateway.async_tasks import layout
 from gateway.async_tasks.documents import fields_of, task_document
+from governance.audit import Actor, audit_record
+from governance.models import UseCase
 
 # Fields a row shows: the result and the error bodies stay in Valkey (the error's message is
 # read, capped, for failed tasks only).
@@ -160,11 +162,15 @@ def tasks_page(
 
 
 def task_read(
-    client: valkey.Valkey, *, task_id: str, use_case_ids: Collection[int]
+    client: valkey.Valkey, *, actor: Actor, task_id: str, use_case_ids: Collection[int]
 ) -> dict[str, Any] | None:
     """The task as ``GET /v1/tasks/{id}`` answers it (documents.task_document), or None when
     it does not exist, has expired or belongs to a use case outside ``use_case_ids`` — the
-    API's own rule: another use case's task is "not found", not "forbidden"."""
+    API's own rule: another use case's task is "not found", not "forbidden".
+
+    Reading a task that has ended (its result or error is in the answer) is audited before
+    the answer is sent: who, which task, its use case and tenant. A task still queued or
+    running holds nothing to read yet."""
     if not task_id.startswith(layout.TASK_ID_PREFIX):
         return None
     reply: Any = client.hgetall(layout.task(task_id))
@@ -172,4 +178,21 @@ def task_read(
     owner = fields.get("use_case_id", b"").decode()
     if not fields.get("status") or owner not in {str(pk) for pk in use_case_ids}:
         return None
-    return task_document(task_id, fields)
+    document = task_document(task_id, fields)
+    if document["status"] in layout.TERMINAL:
+        use_case = UseCase.objects.select_related("tenant").get(pk=int(owner))
+        audit_record(
+            actor=actor,
+            action="async_task.read",
+            object_repr=f"async task {task_id}",
+            after={
+                "task": task_id,
+                "use_case_id": use_case.pk,
+                "status": document["status"],
+                "model": document["model"],
+                "endpoint": document["endpoint"],
+            },
+            tenant_slug=use_case.tenant.slug,
+            tenant_id=use_case.tenant_id,
+        )
+    return document

@@ -19,6 +19,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from config.valkey_urls import VALKEY_FAILURES
+from governance.audit import Actor
 from governance.file_selectors import files_visible, with_parts_counts
 from governance.files import valkey_client
 from governance.models import UseCase
@@ -96,10 +97,16 @@ def my_work_tasks(request: HttpRequest) -> HttpResponse:
 @require_GET
 def my_work_task(request: HttpRequest, task_id: str) -> HttpResponse:
     """One task as the gateway's ``GET /v1/tasks/{id}`` answers it (same JSON), for the
-    people who may see its use case; anyone else gets 404, as from the API."""
+    people who may see its use case; anyone else gets 404, as from the API. Reading an
+    ended task's result or error is audited."""
     _require_role(request)
     try:
-        document = task_read(valkey_client(), task_id=task_id, use_case_ids=_use_case_ids(request))
+        document = task_read(
+            valkey_client(),
+            actor=Actor.from_request(request),
+            task_id=task_id,
+            use_case_ids=_use_case_ids(request),
+        )
     except VALKEY_FAILURES:
         error = {
             "error": {

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from governance.audit import Actor, audit_record
+from governance.models import Tenant, UseCase
 from scheduler.models import RECORD_METADATA_FIELDS, InteractionRecord
 from scheduler.record_objects import ObjectCache, ObjectUnreadable
 from scheduler.record_reading.transcripts import content_read
@@ -94,14 +95,67 @@ def records_export(
     rows: QuerySet[InteractionRecord],
     fmt: str,
     described: dict[str, Any],
+    expected: int,
 ) -> Generator[bytes]:
     """The export's bytes, a few hundred records per chunk, read with a database cursor and
-    the object cache (memory stays flat). When it ends — finished, or closed early because
-    the client went away — one ``records.exported`` event records who, the filter, the
-    format, how many records and the SHA-256 of what was sent."""
+    the object cache (memory stays flat).
+
+    Audited twice. Now, before a byte is sent: one ``records.export_started`` event records
+    who, the filter, the format and how many records the selection holds (``expected``, what
+    ``export_check`` counted). When the stream ends — finished, or closed early because the
+    client went away, even before its first chunk — one ``records.exported`` event records
+    how many records were sent and the SHA-256 of what was sent, naming the start's event."""
+    tenant_slug, tenant_id = _tenant_of(described)
+    started = audit_record(
+        actor=actor,
+        action="records.export_started",
+        object_repr=f"{expected} records as {fmt}",
+        after={"filter": described, "format": fmt, "records": expected},
+        tenant_slug=tenant_slug,
+        tenant_id=tenant_id,
+    )
+    chunks = _export_chunks(
+        actor=actor,
+        rows=rows,
+        fmt=fmt,
+        described=described,
+        started=started.sequence,
+        tenant=(tenant_slug, tenant_id),
+    )
+    # Step into its ``try`` now: a generator closed before it ever ran skips its ``finally``,
+    # and an export the client dropped before the first chunk would then have no end.
+    next(chunks)
+    return chunks
+
+
+def _tenant_of(described: dict[str, Any]) -> tuple[str, int | None]:
+    """The tenant an export is confined to by its filter (its tenant, or its use case's);
+    ("", None) for an export across tenants."""
+    if described.get("tenant"):
+        slug = str(described["tenant"])
+        return slug, Tenant.objects.filter(slug=slug).values_list("pk", flat=True).first()
+    if described.get("use_case") is not None:
+        use_case = UseCase.objects.select_related("tenant").filter(pk=described["use_case"])
+        found = use_case.first()
+        if found is not None:
+            return found.tenant.slug, found.tenant_id
+    return "", None
+
+
+def _export_chunks(
+    *,
+    actor: Actor,
+    rows: QuerySet[InteractionRecord],
+    fmt: str,
+    described: dict[str, Any],
+    started: int,
+    tenant: tuple[str, int | None],
+) -> Generator[bytes]:
+    """An empty chunk first (``records_export`` steps past it), then the export's bytes."""
     result = ExportResult()
     cache = ObjectCache(size=EXPORT_CACHED_OBJECTS)
     try:
+        yield b""
         buffer = io.StringIO()
         writer = csv.DictWriter(
             buffer, fieldnames=[*EXPORT_COLUMNS, *CONTENT_COLUMNS], extrasaction="ignore"
@@ -144,7 +198,10 @@ def records_export(
                 "records": result.records,
                 "sha256": result.sha256,
                 "complete": result.complete,
+                "started": started,
             },
+            tenant_slug=tenant[0],
+            tenant_id=tenant[1],
         )
 
 

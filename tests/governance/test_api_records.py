@@ -118,6 +118,7 @@ def test_exports_by_format_parameter_and_the_cap(chatbot: UseCase, audrey: APICl
         "records": 1,
         "sha256": hashlib.sha256(body).hexdigest(),
         "complete": True,
+        "started": AuditEvent.objects.get(action="records.export_started").sequence,
     }
 
     with override_settings(RECORDS_EXPORT_MAX_RECORDS=1):

@@ -268,6 +268,7 @@ def test_a_jsonl_export_is_streamed_holds_the_records_and_is_audited(world: Worl
         "records": 3,
         "sha256": hashlib.sha256(body).hexdigest(),
         "complete": True,
+        "started": _events("records.export_started")[0].sequence,
     }
 
 
@@ -332,6 +333,7 @@ def test_an_export_cut_short_is_audited_as_such(
         rows=InteractionRecord.objects.order_by("-occurred_at"),
         fmt="jsonl",
         described={"status": "2xx"},
+        expected=3,
     )
     first = next(chunks)
     chunks.close()
@@ -343,6 +345,7 @@ def test_an_export_cut_short_is_audited_as_such(
         "records": 1,
         "sha256": hashlib.sha256(first).hexdigest(),
         "complete": False,
+        "started": _events("records.export_started")[0].sequence,
     }
 
 
