@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from config.env import env_bool, env_float, env_int, env_list, env_str
+from config.outbound_urls import Network, allowed_networks_from_env
 from config.valkey_urls import for_valkey_py
 
 # A prompt longer than one chunk of vLLM's default prefill budget (max_num_batched_tokens,
@@ -94,6 +95,9 @@ class GatewaySettings:
     # How long an async submit waits for those replicas before it answers 503
     # async_not_replicated (its tasks queued on the primary only).
     async_replica_wait_ms: int = 1000
+    # Networks a task's callback_url may reach although internal (config/outbound_urls.py):
+    # SWITCHYARD_WEBHOOK_ALLOWED_NETWORKS, as the workers that send the callbacks read it.
+    webhook_allowed_networks: tuple[Network, ...] = ()
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -163,6 +167,7 @@ class GatewaySettings:
                 "SWITCHYARD_GATEWAY_USAGE_WAIT_TIMEOUT_MS", 100, minimum=1
             ),
             async_replica_wait_ms=env_int("SWITCHYARD_ASYNC_REPLICA_WAIT_MS", 1000, minimum=1),
+            webhook_allowed_networks=allowed_networks_from_env(),
         )
 
 

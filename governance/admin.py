@@ -53,6 +53,7 @@ from governance.sla_classes import (
     sla_class_update,
     sla_class_validate,
 )
+from governance.webhooks import validate_webhook_url
 
 
 def _m2m_of(form: ModelForm[Any]) -> dict[str, Any]:
@@ -269,8 +270,11 @@ class DeploymentAdmin(AuditedAdmin):
 
 @admin.register(UseCase)
 class UseCaseAdmin(LegalHoldAdmin):
-    # Webhook URLs typed without a scheme are https (Django 6's default, asked for now).
-    formfield_overrides = {URLField: {"assume_scheme": "https"}}
+    # Webhook URLs typed without a scheme are https (Django 6's default, asked for now), and
+    # never an internal address (the rule the webhook API applies).
+    formfield_overrides = {
+        URLField: {"assume_scheme": "https", "validators": [validate_webhook_url]}
+    }
     list_display = (
         "slug",
         "tenant",

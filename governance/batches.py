@@ -31,6 +31,7 @@ from governance.api_files import (
 from governance.audit import Actor
 from governance.choices import FileKind, FileState
 from governance.file_states import FINAL_STATES
+from governance.filenames import object_segment
 from governance.files import Registered, file_cancel, file_register, valkey_client
 from governance.models import (
     ApiFile,
@@ -157,7 +158,8 @@ def batch_create(
             actor=actor,
             use_case=use_case,
             kind=FileKind.BATCH,
-            filename=input_file.filename,
+            # The upload's own name, as one segment: a batch is not refused for its file's name.
+            filename=object_segment(input_file.filename),
             model=model,
             declared_bytes=max(input_file.bytes, 1),
             declared_lines=summary.lines,

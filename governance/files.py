@@ -30,6 +30,7 @@ from governance.audit import Actor, audit_record, object_state
 from governance.choices import Capability, FileKind, FileState, UseCaseStatus
 from governance.errors import Conflict
 from governance.file_states import file_cancelled
+from governance.filenames import filename_problem
 from governance.models import ApiKey, FileRegistration, Model, SlaClass, UseCase
 from governance.services import _require_member
 from scheduler import feasibility
@@ -110,6 +111,7 @@ def _check(
     *,
     use_case: UseCase,
     kind: str,
+    filename: str,
     model: Model,
     declared_bytes: int,
     measures: dict[str, float | int | None],
@@ -121,6 +123,9 @@ def _check(
     errors: dict[str, str] = {}
     if kind not in FileKind.values:
         errors["kind"] = f"Unknown kind {kind!r}; one of {', '.join(FileKind.values)}."
+    # The name ends its object keys: never a path (governance/filenames.py).
+    if (problem := filename_problem(filename)) is not None:
+        errors["filename"] = problem
     if declared_bytes <= 0:
         errors["declared_bytes"] = "The file's size in bytes, more than zero."
     given = [name for name, value in measures.items() if value is not None]
@@ -222,6 +227,7 @@ def file_register(
     _check(
         use_case=use_case,
         kind=kind,
+        filename=filename,
         model=model,
         declared_bytes=declared_bytes,
         measures={

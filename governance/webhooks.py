@@ -22,6 +22,15 @@ from scheduler.webhooks import WebhookRefused, check_url, new_secret
 MAX_URL_CHARS = 500  # UseCase.webhook_url max_length
 
 
+def validate_webhook_url(url: str) -> None:
+    """A form validator (the admin's): the URL rule webhook_set applies (scheduler/webhooks.py)."""
+    if url:
+        try:
+            check_url(url)
+        except WebhookRefused as exc:
+            raise ValidationError(str(exc)) from exc
+
+
 def webhook_set(*, actor: Actor, use_case: UseCase, url: str) -> str | None:
     """Set (or, with ``""``, clear) the use case's webhook; the new secret, shown once."""
     _require_member(actor, use_case.tenant)

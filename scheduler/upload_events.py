@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from governance.filenames import object_segment
+
 UPLOADS_STREAM = "sy:uploads"
 UPLOADS_GROUP = "file-jobs"
 # Bounded: a consumer that is down for long keeps this many events, far more than the
@@ -55,10 +57,37 @@ class UploadEvent:
         )
 
 
+UPLOADS_PREFIX = "uploads/"
+# The S3 endpoint's per-registration keys (s3endpoint/markers.py), here because the multipart
+# expiry (scheduler/upload_expiry.py) gives them back too. The hash tag puts them in the
+# stream's slot on a Valkey Cluster, so the endpoint's completion stays one MULTI.
+UPLOADS_SLOT_TAG = "{" + UPLOADS_STREAM + "}"
+MULTIPART_MARKER_PREFIX = "mp:"
+
+
+def upload_marker_key(registration_id: int) -> str:
+    """``put`` / ``mp:<upload id>`` / ``done``: the one upload a registration may have."""
+    return f"sy:s3:upload:{UPLOADS_SLOT_TAG}:{registration_id}"
+
+
+def upload_parts_key(registration_id: int) -> str:
+    """A multipart upload's part sizes (part number → bytes), reserved as parts arrive."""
+    return f"sy:s3:parts:{UPLOADS_SLOT_TAG}:{registration_id}"
+
+
 def upload_object_name(tenant: str, use_case: str, registration_id: int, filename: str) -> str:
     """Where an uploaded original lives in the files bucket: one folder per registration, so
-    outputs sit beside it (``…/<id>/out/…``) and a registration's objects go together."""
-    return f"uploads/{tenant}/{use_case}/{registration_id}/{filename}"
+    outputs sit beside it (``…/<id>/out/…``) and a registration's objects go together. The
+    name is one segment, whatever a row holds (governance/filenames.py)."""
+    return f"{UPLOADS_PREFIX}{tenant}/{use_case}/{registration_id}/{object_segment(filename)}"
+
+
+def upload_registration_id(object_name: str) -> int | None:
+    """The registration an original's object name belongs to; None for any other name."""
+    parts = object_name.split("/", 4)
+    if len(parts) != 5 or parts[0] + "/" != UPLOADS_PREFIX or not parts[3].isdigit():
+        return None
+    return int(parts[3])
 
 
 def publish_upload(client: object, event: UploadEvent) -> bytes:

@@ -12,6 +12,9 @@ of one event, so a receiver can drop duplicates), ``webhook-timestamp`` (epoch s
 being the bytes after ``whsec_`` base64-decoded. A 2xx is delivered; anything else, or no
 answer, is retried with exponential backoff (``SWITCHYARD_WEBHOOK_ATTEMPTS``). Only http(s)
 URLs are ever called; redirects are not followed (a signed body must reach the URL given).
+Every send resolves the URL's host again and refuses internal addresses, then connects to
+the address it checked (config/outbound_urls.py): a URL taken when it was set may since
+resolve to loopback, or the operator's allow-list may have changed.
 """
 
 from __future__ import annotations
@@ -23,13 +26,12 @@ import logging
 import secrets
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
-import requests
 from django.conf import settings
 from django.db import transaction
 
+from config import outbound_urls
 from governance.models import FileRegistration
 from scheduler.sealing import unseal
 
@@ -44,13 +46,16 @@ class WebhookRetry(Exception):
 
 
 class WebhookRefused(ValueError):
-    """A URL that is never called (not http or https, no host)."""
+    """A URL that is never called: not http(s), or an internal address (outbound_urls)."""
 
 
 def check_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise WebhookRefused("A webhook URL must be http:// or https:// with a host.")
+    """A webhook URL as it is set: refused (WebhookRefused) when it may never be called; a
+    host that does not resolve yet is taken, and checked again at each send."""
+    try:
+        outbound_urls.check_at_registration(url, settings.WEBHOOK_ALLOWED_NETWORKS)
+    except outbound_urls.OutboundRefused as exc:
+        raise WebhookRefused(f"A webhook URL {exc}.") from exc
     return url
 
 
@@ -114,21 +119,29 @@ def webhook_deliver(registration_id: int, event_type: str, message_id: str) -> s
     use_case = registration.use_case
     if not use_case.webhook_url or not use_case.webhook_secret_sealed:
         return "no_webhook"
-    try:
-        url = check_url(use_case.webhook_url)
-    except WebhookRefused:
-        logger.warning("webhook_refused registration=%s", registration_id)
-        return "refused"
     timestamp = int(time.time())
     body = event_body(registration, event_type, timestamp)
-    post_signed(url, use_case.webhook_secret_sealed, message_id, timestamp, body)
+    try:
+        post_signed(
+            use_case.webhook_url, use_case.webhook_secret_sealed, message_id, timestamp, body
+        )
+    except WebhookRefused as exc:
+        logger.warning("webhook_refused registration=%s why=%s", registration_id, exc)
+        return "refused"
     logger.info("webhook_delivered registration=%s type=%s", registration_id, event_type)
     return "delivered"
 
 
 def post_signed(url: str, sealed_secret: str, message_id: str, timestamp: int, body: bytes) -> None:
     """POST ``body`` to ``url`` signed with the use case's (sealed) secret, the Standard
-    Webhooks way; WebhookRetry unless the receiver answers 2xx."""
+    Webhooks way; WebhookRefused when the URL may not be called (checked now, and the
+    connection made to the address checked), WebhookRetry unless the receiver answers 2xx."""
+    try:
+        target = outbound_urls.resolve(url, settings.WEBHOOK_ALLOWED_NETWORKS)
+    except outbound_urls.OutboundRefused as exc:
+        raise WebhookRefused(f"The URL {exc}.") from exc
+    except outbound_urls.HostUnresolved as exc:
+        raise WebhookRetry(f"no answer: {exc}") from exc
     secret = unseal(base64.b64decode(sealed_secret)).decode()
     headers = {
         "content-type": "application/json",
@@ -138,17 +151,11 @@ def post_signed(url: str, sealed_secret: str, message_id: str, timestamp: int, b
         "user-agent": "Switchyard-Webhooks/1",
     }
     try:
-        answer = requests.post(
-            url,
-            data=body,
-            headers=headers,
-            timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
-            allow_redirects=False,
-        )
-    except requests.RequestException as exc:
-        raise WebhookRetry(f"no answer: {type(exc).__name__}") from exc
-    if not 200 <= answer.status_code < 300:
-        raise WebhookRetry(f"answered {answer.status_code}")
+        status = outbound_urls.post(target, body, headers, timeout=settings.WEBHOOK_TIMEOUT_SECONDS)
+    except outbound_urls.SendFailed as exc:
+        raise WebhookRetry(f"no answer: {exc}") from exc
+    if not 200 <= status < 300:
+        raise WebhookRetry(f"answered {status}")
 
 
 # --- Async tasks' callbacks (scheduler/batcher) ------------------------------------------------
@@ -175,13 +182,12 @@ def task_webhook_deliver(
         # Submit accepts a callback only from a use case with a secret: it was taken away.
         logger.warning("task_webhook_unsigned task=%s use_case=%s", data.get("id"), use_case_id)
         return "no_secret"
-    try:
-        url = check_url(callback_url)
-    except WebhookRefused:
-        logger.warning("task_webhook_refused task=%s", data.get("id"))
-        return "refused"
     timestamp = int(time.time())
     body = task_event_body(event_type, timestamp, data)
-    post_signed(url, use_case.webhook_secret_sealed, message_id, timestamp, body)
+    try:
+        post_signed(callback_url, use_case.webhook_secret_sealed, message_id, timestamp, body)
+    except WebhookRefused as exc:
+        logger.warning("task_webhook_refused task=%s why=%s", data.get("id"), exc)
+        return "refused"
     logger.info("task_webhook_delivered task=%s type=%s", data.get("id"), event_type)
     return "delivered"

@@ -40,6 +40,7 @@ from gateway.app import (
 from gateway.async_tasks import layout
 from gateway.async_tasks.acks import ReplicaAcks
 from gateway.async_tasks.bodies import TaskBody, at_index, parse_submission, read_task
+from gateway.async_tasks.callback_urls import check_callback_urls
 from gateway.async_tasks.documents import (
     fields_of,
     is_terminal,
@@ -131,6 +132,9 @@ class AsyncTasks:
             documents, bulk = parse_submission(body, max_bulk=self._settings.async_max_bulk)
             count = len(documents)
             tasks = self._read_tasks(path, documents, bulk, body, policy, principal)
+            await check_callback_urls(
+                tasks, bulk=bulk, allowed=self._settings.webhook_allowed_networks
+            )
         except GatewayError:
             self._metrics.async_submitted("invalid", count)
             raise

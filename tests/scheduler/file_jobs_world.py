@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import valkey
 
+from config.outbound_urls import ALLOWED_NETWORKS_VARIABLE, parse_networks
 from governance.audit import Actor
 from governance.files import file_register
 from governance.models import FileRegistration, Model, PriorityClass, PriorityRule, SlaClass
@@ -169,6 +170,18 @@ def run_in_process(client: valkey.Valkey) -> Ran:
     for pk, token in handed:
         ran.outcomes[pk] = file_job_run(pk, token, client=client)
     return ran
+
+
+# The receivers below listen on loopback, which webhooks and callbacks reach only where an
+# operator allows it (config/outbound_urls.py): tests allow it in-process with
+# ``allow_receivers(settings)`` and in the processes they start with ``RECEIVER_ENV``.
+RECEIVER_NETWORKS = "127.0.0.1/32"
+RECEIVER_ENV = {ALLOWED_NETWORKS_VARIABLE: RECEIVER_NETWORKS}
+
+
+def allow_receivers(settings: Any) -> None:
+    """Let this process's webhooks reach the loopback receivers (pytest-django's settings)."""
+    settings.WEBHOOK_ALLOWED_NETWORKS = parse_networks([RECEIVER_NETWORKS])
 
 
 class WebhookReceiver:

@@ -4,6 +4,8 @@ Celery worker signs and POSTs it (scheduler.deliver_task_webhook), a real receiv
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 import valkey
@@ -13,7 +15,12 @@ from governance.audit import Actor
 from governance.webhooks import webhook_set
 from tests.conftest import BatcherFactory, CeleryWorkerFactory, SimulatorFactory
 from tests.factories import make_model, make_tenant, make_use_case
-from tests.scheduler.file_jobs_world import WebhookReceiver, verify_standard_webhook
+from tests.scheduler.file_jobs_world import (
+    RECEIVER_ENV,
+    WebhookReceiver,
+    allow_receivers,
+    verify_standard_webhook,
+)
 from tests.support.async_tasks import now_ms, submit, wait_ended
 from tests.support.policy import PolicyBuilder
 
@@ -25,6 +32,7 @@ def test_a_task_that_ends_calls_back_signed_with_its_use_case_secret(
     start_simulator: SimulatorFactory,
     start_batcher: BatcherFactory,
     start_celery_worker: CeleryWorkerFactory,
+    settings: Any,
 ) -> None:
     """GIVEN acme's "search" use case with a webhook secret WHEN a task submitted with a
     callback URL ends done, and another ends expired THEN each URL gets one event, signed
@@ -33,11 +41,18 @@ def test_a_task_that_ends_calls_back_signed_with_its_use_case_secret(
     model = make_model("embed", capabilities=["embeddings"])
     use_case = make_use_case(make_tenant("acme"), "search", models=(model,))
     builder = PolicyBuilder().model("embed", [embed.base_url], capabilities=("embeddings",))
+    # Approved, as governance publishes it: a use case left out of the snapshot is suspended
+    # or retired, and the batcher runs none of its tasks.
+    builder.use_cases[str(use_case.pk)] = {
+        "tenant": "acme", "slug": "search", "guardrails": [],
+        "limits": {"requests_per_minute": None, "tokens_per_minute": None, "tokens_per_day": None},
+    }  # fmt: skip
     builder.publish(valkey_client)
+    allow_receivers(settings)  # the receiver is on loopback: the operator allows it
     with WebhookReceiver() as receiver:
         secret = webhook_set(actor=Actor.system("tests"), use_case=use_case, url=receiver.url)
         assert secret is not None
-        start_celery_worker()
+        start_celery_worker(**RECEIVER_ENV)
         start_batcher()
         common = {"model": "embed", "endpoint": "/v1/embeddings", "use_case_id": use_case.pk}
         done = submit(

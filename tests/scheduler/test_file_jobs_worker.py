@@ -35,7 +35,9 @@ from tests.conftest import CeleryWorkerFactory, GatewayFactory, SimulatorFactory
 from tests.factories import make_model, make_tenant, make_use_case
 from tests.scheduler.conftest import FilesBucket
 from tests.scheduler.file_jobs_world import (
+    RECEIVER_ENV,
     WebhookReceiver,
+    allow_receivers,
     make_wav,
     register,
     seed_priority,
@@ -62,6 +64,7 @@ def test_a_worker_killed_mid_job_loses_nothing_and_the_webhook_is_told(
     settings.JOB_KEY_SECRET = JOB_KEY_SECRET
     settings.RECORDS_KEYS = RECORDS_KEYS
     settings.FILE_JOB_LEASE_SECONDS = 2.0
+    allow_receivers(settings)  # the webhook's receiver is on loopback: the operator allows it
     classes = seed_priority()
     whisper_sim = start_simulator("whisper", "--kind", "transcription", "--time-scale", "40")
     whisper = make_model("whisper", [whisper_sim.base_url], capabilities=["transcription"])
@@ -76,6 +79,7 @@ def test_a_worker_killed_mid_job_loses_nothing_and_the_webhook_is_told(
         "SWITCHYARD_RECORDS_KEYS": RECORDS_KEYS,
         "SWITCHYARD_FILE_JOB_PART_CONCURRENCY": "1",
         "SWITCHYARD_FILE_JOB_LEASE_SECONDS": "2",
+        **RECEIVER_ENV,
     }
     from config.celery import app
 

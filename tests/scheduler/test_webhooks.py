@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import orjson
 import pytest
@@ -17,13 +18,18 @@ from governance.roles import Role
 from governance.webhooks import webhook_set
 from scheduler.webhooks import WebhookRetry, webhook_deliver
 from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.scheduler.file_jobs_world import WebhookReceiver, verify_standard_webhook
+from tests.scheduler.file_jobs_world import (
+    WebhookReceiver,
+    allow_receivers,
+    verify_standard_webhook,
+)
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def use_case() -> UseCase:
+def use_case(settings: Any) -> UseCase:
+    allow_receivers(settings)  # the receivers are on loopback (tests/security/test_outbound_urls)
     llama = make_model("llama", capabilities=["chat"])
     return make_use_case(make_tenant("acme"), "docs", models=(llama,))
 

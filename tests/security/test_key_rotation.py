@@ -41,7 +41,11 @@ from scheduler.webhooks import webhook_deliver
 from tests.conftest import RecordsStore, database_url
 from tests.factories import make_model, make_tenant, make_use_case, make_user
 from tests.s3endpoint.conftest import running_endpoint
-from tests.scheduler.file_jobs_world import WebhookReceiver, verify_standard_webhook
+from tests.scheduler.file_jobs_world import (
+    WebhookReceiver,
+    allow_receivers,
+    verify_standard_webhook,
+)
 from tests.scheduler.test_records import add_record, transcript
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -142,6 +146,7 @@ def test_rotation_with_rewrap_keeps_uploads_webhooks_and_transcripts_working(
     records_store: RecordsStore,
 ) -> None:
     # GIVEN everything sealed under the old key
+    allow_receivers(settings)  # the receiver is on loopback
     settings.RECORDS_KEYS = OLD
     with WebhookReceiver() as receiver:
         sealed = Sealed(receiver, valkey_client)
@@ -195,6 +200,7 @@ def test_removing_the_old_key_without_the_rewrap_breaks_what_it_sealed(
     settings: Any, valkey_client: valkey.Valkey, records_store: RecordsStore
 ) -> None:
     """The failure the re-wrap prevents: the documented rotation used to stop here."""
+    allow_receivers(settings)  # the receiver is on loopback
     settings.RECORDS_KEYS = OLD
     with WebhookReceiver() as receiver:
         sealed = Sealed(receiver, valkey_client)
