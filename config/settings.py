@@ -24,6 +24,7 @@ from config.env import (
     env_required,
     env_str,
 )
+from config.outbound_urls import allowed_networks_from_env
 from config.valkey_urls import for_channels, for_kombu, for_valkey_py, kombu_transport_options
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -284,6 +285,9 @@ FILE_JOBS_START_LAG_SECONDS = env_float(
 FILE_JOB_LEASE_SECONDS = env_float("SWITCHYARD_FILE_JOB_LEASE_SECONDS", 30.0, minimum=1.0)
 # Attempts of a part that keeps meeting 429/503/connection errors, and the longest backoff.
 FILE_JOB_PART_ATTEMPTS = env_int("SWITCHYARD_FILE_JOB_PART_ATTEMPTS", 5, minimum=1)
+# Attempts at planning a job (reading the whole file) that raise or kill their worker, before
+# the file fails: one bad file must not come back on every dispatch.
+FILE_JOB_PLAN_ATTEMPTS = env_int("SWITCHYARD_FILE_JOB_PLAN_ATTEMPTS", 3, minimum=1)
 FILE_JOB_RETRY_MAX_SECONDS = env_float("SWITCHYARD_FILE_JOB_RETRY_MAX_SECONDS", 60.0, minimum=0.0)
 # How long one call of a part may take (a long audio segment on a busy fleet).
 FILE_JOBS_GATEWAY_TIMEOUT_SECONDS = env_float(
@@ -292,6 +296,10 @@ FILE_JOBS_GATEWAY_TIMEOUT_SECONDS = env_float(
 # Webhook deliveries: attempts (exponential backoff between them) and each one's timeout.
 WEBHOOK_ATTEMPTS = env_int("SWITCHYARD_WEBHOOK_ATTEMPTS", 8, minimum=1)
 WEBHOOK_TIMEOUT_SECONDS = env_float("SWITCHYARD_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+# Webhooks and async callbacks never reach loopback, private, link-local (cloud metadata),
+# multicast or reserved addresses (config/outbound_urls.py), except in the networks named
+# here: comma-separated CIDRs for an operator's internal receiver. Empty by default.
+WEBHOOK_ALLOWED_NETWORKS = allowed_networks_from_env()
 # The S3 endpoint (s3endpoint/): where clients upload registered files over the S3 protocol.
 S3_ENDPOINT_PUBLIC_URL = env_str("SWITCHYARD_S3_ENDPOINT_PUBLIC_URL", "http://127.0.0.1:9000")
 # --- the S3 endpoint's own settings (s3endpoint/, docs/files.md "The S3 endpoint") ---
@@ -304,6 +312,11 @@ S3_CREDENTIAL_CACHE_SECONDS = env_float("SWITCHYARD_S3_CREDENTIAL_CACHE_SECONDS"
 # Browser origins allowed to PUT to presigned URLs (CORS); the portal's own by default.
 S3_ENDPOINT_CORS_ORIGINS = env_list(
     "SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS", ["http://127.0.0.1:8000"]
+)
+# A multipart upload left unfinished this long is aborted and its registration freed
+# (scheduler/upload_expiry.py, run by beat).
+S3_MULTIPART_MAX_AGE_SECONDS = env_float(
+    "SWITCHYARD_S3_MULTIPART_MAX_AGE_SECONDS", 24 * 3600.0, minimum=0.0
 )
 # --- end of the S3 endpoint's settings ---
 

@@ -25,7 +25,7 @@ from s3endpoint.principals import Principal
 from s3endpoint.registrations import Target
 from s3endpoint.sigv4 import Incoming
 from s3endpoint.upstream import Upstream, store_xml, xml_all, xml_text
-from scheduler.upload_events import UploadEvent
+from scheduler.upload_events import MULTIPART_MARKER_PREFIX, UploadEvent
 
 logger = logging.getLogger("s3endpoint")
 
@@ -57,7 +57,7 @@ def _passed(incoming: Incoming) -> dict[str, str]:
 
 
 def _multipart_marker(upload_id: str) -> str:
-    return f"mp:{upload_id}"
+    return f"{MULTIPART_MARKER_PREFIX}{upload_id}"
 
 
 def _part_number(incoming: Incoming) -> int:
@@ -162,8 +162,11 @@ class Operations:
             raise S3Error("NotImplemented", "UploadPartCopy is not supported.")
         part = _part_number(incoming)
         target = await self._multipart_target(principal, key, upload_id)
-        others = await self.markers.other_parts_total(target.registration_id, part)
-        _fits(others + check.expected_length, target)
+        _fits(check.expected_length, target)
+        if not await self.markers.reserve_part(
+            target.registration_id, part, check.expected_length, target.max_bytes
+        ):
+            raise _too_large(target)
         response = await self.upstream.ok(
             await self.upstream.call(
                 "PUT",
@@ -174,7 +177,6 @@ class Operations:
                 length=check.expected_length,
             )
         )
-        await self.markers.record_part(target.registration_id, part, check.length)
         return Response(200, [("etag", response.headers.get("etag", ""))])
 
     async def complete_multipart(

@@ -5,7 +5,11 @@ dispatcher took (scheduler/file_dispatch.py). It
 
 1. moves the file to ``running`` (``file_started``), unless it resumes one already running;
 2. creates its ``FilePart`` rows once from ``pipeline.plan`` (unique (registration, index):
-   a second plan after a crash finds them and is not used);
+   a second plan after a crash finds them and is not used). Planning reads the whole file
+   (decodes the audio, extracts the PDF) and is tried at most ``SWITCHYARD_FILE_JOB_PLAN_ATTEMPTS``
+   times, each counted before it starts: a plan that raises, or kills its worker, fails the
+   file then rather than come back on every dispatch and hold a place other tenants' jobs
+   wait for;
 3. runs the parts not done on a small thread pool (``SWITCHYARD_FILE_JOB_PART_CONCURRENCY``):
    each part calls the gateway as the job (its SLA class's job key) and writes its output
    object; the part's row is set done with its output and tokens in one conditional update,
@@ -36,7 +40,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import valkey
 from django.conf import settings
@@ -44,7 +48,7 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from governance.audit import Actor
-from governance.choices import Capability, FileState
+from governance.choices import Capability, FileKind, FileState
 from governance.errors import Conflict
 from governance.file_states import (
     FINAL_STATES,
@@ -91,6 +95,14 @@ class PartGaveUp(Exception):
     """A part kept failing with Retryable until its attempts ran out."""
 
 
+class PlanAgain(Exception):
+    """The plan raised with attempts left: the job is handed out again at the next dispatch."""
+
+
+PLAN_ATTEMPTS_PREFIX = "sy:{filejobs}:plans:"
+PLAN_ATTEMPTS_TTL = 7 * 24 * 3600  # beyond any job's deadline
+
+
 def load_pipelines() -> None:
     """Import every module of ``scheduler.pipelines``: each registers its own kind, so the
     runner knows no kind by name (the batch pipeline included)."""
@@ -105,6 +117,10 @@ def job_context(registration: FileRegistration) -> JobContext:
         (m.public_id for m in allowed if Capability.EMBEDDINGS in (m.capabilities or [])), ""
     )
     prompt = registration.metadata.get("prompt") if registration.metadata else None
+    audio_seconds = registration.declared_seconds
+    rate = settings.FILE_TOKENS_PER_AUDIO_SECOND
+    if audio_seconds is None and registration.kind == FileKind.AUDIO and rate > 0:
+        audio_seconds = registration.estimated_tokens / rate  # what the promise was sized on
     return JobContext(
         registration_id=registration.pk,
         kind=registration.kind,
@@ -119,6 +135,8 @@ def job_context(registration: FileRegistration) -> JobContext:
             "embedding_model": embedding,
             "capabilities": list(registration.model.capabilities or []),
         },
+        audio_seconds=audio_seconds,
+        pages=registration.declared_pages,
     )
 
 
@@ -179,9 +197,11 @@ def _run(
         return "raced"
     job = job_context(registration)
     try:
-        parts = _parts(registration, pipeline, job, store)
+        parts = _parts(registration, pipeline, job, store, client)
     except PartFailed as exc:
         return _fail(registration, str(exc), client)
+    except PlanAgain:
+        return "plan_again"
     if not parts:
         return _fail(registration, "The file has nothing to process.", client)
     stop, failure = _run_parts(registration, pipeline, job, parts, heartbeat, store, gateway)
@@ -193,13 +213,17 @@ def _run(
 
 
 def _parts(
-    registration: FileRegistration, pipeline: Pipeline, job: JobContext, store: ObjectStore
+    registration: FileRegistration,
+    pipeline: Pipeline,
+    job: JobContext,
+    store: ObjectStore,
+    client: valkey.Valkey,
 ) -> list[FilePart]:
     """The job's parts, planned once: a resumed job finds its rows and does not plan again."""
     parts = list(FilePart.objects.filter(registration=registration).order_by("index"))
     if parts:
         return parts
-    specs = pipeline.plan(job, store)
+    specs = _plan(registration, pipeline, job, store, client)
     with contextlib.suppress(IntegrityError):  # a twin planned the same parts first: theirs stand
         FilePart.objects.bulk_create(
             [
@@ -209,6 +233,41 @@ def _parts(
             ignore_conflicts=True,
         )
     return list(FilePart.objects.filter(registration=registration).order_by("index"))
+
+
+def _plan(
+    registration: FileRegistration,
+    pipeline: Pipeline,
+    job: JobContext,
+    store: ObjectStore,
+    client: valkey.Valkey,
+) -> list[dict[str, Any]]:
+    """``pipeline.plan``, within the job's plan attempts. PartFailed: the file fails (the
+    pipeline's own reason, or the attempts are spent); PlanAgain: it raised, try later."""
+    limit = settings.FILE_JOB_PLAN_ATTEMPTS
+    key = f"{PLAN_ATTEMPTS_PREFIX}{registration.pk}"
+    attempt = cast(int, client.incr(key))
+    client.expire(key, PLAN_ATTEMPTS_TTL)
+    if attempt > limit:  # the earlier attempts ended without a word: their worker died in them
+        raise PartFailed(
+            f"The file could not be planned: its worker stopped while reading it, {limit} times."
+        )
+    try:
+        specs = pipeline.plan(job, store)
+    except PartFailed:
+        raise
+    except Exception as exc:
+        logger.exception(
+            "file_plan_crashed registration=%s attempt=%s of=%s", registration.pk, attempt, limit
+        )
+        if attempt >= limit:
+            raise PartFailed(
+                f"The file could not be planned: reading it failed {limit} times "
+                f"({type(exc).__name__})."
+            ) from exc
+        raise PlanAgain from exc
+    client.delete(key)
+    return specs
 
 
 def _stop_reason(registration: FileRegistration, heartbeat: Heartbeat) -> str | None:

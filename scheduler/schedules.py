@@ -9,6 +9,7 @@ _RECORDS_PERSIST_SECONDS = env_float("SWITCHYARD_RECORDS_PERSIST_SECONDS", 5.0, 
 _RETENTION_SECONDS = 3600.0
 _FILE_UPLOADS_POLL_SECONDS = env_float("SWITCHYARD_FILE_UPLOADS_POLL_SECONDS", 2.0, minimum=0.1)
 _FILE_JOBS_DISPATCH_SECONDS = env_float("SWITCHYARD_FILE_JOBS_DISPATCH_SECONDS", 2.0, minimum=0.1)
+_MULTIPART_EXPIRY_SECONDS = 3600.0
 
 BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # Safety net: a snapshot lost with a Valkey restart, or a publish deferred while Valkey
@@ -65,6 +66,14 @@ BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "scheduler.consume_uploads",
         "schedule": _FILE_UPLOADS_POLL_SECONDS,
         "options": {"expires": _FILE_UPLOADS_POLL_SECONDS},
+    },
+    # Multipart uploads left unfinished past SWITCHYARD_S3_MULTIPART_MAX_AGE_SECONDS: aborted in
+    # the files bucket (their parts are stored and nothing reads them) and their registrations
+    # freed for a new upload.
+    "expire-multipart-uploads": {
+        "task": "scheduler.expire_multipart_uploads",
+        "schedule": _MULTIPART_EXPIRY_SECONDS,
+        "options": {"expires": _MULTIPART_EXPIRY_SECONDS},
     },
     # Queued file jobs handed to workers: in their windows, earliest deadline first, bounded.
     "dispatch-file-jobs": {

@@ -87,6 +87,14 @@ def dispatch_file_jobs() -> list[int]:
     return file_jobs_dispatch()
 
 
+@shared_task(name="scheduler.expire_multipart_uploads", ignore_result=True)
+def expire_multipart_uploads() -> dict[str, int]:
+    """Abort multipart uploads left unfinished past their age and free their registrations."""
+    from scheduler.upload_expiry import multipart_uploads_expire
+
+    return multipart_uploads_expire().as_dict()
+
+
 @shared_task(name="scheduler.run_file_job", ignore_result=True, acks_late=True)
 def run_file_job(registration_id: int, token: str) -> str:
     """Run or resume one file job under its lease (acks late: a lost worker's message is

@@ -13,7 +13,10 @@ writes ``out/parts/<n>.json`` (start, end, text). ``finish`` writes ``transcript
 the counts are ``{"audio_seconds": …}`` (the decoded duration, rounded up).
 
 Decoding is CPU work in a Celery worker, never on an event loop. An undecodable file fails
-the job with a clear reason.
+the job with a clear reason. So does a file that decodes to longer than its registration said
+(``JobContext.audio_seconds``, plus ``MARGIN_RATIO`` and ``MARGIN_SECONDS``): an hour of
+silence compresses to a few hundred KB, and would otherwise cost an hour of samples in memory
+and the fleet's time. Decoding stops at the bound, without reading the rest.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import itertools
 import math
 import wave
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import av
 import numpy as np
@@ -45,21 +48,51 @@ ABSOLUTE_SILENCE = 1e-4  # RMS under this is silence whatever the file's loudnes
 MIN_SILENCE_SECONDS = 0.3
 MAX_SEGMENT_SECONDS = 30.0
 MIN_SEGMENT_SECONDS = 0.1
+# A declared duration is often rounded ("about ten minutes"): this much over it is still the
+# file that was registered.
+MARGIN_RATIO = 0.1
+MARGIN_SECONDS = 30.0
 
 
-def decode(content: bytes) -> np.ndarray:
-    """16 kHz mono float32 samples of any audio FFmpeg reads; PartFailed if it cannot."""
+def duration_bound(registered_seconds: float) -> float:
+    """The longest a file registered as ``registered_seconds`` may decode to."""
+    return registered_seconds * (1 + MARGIN_RATIO) + MARGIN_SECONDS
+
+
+def decode(source: bytes | BinaryIO, *, registered_seconds: float | None = None) -> np.ndarray:
+    """16 kHz mono float32 samples of any audio FFmpeg reads; PartFailed if it cannot, or as
+    soon as it passes ``duration_bound(registered_seconds)`` (the rest is never decoded)."""
+    limit, too_long = None, ""
+    if registered_seconds is not None:
+        bound = duration_bound(registered_seconds)
+        limit = int(bound * SAMPLE_RATE)
+        too_long = (
+            f"The audio is longer than {bound:.0f} s ({registered_seconds:g} s registered, "
+            "plus a margin): refused without decoding the rest. Register the file with its "
+            "real duration."
+        )
+    chunks: list[np.ndarray] = []
+    decoded = 0
+
+    def keep(out: av.AudioFrame) -> None:
+        nonlocal decoded
+        chunk = out.to_ndarray().reshape(-1)
+        decoded += len(chunk)
+        if limit is not None and decoded > limit:
+            raise PartFailed(too_long)
+        chunks.append(chunk)
+
     try:
-        with av.open(io.BytesIO(content), mode="r") as container:
+        content = io.BytesIO(source) if isinstance(source, bytes) else source
+        with av.open(content, mode="r") as container:
             if not container.streams.audio:
                 raise PartFailed("The file has no audio stream.")
             resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-            chunks: list[np.ndarray] = []
             for frame in container.decode(audio=0):
                 for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(-1))
+                    keep(out)
             for out in resampler.resample(None):
-                chunks.append(out.to_ndarray().reshape(-1))
+                keep(out)
     except PartFailed:
         raise
     except (av.FFmpegError, ValueError, OSError) as exc:
@@ -134,7 +167,7 @@ class AudioPipeline:
     kind = "audio"
 
     def plan(self, job: JobContext, store: ObjectStore) -> list[dict[str, Any]]:
-        samples = decode(store.read(job.source_object))
+        samples = decode(store.read(job.source_object), registered_seconds=job.audio_seconds)
         duration = len(samples) / SAMPLE_RATE
         specs = []
         for index, (begin, end) in enumerate(segments(samples)):

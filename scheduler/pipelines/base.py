@@ -48,6 +48,11 @@ class JobContext:
     output_prefix: str  # where its outputs go in the files bucket ("…/<id>/out/")
     request_endpoint: str = ""  # batch: the lines' endpoint
     settings: Mapping[str, Any] = field(default_factory=dict)  # e.g. the use case's prompt
+    # What the registration said of the file's size, which its promise and estimate were made
+    # on: a pipeline refuses a file that decodes to far more (a decode bomb) rather than
+    # spend the fleet on it. None: nothing was said.
+    audio_seconds: float | None = None  # declared, or what the token estimate was sized on
+    pages: int | None = None  # declared pages of a document
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Documents (kinds ``pdf`` and ``text``): extract, chunk, embed, and one LLM pass per part.
 
 ``plan`` extracts the text — pypdf, page by page, for a PDF (one with no text layer at all
-fails: there is nothing to read without OCR); UTF-8 for a text file (a NUL byte or invalid
-UTF-8 means binary and fails), cut into ``TEXT_PAGE_CHARS`` "pages" at line ends — and
-groups ``PAGES_PER_PART`` pages into a part, written to ``out/parts/<n>.pages.json``.
+fails: there is nothing to read without OCR; pypdf's work is bounded, see ``_PDF_LIMITS``);
+UTF-8 for a text file (a NUL byte or invalid UTF-8 means binary and fails), cut into
+``TEXT_PAGE_CHARS`` "pages" at line ends — and groups ``PAGES_PER_PART`` pages into a part,
+written to ``out/parts/<n>.pages.json``.
 
 ``run_part``:
 * chunks each page (``CHUNK_CHARS`` characters with ``CHUNK_OVERLAP`` of overlap, cut at
@@ -26,12 +27,14 @@ shorter per-part summary in its prompt.
 from __future__ import annotations
 
 import io
+import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-from pypdf import PdfReader
-from pypdf.errors import PdfReadError
+from pypdf import Configuration, PdfReader, apply_configuration
+from pypdf.errors import LimitReachedError, PdfReadError
 
 from scheduler.pipelines.base import (
     GatewayCaller,
@@ -54,10 +57,67 @@ DEFAULT_PROMPT = (
 )
 
 
-def pdf_pages(content: bytes) -> list[str]:
+# pypdf's work on one file is bounded, so a small file cannot make a worker inflate gigabytes
+# or extract for hours (a PDF bomb): every stream inflates to at most MAX_STREAM_BYTES (a
+# page's text is far less), the pages are at most what was declared plus a margin (MAX_PAGES
+# when nothing was), and extraction gives up after EXTRACT_SECONDS.
+MAX_STREAM_BYTES = 16 * 1024 * 1024
+MAX_PAGES = 2000
+PAGES_MARGIN_RATIO = 0.1
+PAGES_MARGIN = 5
+EXTRACT_SECONDS = 300.0
+_PDF_LIMITS = Configuration().with_overwrites(
+    **{
+        name: MAX_STREAM_BYTES
+        for name in (
+            "zlib_maximum_output_length",
+            "lzw_maximum_output_length",
+            "run_length_maximum_output_length",
+            "brotli_maximum_output_length",
+            "jbig2_maximum_output_length",
+            "array_based_stream_maximum_output_length",
+            "image_maximum_buffer_size",
+        )
+    },
+    stream_decoding_work_maximum_length=4 * MAX_STREAM_BYTES,
+)
+
+
+def page_bound(registered_pages: int | None) -> int:
+    """The most pages a PDF registered with ``registered_pages`` may hold."""
+    if registered_pages is None:
+        return MAX_PAGES
+    return min(MAX_PAGES, math.ceil(registered_pages * (1 + PAGES_MARGIN_RATIO)) + PAGES_MARGIN)
+
+
+def pdf_pages(content: bytes, *, registered_pages: int | None = None) -> list[str]:
+    bound = page_bound(registered_pages)
     try:
-        reader = PdfReader(io.BytesIO(content))
-        pages = [page.extract_text() or "" for page in reader.pages]
+        with apply_configuration(_PDF_LIMITS):
+            reader = PdfReader(io.BytesIO(content))
+            count = len(reader.pages)
+            if count > bound:
+                said = (
+                    f"{registered_pages} registered, plus a margin"
+                    if registered_pages
+                    else "the most a file job reads"
+                )
+                raise PartFailed(
+                    f"The PDF has {count} pages, more than the {bound} it may have ({said})."
+                )
+            deadline = time.monotonic() + EXTRACT_SECONDS
+            pages = []
+            for page in reader.pages:
+                if time.monotonic() > deadline:
+                    raise PartFailed(
+                        f"The PDF's text took more than {EXTRACT_SECONDS:.0f} s to extract."
+                    )
+                pages.append(page.extract_text() or "")
+    except LimitReachedError as exc:
+        raise PartFailed(
+            "The PDF is too large to read safely: a stream in it inflates past "
+            f"{MAX_STREAM_BYTES // (1024 * 1024)} MiB."
+        ) from exc
     except (PdfReadError, ValueError, KeyError, TypeError) as exc:
         raise PartFailed(f"The PDF could not be read ({type(exc).__name__}).") from exc
     if not any(page.strip() for page in pages):
@@ -136,7 +196,10 @@ class DocumentPipeline:
 
     def plan(self, job: JobContext, store: ObjectStore) -> list[dict[str, Any]]:
         content = store.read(job.source_object)
-        pages = pdf_pages(content) if self.kind == "pdf" else text_pages(content)
+        if self.kind == "pdf":
+            pages = pdf_pages(content, registered_pages=job.pages)
+        else:
+            pages = text_pages(content)
         specs = []
         for index, first in enumerate(range(0, len(pages), PAGES_PER_PART)):
             group = pages[first : first + PAGES_PER_PART]
