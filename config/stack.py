@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -190,9 +191,18 @@ class Stack:
         self.reaper: Reaper | None = None
         self.env = {
             "SWITCHYARD_RUN_DIR": str(config.run_dir),
-            # The guardrail service (guardrails/service.py) binds where the gateway finds it.
+            # The guardrail service (guardrails/service.py) binds where the gateway finds it,
+            # and answers only callers with this run's token (the gateway and the batcher).
             "SWITCHYARD_GUARDRAIL_HOST": config.host,
             "SWITCHYARD_GUARDRAIL_PORT": str(config.guardrail_port),
+            **(
+                {}
+                if os.environ.get("SWITCHYARD_GUARDRAIL_TOKEN_FILE")
+                else {
+                    "SWITCHYARD_GUARDRAIL_TOKEN": os.environ.get("SWITCHYARD_GUARDRAIL_TOKEN")
+                    or secrets.token_urlsafe(32)
+                }
+            ),
             # Object storage: every child signs its S3 requests with the identity SeaweedFS
             # was started with.
             "SWITCHYARD_OBJECT_STORAGE": "s3",

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
-import itertools
 import logging
+import os
 import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 import orjson
 
 from config.valkey_urls import VALKEY_FAILURES, async_client, is_cluster
-from gateway import control_proxy, errors
+from gateway import control_proxy, errors, openapi
 from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
 from gateway.async_tasks import layout as async_layout
@@ -43,7 +42,6 @@ from gateway.guardrails import (
     ServiceClient,
     blocked_message,
     request_slots,
-    response_slots,
 )
 from gateway.http import (
     BodyTooLarge,
@@ -68,6 +66,7 @@ from gateway.records import (
     file_digests,
     upload_description,
 )
+from gateway.response_stage import Transcript, check_answer, keep_record
 from gateway.scheduling import (
     Grant,
     MaxConcurrent,
@@ -90,10 +89,9 @@ from gateway.usage import UsageEventFilter, UsageMeter, asks_for_usage, with_usa
 logger = logging.getLogger("gateway")
 
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._-]{1,128}$")
-# Minted request ids: this process's random tag and a counter — unique across processes and
-# restarts without a random number per request.
-_ID_TAG = secrets.token_hex(6)
-_ID_SEQ = itertools.count(1)
+
+# The counts the model's cap and the token estimate read: integers or null, nothing else.
+_INTEGER_PARAMETERS = ("max_tokens", "max_completion_tokens", "n", "best_of")
 
 # Which capability each forwarding endpoint needs from the model.
 _CAPABILITY = {
@@ -113,8 +111,10 @@ def _request_id(scope: Scope) -> bytes:
 
 
 def minted_id() -> str:
-    """32 hex digits, like a UUID, unique across gateway processes and restarts."""
-    return f"{_ID_TAG}{next(_ID_SEQ):020x}"
+    """32 hex digits, all 128 bits random: record ids go back to clients and into the portal's
+    URLs, so one must say nothing about another (a tag plus a counter gave every id away).
+    os.urandom is the kernel's CSPRNG, as secrets uses, at a fraction of a microsecond."""
+    return os.urandom(16).hex()
 
 
 def authenticate(
@@ -239,6 +239,14 @@ def validate_request(path: str, document: dict[str, Any]) -> None:
     stream = document.get("stream", False)
     if not isinstance(stream, bool):
         raise errors.bad_request("'stream' must be a boolean.", param="stream")
+    # vLLM would read "100000" or 5.0 as a count; the model's cap and the token estimate
+    # (gateway/costs.py) read integers only, so anything else is refused, not passed on.
+    for name in _INTEGER_PARAMETERS:
+        value = document.get(name)
+        if value is not None and type(value) is not int:  # bool is not an integer here
+            raise errors.bad_request(
+                f"'{name}' must be an integer.", param=name, code="invalid_type"
+            )
     # Clients never set their own rank: priority comes from policy only.
     if "priority" in document:
         raise errors.bad_request(
@@ -285,7 +293,11 @@ class Gateway:
         )
         self.guardrails = Guardrails(
             service=ServiceClient(
-                self.upstream, settings.guardrail_url, settings.guardrail_timeout_s
+                self.upstream,
+                settings.guardrail_url,
+                settings.guardrail_timeout_s,
+                token=settings.guardrail_token,
+                max_text_chars=settings.guardrail_max_text_chars,
             ),
             fleet=FleetCaller(self.policy, self.scheduler, self.upstream),
             metrics=self.metrics,
@@ -307,6 +319,8 @@ class Gateway:
         from gateway.async_tasks.api import AsyncTasks
 
         self.async_tasks = AsyncTasks(self)
+        # The /v1 contract, serialised once here: its route answers these bytes as they are.
+        self._openapi = openapi.load()
         self._background: list[asyncio.Task[None]] = []
         self._routes: dict[
             tuple[str, str], Callable[[Scope, Receive, Send, bytes], Awaitable[None]]
@@ -316,6 +330,7 @@ class Gateway:
             ("POST", "/v1/completions"): self.forward,
             ("POST", "/v1/embeddings"): self.forward,
             ("POST", "/v1/audio/transcriptions"): self.forward,
+            ("GET", openapi.PATH): self.openapi_document,
             ("GET", "/healthz"): self.health,
             ("GET", "/metrics"): self.prometheus,
         }
@@ -424,6 +439,12 @@ class Gateway:
         body = orjson.dumps({"status": "ok", "policy_version": policy.version})
         await send_response(send, 200, body, headers=[(b"x-request-id", request_id)])
 
+    async def openapi_document(
+        self, scope: Scope, receive: Receive, send: Send, request_id: bytes
+    ) -> None:
+        """The /v1 contract (gateway/openapi.yaml); public, as OpenAI's own is."""
+        await send_response(send, 200, self._openapi, headers=[(b"x-request-id", request_id)])
+
     async def prometheus(
         self, scope: Scope, receive: Receive, send: Send, request_id: bytes
     ) -> None:
@@ -471,7 +492,7 @@ class Gateway:
             guard = policy.guarded.get(principal.use_case_id)
             if guard is not None:
                 call.guard = guard
-                if guard.request is not None and call.document is not None:
+                if guard.request is not None:
                     await self.check_request(call, guard, policy)
             # One watcher per request: a client that goes away cancels this task, which
             # leaves the queue or closes the upstream (vLLM then aborts and frees its slot).
@@ -600,11 +621,15 @@ class Gateway:
         """Request guardrails, after the rate limits (judged, not counted: acquire counts
         them) and before the request takes a replica's capacity. Blocks (400), rewrites
         the body (redact), or lets it through (flag); 503 when a check cannot run and the use
-        case fails closed."""
+        case fails closed. What the checks cannot read as text is refused first (400)."""
         checks, document = guard.request, call.document
         assert checks is not None
-        assert document is not None
         assert call.ticket is not None
+        # A JSON body, or an upload's form fields (a transcription's prompt).
+        fields = call.form.fields if call.form is not None else None
+        readable = document if document is not None else fields
+        assert readable is not None
+        slots = request_slots(call.path, readable)
         try:
             await self.scheduler.check_limits(call.ticket)
         except RateLimited as refused:
@@ -614,10 +639,11 @@ class Gateway:
             raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
         except VALKEY_FAILURES as exc:
             raise admission_unavailable(exc) from None
-        slots = request_slots(call.path, document)
         if not slots:
             return
-        texts = [container[key] for container, key in slots]
+        texts = [container[key] for container, key, _ in slots]
+        if checks.service and (over := self.guardrails.service.over_budget(texts)) is not None:
+            raise over
         result = await self.guardrails.run(checks, texts, document)
         self.guardrails.record(
             call,
@@ -629,10 +655,14 @@ class Gateway:
         )
         if result.texts != texts:
             # Also when blocked: a full record keeps the refused request as redacted.
-            for (container, key), text in zip(slots, result.texts, strict=True):
+            for (container, key, _), text in zip(slots, result.texts, strict=True):
                 container[key] = text
-            if not call.rename_per_replica:  # else the body is made at the grant
+            if call.rename_per_replica:
+                pass  # the body is made at the grant
+            elif document is not None:
                 call.body = _redacted_body(call, document)
+            elif call.form is not None:
+                call.content_type, call.body = encode_form(call.form)
         if result.blocked is not None:
             raise GatewayError(
                 400, blocked_message(result.blocked, "request"), code="guardrail_blocked"
@@ -916,37 +946,17 @@ class Gateway:
             )
 
     async def _check_answer(self, call: Call, guard: GuardPlan, body: bytes) -> bytes:
-        """A whole answer checked: the body to send (redacted or not); 422 when blocked."""
-        checks = guard.response
-        assert checks is not None
-        try:
-            answer = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return body
-        slots = response_slots(call.path, answer)
-        if not slots:
-            return body
-        texts = [container[key] for container, key in slots]
-        result = await self.guardrails.run(checks, texts, call.document)
-        self.guardrails.record(
+        """A whole answer checked (gateway/response_stage.py, as every door checks one): the
+        body to send (redacted or not); 422 when blocked."""
+        return await check_answer(
+            self.guardrails,
             call,
-            stage="response",
-            findings=result.findings,
-            failed=result.failed,
-            failure=guard.failure,
+            path=call.path,
+            guard=guard,
+            body=body,
+            document=call.document,
             policy_version=self.policy.version,
         )
-        if result.blocked is not None:
-            raise GatewayError(
-                422, blocked_message(result.blocked, "response"), code="guardrail_blocked"
-            )
-        if result.failed and guard.failure == "closed":
-            raise self.guardrails.unavailable("response", result.failed)
-        if result.texts == texts:
-            return body
-        for (container, key), text in zip(slots, result.texts, strict=True):
-            container[key] = text
-        return orjson.dumps(answer)
 
     def _decided(self, call: Call, decision: Decision, reason: str, retry_after_s: int = 0) -> None:
         # The metric's label stays bounded ("rate_limit"); the stream keeps the limit's name.
@@ -1009,20 +1019,19 @@ class Gateway:
             streamed=call.streaming,
             record=call.record,
         )
-        if call.recorder is not None and not self._transcribe(call, call.recorder, usage):
-            usage = usage._replace(record="full_dropped")
+        # The record policy, as every door keeps it (gateway/response_stage.py).
+        transcript = None if call.recorder is None else self._transcript(call, call.recorder)
+        usage = keep_record(self.accounting, usage, transcript)
         self.metrics.record_kept(usage.record)
-        self.accounting.append_usage(usage)
 
-    def _transcribe(self, call: Call, recorder: Recorder, usage: Usage) -> bool:
-        """A full record's transcript to ``sy:records``; False when its content was dropped
-        (the buffer's budget: the request is then kept as metadata)."""
+    def _transcript(self, call: Call, recorder: Recorder) -> Transcript:
+        """A full record's content: the request as forwarded (none when withheld) and what
+        the client got, as the recorder kept it."""
         if call.request_withheld:
             request, cut = EMPTY_CONTENT, False
         else:
             request, cut = capped(self._request_content(call), recorder.limit)
-        return self.accounting.record_transcript(
-            usage,
+        return Transcript(
             request=request,
             response=recorder.response,
             response_type=recorder.content_type,

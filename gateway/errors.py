@@ -72,3 +72,15 @@ def service_unavailable(message: str, *, code: str, retry_after_s: int = 1) -> G
         code=code,
         headers=[(b"retry-after", str(retry_after_s).encode())],
     )
+
+
+def use_case_not_approved(use_case: str) -> GatewayError:
+    """Work a use case asked for while it was approved, refused once an officer suspended or
+    retired it (an async task read after the fact): not run, and said so."""
+    return GatewayError(
+        403,
+        f"Use case {use_case} is not approved any more (suspended or retired): the task was "
+        "not run.",
+        type="permission_error",
+        code="use_case_not_approved",
+    )

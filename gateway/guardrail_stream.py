@@ -1,14 +1,17 @@
 """Response guardrails on a streamed answer: hold back a window of text, check it, release it.
 
 Only a use case with response guardrails gets here; every other stream is relayed byte for
-byte. The answer's server-sent events are parsed; each choice's text (a chat delta's
-``content``, a completion's ``text``) is held back instead of relayed. When a choice holds
+byte. The answer's server-sent events are parsed; each choice's texts (a chat delta's
+``content``, refusal, reasoning and tool-call arguments — guardrails/texts.py reads a delta
+as a message — or a completion's ``text``) are held back instead of relayed, each text of a
+choice on its own (a tool call's arguments apart from the content). When a text holds
 twice the plan's window (the most its checks need to see at once: gateway/guardrails.py
 WINDOW_CHARS), the text up to its last sentence or word break is checked and released as
 one event — redacted if a check redacts; the rest stays held for the next window, so a word
 is never cut in two. Events that carry something else (a role, a tool call, the finish
-reason, the usage chunk) first release everything held, then go on as they are. At the end
-of the answer whatever is held is checked and released.
+reason, the usage chunk, a tool call's id and name) first release everything held, then go on
+as they are, their texts held for later unless the event ends the choice. At the end of the
+answer whatever is held is checked and released.
 
 A block (or a check that cannot run, under fail-closed) ends the stream with one
 ``data: {"error": {...}}`` event, which the OpenAI SDKs raise as an ``APIError``; the caller
@@ -24,6 +27,7 @@ from typing import Any
 import orjson
 
 from gateway.guardrails import Guardrails, StageChecks, blocked_message, merge_findings
+from guardrails.texts import Slot, message_slots
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _BREAK = re.compile(r"\s")
@@ -58,7 +62,8 @@ class GuardedStream:
         self._strip_usage = strip_usage
         self._document = document
         self._partial = b""
-        self._held: dict[int, str] = {}
+        # By (choice index, which text): "content", "refusal", "tool_calls.0"… or "text".
+        self._held: dict[tuple[int, str], str] = {}
         self._template: dict[str, Any] = {}
         self.findings: list[dict[str, Any]] = []
         self.failed: list[str] = []
@@ -108,19 +113,26 @@ class GuardedStream:
             return released + event
         if not self._template:
             self._template = {k: v for k, v in parsed.items() if k not in ("choices", "usage")}
-        carries_more = False
+        carries_more = ends = bool(parsed.get("usage"))
+        taken: list[tuple[tuple[int, str], str]] = []
         for choice in choices:
             if not isinstance(choice, dict):
                 carries_more = True
                 continue
             index = int(choice.get("index", 0))
-            text = self._take_text(choice)
-            if text:
-                self._held[index] = self._held.get(index, "") + text
-            if choice.get("finish_reason") is not None or self._has_more(choice):
+            taken += [((index, name), text) for name, text in self._take_texts(choice) if text]
+            if choice.get("finish_reason") is not None:
+                carries_more = ends = True
+            elif self._has_more(choice):
                 carries_more = True
-        if parsed.get("usage"):
-            carries_more = True
+        if carries_more and not ends:
+            # A tool call's id and name (or a role…) go out before its arguments.
+            released = await self._release(everything=True)
+            if self.ended:
+                return released
+            self._hold(taken)
+            return released + b"data: " + orjson.dumps(parsed) + b"\n\n"
+        self._hold(taken)
         if carries_more:
             released = await self._release(everything=True)
             if self.ended:
@@ -130,47 +142,70 @@ class GuardedStream:
             return await self._release(everything=False)
         return b""
 
-    def _take_text(self, choice: dict[str, Any]) -> str:
-        """The choice's text, taken out of it (the event keeps an empty one)."""
-        if self._chat:
-            delta = choice.get("delta")
-            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-                text: str = delta["content"]
-                delta["content"] = ""
-                return text
-            return ""
-        if isinstance(choice.get("text"), str):
-            text = choice["text"]
-            choice["text"] = ""
-            return text
-        return ""
+    def _hold(self, taken: list[tuple[tuple[int, str], str]]) -> None:
+        for key, text in taken:
+            self._held[key] = self._held.get(key, "") + text
+
+    def _take_texts(self, choice: dict[str, Any]) -> list[tuple[str, str]]:
+        """The choice's texts, by name, taken out of it (the event keeps empty ones)."""
+        if not self._chat:
+            if isinstance(choice.get("text"), str):
+                text: str = choice["text"]
+                choice["text"] = ""
+                return [("text", text)]
+            return []
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return []
+        slots: list[Slot] = []
+        message_slots(delta, slots)
+        if not slots:
+            return []
+        names: dict[int, str] = {}
+        for j, call in enumerate(delta.get("tool_calls") or ()):
+            if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                names[id(call["function"])] = f"tool_calls.{call.get('index', j)}"
+        if isinstance(delta.get("function_call"), dict):
+            names[id(delta["function_call"])] = "function_call"
+        taken = []
+        for container, key, _ in slots:
+            name = key if container is delta else names.get(id(container))
+            if name is not None:
+                taken.append((name, container[key]))
+                container[key] = ""
+        return taken
 
     def _has_more(self, choice: Mapping[str, Any]) -> bool:
-        """Whether the event says more than text: a role, a tool call…"""
+        """Whether the event says more than text: a tool call's id or name, a role…"""
         if not self._chat:
             return False
         delta = choice.get("delta")
         if not isinstance(delta, dict):
             return False
-        return any(
-            value not in (None, "", [])
-            for key, value in delta.items()
-            if key not in ("content", "role")
-        )
+        for key, value in delta.items():
+            if key in ("content", "role") or _empty(value):
+                continue
+            if key == "tool_calls" and isinstance(value, list):
+                if all(isinstance(call, dict) and _bare_call(call) for call in value):
+                    continue
+            elif key == "function_call" and isinstance(value, dict) and _bare_call(value):
+                continue
+            return True
+        return False
 
     # --- checking and releasing ------------------------------------------------------------
     async def _release(self, *, everything: bool) -> bytes:
-        parts: dict[int, str] = {}
-        for index, held in self._held.items():
+        parts: dict[tuple[int, str], str] = {}
+        for key, held in self._held.items():
             cut = len(held) if everything else _cut(held, self._window)
             if cut > 0:
-                parts[index] = held[:cut]
-                self._held[index] = held[cut:]
-        self._held = {i: held for i, held in self._held.items() if held}
+                parts[key] = held[:cut]
+                self._held[key] = held[cut:]
+        self._held = {key: held for key, held in self._held.items() if held}
         if not parts:
             return b""
-        indices = sorted(parts)
-        texts = [parts[i] for i in indices]
+        keys = list(parts)  # in the order first held: a choice's texts as the model said them
+        texts = [parts[key] for key in keys]
         result = await self._guardrails.run(self._checks, texts, self._document)
         self.findings += result.findings
         self.failed += [name for name in result.failed if name not in self.failed]
@@ -185,24 +220,43 @@ class GuardedStream:
                 "service_unavailable",
             )
         return b"".join(
-            self._text_event(i, text) for i, text in zip(indices, result.texts, strict=True)
+            self._text_event(key, text) for key, text in zip(keys, result.texts, strict=True)
         )
 
-    def _text_event(self, index: int, text: str) -> bytes:
-        if self._chat:
-            choice: dict[str, Any] = {
-                "index": index,
-                "delta": {"content": text},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-        else:
+    def _text_event(self, key: tuple[int, str], text: str) -> bytes:
+        index, name = key
+        if not self._chat:
             choice = {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+        else:
+            delta: dict[str, Any]
+            if name.startswith("tool_calls."):
+                call = {"index": int(name.removeprefix("tool_calls.")), "function": {}}
+                delta = {"tool_calls": [{**call, "function": {"arguments": text}}]}
+            elif name == "function_call":
+                delta = {"function_call": {"arguments": text}}
+            else:
+                delta = {name: text}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
         return b"data: " + orjson.dumps({**self._template, "choices": [choice]}) + b"\n\n"
 
     def summaries(self) -> list[dict[str, Any]]:
         """What the stream's windows found, one summary per guardrail and action."""
         return merge_findings(self.findings)
+
+
+def _empty(value: object) -> bool:
+    return value is None or value == "" or value == []
+
+
+def _bare_call(call: Mapping[str, Any]) -> bool:
+    """A tool call (or function call) delta that, its arguments taken, says nothing more."""
+    for key, value in call.items():
+        if key == "index" or _empty(value):
+            continue
+        if key == "function" and isinstance(value, dict) and all(map(_empty, value.values())):
+            continue
+        return False
+    return True
 
 
 def _data(event: bytes) -> bytes | None:

@@ -34,13 +34,20 @@ import orjson
 from gateway import errors
 from gateway.errors import GatewayError
 from gateway.guardrail_fleet import run_fleet_check
+from guardrails import texts
 from guardrails.catalogue import entries
 from guardrails.engine import Check
-from guardrails.protocol import CHECK_PATH, CheckSpec, encode_request
+from guardrails.protocol import (
+    CHECK_PATH,
+    CheckSpec,
+    encode_request,
+    over_budget_message,
+    text_chars,
+)
+from guardrails.texts import Slot
 
 if TYPE_CHECKING:
     from gateway.accounting import Accounting
-    from gateway.metrics import GatewayMetrics
     from gateway.policy import Guardrail, Model, Principal
     from gateway.policy_store import PolicyStore
     from gateway.scheduling import Scheduler
@@ -140,53 +147,19 @@ def plan_guardrails(selections: Sequence[Guardrail], failure: str) -> GuardPlan:
 
 
 # --- where the texts are --------------------------------------------------------------------
-Slot = tuple[Any, Any]  # (container, key): container[key] is one text
-
-
 def request_slots(path: str, document: Mapping[str, Any]) -> list[Slot]:
-    """The texts of a request a guardrail reads: chat messages' contents (strings or text
-    parts), a completion's prompt(s), an embedding's input(s). Token-id prompts are not text."""
-    slots: list[Slot] = []
-    if path == "/v1/chat/completions":
-        for message in document.get("messages") or ():
-            if not isinstance(message, dict):
-                continue
-            content = message.get("content")
-            if isinstance(content, str):
-                slots.append((message, "content"))
-            elif isinstance(content, list):
-                slots += [
-                    (part, "text")
-                    for part in content
-                    if isinstance(part, dict)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ]
-    else:
-        key = "prompt" if path == "/v1/completions" else "input"
-        value = document.get(key)
-        if isinstance(value, str):
-            slots.append((document, key))
-        elif isinstance(value, list):
-            slots += [(value, i) for i, item in enumerate(value) if isinstance(item, str)]
-    return slots
-
-
-def response_slots(path: str, document: Any) -> list[Slot]:
-    """The texts of a (non-streamed) answer: each choice's message content or text."""
-    if not isinstance(document, dict) or not isinstance(document.get("choices"), list):
-        return []
-    slots: list[Slot] = []
-    for choice in document["choices"]:
-        if not isinstance(choice, dict):
-            continue
-        if path == "/v1/chat/completions":
-            message = choice.get("message")
-            if isinstance(message, dict) and isinstance(message.get("content"), str):
-                slots.append((message, "content"))
-        elif isinstance(choice.get("text"), str):
-            slots.append((choice, "text"))
-    return slots
+    """The texts of a request the model reads (guardrails/texts.py, the one reading every
+    stage shares); run only for a use case with request guardrails, which cannot pass what
+    they cannot read: token ids, prompt embeddings, an unknown part are refused (400)."""
+    try:
+        return texts.request_slots(path, document)
+    except texts.Unreadable as exc:
+        raise errors.bad_request(
+            f"This use case's request guardrails cannot read {exc.param} ({exc.what}) as "
+            "text, so the request is refused: send what the model is to read as text.",
+            param=exc.param,
+            code="unreadable_content",
+        ) from None
 
 
 # --- the guardrail service's client ----------------------------------------------------------
@@ -198,18 +171,47 @@ class ServiceClient:
     """Calls the guardrail service over the gateway's pooled fleet client (keep-alive, no
     new connection per check)."""
 
-    def __init__(self, upstream: Upstream, url: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        url: str,
+        timeout_s: float,
+        *,
+        token: str = "",
+        max_text_chars: int | None = None,
+    ) -> None:
         self._upstream = upstream
         self._url = url.rstrip("/")
         self._timeout_s = timeout_s
+        self._headers: tuple[tuple[bytes, bytes], ...] = _JSON
+        if token:
+            self._headers += ((b"authorization", b"Bearer " + token.encode()),)
+        self.max_text_chars = max_text_chars
+
+    def over_budget(self, texts: Sequence[str]) -> GatewayError | None:
+        """The 400 for texts over the service's budget, or None: the request stage refuses
+        them before sending, whatever the use case's failure mode (a client error, not the
+        service's), so no client can time out, kill and reload the service's workers."""
+        if self.max_text_chars is None:
+            return None
+        chars = text_chars(texts)
+        if chars <= self.max_text_chars:
+            return None
+        return errors.bad_request(
+            over_budget_message(chars, self.max_text_chars), code="guardrail_text_too_large"
+        )
 
     async def run(self, stage: str, texts: list[str], checks: Sequence[CheckSpec]) -> Any:
         from gateway.upstream import UpstreamError
 
+        if self.max_text_chars is not None and text_chars(texts) > self.max_text_chars:
+            # An answer over the budget (the request stage refused requests over it): it
+            # cannot be checked, so the use case's failure mode decides.
+            raise GuardrailUnavailable("the text is over the guardrail service's budget")
         body = encode_request(stage, texts, checks)
         try:
             async with asyncio.timeout(self._timeout_s):
-                response = await self._upstream.post(self._url, CHECK_PATH, body, _JSON)
+                response = await self._upstream.post(self._url, CHECK_PATH, body, self._headers)
                 try:
                     parts = []
                     while chunk := await response.read():
@@ -345,6 +347,15 @@ async def _fleet_check(
 
 
 # --- running a stage -------------------------------------------------------------------------
+class GuardrailMetrics(Protocol):
+    """What the checks report to their process's metrics (the gateway's, or the batcher's
+    when it checks async answers)."""
+
+    def guardrail_checked(self, stage: str, seconds: float) -> None: ...
+
+    def guardrail_found(self, *, guardrail: str, stage: str, action: str) -> None: ...
+
+
 class Subject(Protocol):
     """What a record needs of the request being checked (gateway/app.py's ``Call``)."""
 
@@ -370,7 +381,7 @@ class Guardrails:
         *,
         service: ServiceClient,
         fleet: FleetCaller,
-        metrics: GatewayMetrics,
+        metrics: GuardrailMetrics,
         accounting: Accounting,
         retry_after_s: int,
     ) -> None:

@@ -265,6 +265,14 @@ class Policy:
     # By UseCase id, each use case's record policy: the request path's one lookup
     # (``record_policy``).
     records: Mapping[int, RecordPolicy] = field(default_factory=dict)
+    # Every use case the snapshot still serves: its own entry, or a key or a client acting as
+    # it. Governance leaves a suspended or retired one out of all of them, so work it asked
+    # for earlier (a queued async task) finds it missing here.
+    active_use_cases: frozenset[int] = frozenset()
+
+    def use_case_active(self, use_case_id: int) -> bool:
+        """Whether the use case is approved as of this snapshot."""
+        return use_case_id in self.active_use_cases
 
     def record_policy(self, use_case_id: int) -> RecordPolicy:
         """What the use case's record policy keeps; "metadata" for one not in the snapshot."""
@@ -325,16 +333,24 @@ def parse_snapshot(raw: bytes) -> Policy:
         )
         for use_case_id, entry in document.get("use_cases", {}).items()
     }
+    service_accounts = {
+        client_id: _service_account(client_id, entry)
+        for client_id, entry in document.get("service_accounts", {}).items()
+    }
     return Policy(
         version=int(document["version"]),
         loaded_at=time.monotonic(),
         models=models,
         principals=principals,
-        service_accounts={
-            client_id: _service_account(client_id, entry)
-            for client_id, entry in document.get("service_accounts", {}).items()
-        },
+        service_accounts=service_accounts,
         use_cases=use_cases,
+        active_use_cases=frozenset(
+            (
+                *use_cases,
+                *(p.use_case_id for p in principals.values()),
+                *(p.use_case_id for p in service_accounts.values()),
+            )
+        ),
         guarded={
             use_case_id: plan_guardrails(use_case.guardrails, use_case.guardrail_failure)
             for use_case_id, use_case in use_cases.items()

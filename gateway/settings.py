@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from config.env import env_bool, env_float, env_int, env_list, env_str
 from config.outbound_urls import Network, allowed_networks_from_env
 from config.valkey_urls import for_valkey_py
+from guardrails.protocol import DEFAULT_MAX_TEXT_CHARS
 
 # A prompt longer than one chunk of vLLM's default prefill budget (max_num_batched_tokens,
 # 8192) stalls its batch-mates for several steps: it runs apart where the pool has lanes.
@@ -62,6 +63,8 @@ class GatewaySettings:
     service_accounts: ServiceAccountSettings | None = None
     # The guardrail service (guardrails/service.py) this gateway sends its checks to.
     guardrail_url: str = "http://127.0.0.1:8095"
+    guardrail_token: str = ""  # presented to the service; it refuses checks without it
+    guardrail_max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     guardrail_timeout_s: float = 5.0
     guardrail_retry_after_s: int = 5
     # Records (issue 12): each side of a full-record transcript is kept up to this many bytes
@@ -133,6 +136,11 @@ class GatewaySettings:
             long_prompt_tokens=long_prompt_tokens_from_env(),
             service_accounts=ServiceAccountSettings.from_env(),
             guardrail_url=env_str("SWITCHYARD_GUARDRAIL_URL", "http://127.0.0.1:8095"),
+            guardrail_token=env_str("SWITCHYARD_GUARDRAIL_TOKEN", ""),
+            # The service's budget, refused here before sending (guardrails/protocol.py).
+            guardrail_max_text_chars=env_int(
+                "SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS, minimum=1
+            ),
             # A check's whole round trip, waiting for a free worker included; past it the
             # use case's guardrail_failure applies. Above the service's own check timeout,
             # so that a stuck detector is reported by the service, not guessed at here.

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from guardrails import texts
 from guardrails.base import SettingsError
 
 MAX_MODEL_CHARS = 200
@@ -67,23 +68,9 @@ def integer(settings: Mapping[str, Any], key: str, default: int, *, low: int, hi
 
 def message_parts(document: object) -> Iterator[tuple[str, str]]:
     """(role, text) for each text a chat request carries, in the order the gateway hands
-    guardrails their texts: a string content, or each text part of a list content."""
+    guardrails their texts: the one reading of guardrails/texts.py (content strings and
+    text parts, refusals, tool messages, tool-call arguments)."""
     if not isinstance(document, Mapping):
         return
-    messages = document.get("messages")
-    if not isinstance(messages, list):
-        return
-    for message in messages:
-        if not isinstance(message, Mapping):
-            continue
-        role, content = str(message.get("role", "")), message.get("content")
-        if isinstance(content, str):
-            yield role, content
-        elif isinstance(content, list):
-            for part in content:
-                if (
-                    isinstance(part, Mapping)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):
-                    yield role, part["text"]
+    for container, key, role in texts.request_slots("/v1/chat/completions", document, strict=False):
+        yield role, container[key]

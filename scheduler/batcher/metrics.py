@@ -63,6 +63,24 @@ class BatcherMetrics:
             ["model", "endpoint", "outcome"], registry=r,
         )  # fmt: skip
 
+        # The response stage on async answers (gateway/guardrails.py reports through these).
+        self.guardrail_findings = Counter(
+            "switchyard_batcher_guardrail_findings",
+            "Response guardrail findings and failures on async answers, by guardrail, stage "
+            "and action.", ["guardrail", "stage", "action"], registry=r,
+        )  # fmt: skip
+        self.guardrail_latency = Histogram(
+            "switchyard_batcher_guardrail_check_seconds",
+            "Time a stage's guardrail checks took on async answers.", ["stage"],
+            buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+
+    def guardrail_found(self, *, guardrail: str, stage: str, action: str) -> None:
+        self.guardrail_findings.labels(guardrail, stage, action).inc()
+
+    def guardrail_checked(self, stage: str, seconds: float) -> None:
+        self.guardrail_latency.labels(stage).observe(seconds)
+
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         if port > 0:
             start_http_server(port, addr=host, registry=self.registry)

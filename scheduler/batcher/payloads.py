@@ -7,7 +7,9 @@ back into each task's own result. Pure functions: no I/O (tests/scheduler/test_b
   SHA-256 of the body without ``model`` and the input.
 - Chat tasks batch as concurrent calls, one per (distinct) task.
 - Deterministic payloads (embeddings always; completions and chat at temperature 0) are
-  identified by the SHA-256 of their canonical form: identical ones in a batch run once.
+  identified by the SHA-256 of their use case and canonical form: identical ones of one use
+  case in a batch run once. Never across use cases: a task is computed, checked and billed
+  for the use case that asked, and another tenant's copy must not reveal it was shared.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def parse_entry(stream: str, entry_id: str, raw: dict[bytes, bytes] | dict[str, 
         raise MalformedTask(str(exc), task) from None
     task.deterministic = is_deterministic(task.endpoint, body)
     if task.deterministic:
-        task.payload_sha = payload_sha256(task.model, task.endpoint, body)
+        task.payload_sha = payload_sha256(task.use_case_id, task.model, task.endpoint, body)
     task.buffer_key = (task.model, task.endpoint, task.priority_class, compat_key(task))
     return task
 
@@ -147,11 +149,12 @@ def is_deterministic(endpoint: str, body: dict[str, Any]) -> bool:
     )
 
 
-def payload_sha256(model: str, endpoint: str, body: dict[str, Any]) -> str:
-    """The key collapsing and the result cache use: model + endpoint + the body's members
-    that change the answer, as sorted JSON."""
+def payload_sha256(use_case_id: str, model: str, endpoint: str, body: dict[str, Any]) -> str:
+    """The key collapsing and the result cache use: the use case (nothing is shared across
+    use cases) + model + endpoint + the body's members that change the answer, as sorted
+    JSON."""
     kept = {k: v for k, v in body.items() if k not in _NOT_IN_ANSWER}
-    return hashlib.sha256(_canonical([model, endpoint, kept])).hexdigest()
+    return hashlib.sha256(_canonical([use_case_id, model, endpoint, kept])).hexdigest()
 
 
 def compat_key(task: Task) -> str:

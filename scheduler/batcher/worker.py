@@ -11,12 +11,18 @@ One asyncio process; its loops:
   (XCLAIM JUSTID) of the entries this batcher holds, so that live work is never taken over;
 - gauges and the drain rate.
 
-A batch: expired tasks end ``expired`` unrun; the rest are marked running; cached results
-and identical deterministic payloads are answered once; the distinct rest go upstream in one
-call (embeddings, completions) or concurrent calls (chat), each call acquired from the
-Scheduler at the tasks' class and released after. A 5xx, a timeout or no reachable replica
-is a failed attempt (retried with backoff; after MAX_ATTEMPTS dead-lettered); a 4xx fails
-the task at once with the upstream's error.
+A batch: expired tasks end ``expired`` unrun; the rest are marked running; tasks of a use
+case the policy no longer approves (suspended or retired since submit) fail unrun (403);
+cached results and identical deterministic payloads of one use case are answered once; the
+distinct rest go upstream in one call (embeddings, completions) or concurrent calls (chat),
+each call acquired from the Scheduler at the tasks' class and released after. A 5xx, a
+timeout or no reachable replica is a failed attempt (retried with backoff; after
+MAX_ATTEMPTS dead-lettered); a 4xx fails the task at once with the upstream's error.
+
+Every answer then goes through the response stage the synchronous path uses
+(gateway/response_stage.py): the use case's response guardrails (a block fails the task with
+the guardrail's 422 error, a redaction rewrites the result) and its record policy (the usage
+entry, and for ``full`` the transcript), under the task id as the record id.
 """
 
 from __future__ import annotations
@@ -33,12 +39,16 @@ import orjson
 import valkey
 
 from config.valkey_urls import VALKEY_FAILURES, async_client, is_cluster
+from gateway import errors
 from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
 from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
-from gateway.policy import Model, Policy, PriorityClass
+from gateway.guardrails import FleetCaller, Guardrails, ServiceClient
+from gateway.policy import Model, Policy, Principal, PriorityClass
 from gateway.policy_store import PolicyStore
+from gateway.records import capped
+from gateway.response_stage import Transcript, check_answer, keep_record
 from gateway.scheduling import (
     MaxConcurrent,
     QueueFull,
@@ -116,6 +126,28 @@ class Outcome:
 
 
 @dataclass(slots=True)
+class Answer:
+    """A task's answer before the response stage: the result body (as the replica or the
+    cache gave it) or, refused by the replica, ``outcome.error``."""
+
+    task: Task
+    outcome: Outcome
+    body: bytes | None
+    tokens: tuple[int, int]  # (prompt, completion) the answer says it used
+    collapsed: bool = False
+
+
+@dataclass(slots=True)
+class TaskSubject:
+    """A task as the guardrails' findings name it (gateway.guardrails.Subject)."""
+
+    request_id: str
+    record_id: str
+    principal: Principal
+    model: Model
+
+
+@dataclass(slots=True)
 class Buffer:
     key: tuple[str, str, str, str]
     size: int
@@ -125,9 +157,51 @@ class Buffer:
     last_ms: float = 0.0  # the last arrival (wall clock): an empty buffer idle long is dropped
 
 
+def use_case_of(task: Task) -> int:
+    """The task's use case id (0 for one that is not a number: no use case has it)."""
+    return int(task.use_case_id) if task.use_case_id.isdigit() else 0
+
+
+def acting_as(task: Task, policy: Policy) -> Principal:
+    """Whom a task acts as: its use case and tenant, no key (the task carries none)."""
+    use_case_id = use_case_of(task)
+    use_case = policy.use_cases.get(use_case_id)
+    return Principal(
+        key_id=None,
+        key_prefix="",
+        tenant=task.tenant,
+        tenant_id=0,
+        environment="",
+        use_case=use_case.slug if use_case is not None else task.use_case_id,
+        use_case_id=use_case_id,
+        namespace="",
+        models=frozenset(),
+        expires_at=None,
+    )
+
+
+def error_of(refused: GatewayError) -> dict[str, Any]:
+    """A gateway refusal as a task's error object (what its answer's ``error`` would say)."""
+    return {
+        "message": refused.message,
+        "type": refused.type,
+        "param": refused.param,
+        "code": refused.code,
+    }
+
+
 def service_class(policy: Policy, name: str) -> PriorityClass:
     """The task's class from the snapshot, or the unclassified one behind all the others."""
     return priority_class_named(policy, name)
+
+
+def _tokens(body: bytes) -> tuple[int, int]:
+    """(prompt, completion) tokens a result body says it used; none if it is not JSON."""
+    try:
+        result = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return 0, 0
+    return payloads.tokens_of(result) if isinstance(result, dict) else (0, 0)
 
 
 def _error_from(body: bytes, status: int) -> dict[str, Any]:
@@ -179,8 +253,26 @@ class Batcher:
             connect_timeout_s=settings.upstream_connect_timeout_s,
             max_connections=settings.upstream_max_connections,
         )
-        self.accounting = Accounting(self.client, pipe=self.scheduler.pipe)
+        self.accounting = Accounting(
+            self.client,
+            pipe=self.scheduler.pipe,
+            content_budget_bytes=settings.record_buffer_bytes,
+        )
         self.metrics = metrics or BatcherMetrics()
+        # The response stage's checks, as the gateway runs them (gateway/response_stage.py).
+        self.guardrails = Guardrails(
+            service=ServiceClient(
+                self.upstream,
+                settings.guardrail_url,
+                settings.guardrail_timeout_s,
+                token=settings.guardrail_token,
+                max_text_chars=settings.guardrail_max_text_chars,
+            ),
+            fleet=FleetCaller(self.policy, self.scheduler, self.upstream),
+            metrics=self.metrics,
+            accounting=self.accounting,
+            retry_after_s=settings.guardrail_retry_after_s,
+        )
         self.callbacks = Callbacks(settings.valkey_url)
         self.streams: list[str] = []
         self.buffers: dict[tuple[str, str, str, str], Buffer] = {}
@@ -455,6 +547,16 @@ class Batcher:
                 elif status == "running" and attempts >= layout.MAX_ATTEMPTS:
                     # Its attempts died with their batchers (start.lua counted them).
                     endings.append(self._dead_letter(task, INTERRUPTED, attempts))
+                elif not policy.use_case_active(use_case_of(task)):
+                    # Suspended or retired since it was submitted: what its use case may
+                    # no longer do is not done (the gateway refuses its keys alike).
+                    refused = errors.use_case_not_approved(task.use_case_id)
+                    endings.append(self._failed(task, refused.status, error_of(refused)))
+                    logger.info(
+                        "task_refused task=%s use_case=%s reason=use_case_not_approved",
+                        task.task_id,
+                        task.use_case_id,
+                    )
                 else:
                     running.append(task)
             live = running
@@ -473,13 +575,13 @@ class Batcher:
         await self._end(endings)
 
     async def _answer(self, tasks: list[Task], model: Model, policy: Policy) -> list[Ending]:
-        """Cache, collapse, call; the endings of every task (retries are scheduled here)."""
+        """Cache, collapse, call, then the response stage; the endings of every task
+        (retries are scheduled here)."""
         endings: list[Ending] = []
+        answers: list[Answer] = []
         cache_s: dict[str, int] = {}
         for task in tasks:
-            use_case = (
-                policy.use_cases.get(int(task.use_case_id)) if task.use_case_id.isdigit() else None
-            )
+            use_case = policy.use_cases.get(use_case_of(task))
             cache_s[task.task_id] = use_case.async_cache_s if use_case is not None else 0
         cacheable = [t for t in tasks if t.deterministic and cache_s[t.task_id] > 0]
         hits = await self.store.cached(
@@ -489,8 +591,9 @@ class Batcher:
         for task, body in zip(cacheable, hits, strict=True):
             if body is not None:
                 hit_ids.add(task.task_id)
-                endings.append(self._done(task, body, collapsed=True))
+                answers.append(Answer(task, Outcome(200), body, _tokens(body), collapsed=True))
                 self.metrics.collapsed.labels(task.model, "cache").inc()
+        # Identical payloads collapse within a use case only: the hash includes it.
         groups: dict[str, list[Task]] = {}
         for task in tasks:
             if task.task_id in hit_ids:
@@ -498,49 +601,108 @@ class Batcher:
             groups.setdefault(task.payload_sha if task.deterministic else task.task_id, []).append(
                 task
             )
-        if not groups:
-            return endings
-        representatives = [group[0] for group in groups.values()]
-        outcomes = await self._call(representatives, model, policy)
-        to_cache: list[tuple[str, bytes, int]] = []
-        usage_at = wall_ms()
-        for group, outcome in zip(groups.values(), outcomes, strict=True):
-            if isinstance(outcome, Retryable):
-                endings += await self._attempt_failed(group, outcome)
-                continue
-            shared = len(group) > 1
-            if shared:
-                self.metrics.collapsed.labels(group[0].model, "batch").inc(len(group) - 1)
-            if outcome.result is None:
-                assert outcome.error is not None
-                for task in group:
-                    endings.append(self._failed(task, outcome.status, outcome.error))
-                    self._usage(task, outcome, 0, 0, usage_at, policy)
-                continue
-            body = orjson.dumps(outcome.result)
-            prompt, completion = payloads.tokens_of(outcome.result)
-            for index, task in enumerate(group):
-                endings.append(self._done(task, body, collapsed=shared, status=outcome.status))
-                # Usage counts GPU work: the task that ran carries its tokens, copies none.
-                self._usage(
-                    task, outcome, *((prompt, completion) if index == 0 else (0, 0)),
-                    usage_at, policy,
-                )  # fmt: skip
-            if outcome.status == 200:
-                # Each use case of the group that keeps a cache gets the result in its own.
-                cached_for = {
-                    t.use_case_id: cache_s[t.task_id]
-                    for t in group
-                    if t.deterministic and cache_s[t.task_id] > 0
-                }
-                head = group[0]
-                to_cache += [
-                    (layout.result_cache(use_case, head.payload_sha), body, seconds)
-                    for use_case, seconds in cached_for.items()
-                ]
-        with contextlib.suppress(valkey.ValkeyError, OSError):
-            await self.store.cache(to_cache)
+        if groups:
+            representatives = [group[0] for group in groups.values()]
+            outcomes = await self._call(representatives, model, policy)
+            to_cache: list[tuple[str, bytes, int]] = []
+            for group, outcome in zip(groups.values(), outcomes, strict=True):
+                if isinstance(outcome, Retryable):
+                    endings += await self._attempt_failed(group, outcome)
+                    continue
+                if outcome.result is None:
+                    assert outcome.error is not None
+                    answers += [Answer(task, outcome, None, (0, 0)) for task in group]
+                    continue
+                shared = len(group) > 1
+                if shared:
+                    self.metrics.collapsed.labels(group[0].model, "batch").inc(len(group) - 1)
+                body = orjson.dumps(outcome.result)
+                # Each copy is billed what its answer says it used: one computation served
+                # them, but each task of the use case asked for (and got) the whole answer.
+                tokens = payloads.tokens_of(outcome.result)
+                answers += [Answer(task, outcome, body, tokens, collapsed=shared) for task in group]
+                if outcome.status == 200:
+                    # The answer as the replica gave it: the response stage runs again on
+                    # each task it answers, under the policy of that day.
+                    head = group[0]
+                    seconds = cache_s[head.task_id]
+                    if head.deterministic and seconds > 0:
+                        to_cache.append(
+                            (layout.result_cache(head.use_case_id, head.payload_sha), body, seconds)
+                        )
+            with contextlib.suppress(valkey.ValkeyError, OSError):
+                await self.store.cache(to_cache)
+        at_ms = wall_ms()
+        endings += await asyncio.gather(*(self._deliver(a, model, policy, at_ms) for a in answers))
         return endings
+
+    async def _deliver(self, answer: Answer, model: Model, policy: Policy, at_ms: int) -> Ending:
+        """A task's answer as the synchronous path answers a request, through the same code
+        (gateway/response_stage.py): the use case's response guardrails on a result (blocked:
+        the task fails with the guardrail's 422 error; redacted: the result is rewritten),
+        then its record policy — the usage entry, and for ``full`` the transcript of the
+        request as forwarded and the answer as the client reads it."""
+        task, outcome = answer.task, answer.outcome
+        use_case_id = use_case_of(task)
+        status, body, error = outcome.status, answer.body, outcome.error
+        guard = policy.guarded.get(use_case_id)
+        if body is not None and guard is not None and guard.response is not None:
+            subject = TaskSubject(task.task_id, task.task_id, acting_as(task, policy), model)
+            try:
+                body = await check_answer(
+                    self.guardrails,
+                    subject,
+                    path=task.endpoint,
+                    guard=guard,
+                    body=body,
+                    document=task.body,
+                    policy_version=policy.version,
+                )
+            except GatewayError as refused:
+                status, body, error = refused.status, None, error_of(refused)
+        if body is not None:
+            ending = self._done(task, body, collapsed=answer.collapsed, status=status)
+            sent = body
+        else:
+            assert error is not None
+            ending = self._failed(task, status, error)
+            sent = orjson.dumps({"error": error})  # what the sync path answers and records
+        record = policy.record_policy(use_case_id)
+        usage = Usage(
+            request_id=task.task_id,
+            at_ms=at_ms,
+            tenant=task.tenant,
+            use_case_id=use_case_id,
+            key_id=None,
+            model=task.model,
+            replica=outcome.replica,
+            status=status,
+            prompt_tokens=answer.tokens[0],
+            completion_tokens=answer.tokens[1],
+            queued_ms=outcome.queued_ms,
+            upstream_ms=outcome.upstream_ms,
+            total_ms=float(max(at_ms - task.created_ms, 0)),
+            policy_version=policy.version,
+            # The task id: random, what the client already holds, and the same however often
+            # the task is delivered (a redelivery's record replaces, never doubles).
+            record_id=task.task_id,
+            endpoint=task.endpoint,
+            record=record,
+        )
+        transcript = self._transcript(task, model, outcome, sent) if record == "full" else None
+        keep_record(self.accounting, usage, transcript)
+        return ending
+
+    def _transcript(self, task: Task, model: Model, outcome: Outcome, sent: bytes) -> Transcript:
+        """A full record's content: the task's own request as a replica got it (the served
+        name, the completion bound; not the priority, nor the batch it shared a call with)
+        and the answer as its owner reads it."""
+        served = model.served_name_for(outcome.replica) if outcome.replica else model.served_name
+        forwarded = payloads.upstream_document(task, served, model.max_tokens)
+        limit = self.settings.record_max_content_bytes
+        request, request_cut = capped(orjson.dumps(forwarded), limit)
+        response, response_cut = capped(sent, limit)
+        return Transcript(request, response, b"application/json", request_cut or response_cut)
 
     async def _call(
         self, tasks: list[Task], model: Model, policy: Policy
@@ -810,37 +972,6 @@ class Batcher:
                 self._ended[task.model] = self._ended.get(task.model, 0) + 1
                 if task.callback_url:
                     self.callbacks.send(task, ending.fields)
-
-    def _usage(
-        self,
-        task: Task,
-        outcome: Outcome,
-        prompt: int,
-        completion: int,
-        at_ms: int,
-        policy: Policy,
-    ) -> None:
-        """The task's usage record on the gateway's usage stream (buffered, flushed in
-        the background), as the gateway writes one per request, under the sync endpoint."""
-        self.accounting.append_usage(
-            Usage(
-                request_id=task.task_id,
-                at_ms=at_ms,
-                tenant=task.tenant,
-                use_case_id=int(task.use_case_id) if task.use_case_id.isdigit() else 0,
-                key_id=None,
-                model=task.model,
-                replica=outcome.replica,
-                status=outcome.status,
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-                queued_ms=outcome.queued_ms,
-                upstream_ms=outcome.upstream_ms,
-                total_ms=float(max(at_ms - task.created_ms, 0)),
-                policy_version=policy.version,
-                endpoint=task.endpoint,
-            )
-        )
 
     # --- reporting ----------------------------------------------------------------------
     async def report_drain(self) -> None:

@@ -42,7 +42,8 @@ found["gateway.guardrail_url"] = [gateway.guardrail_url]
 found["gateway.valkey_url"] = [gateway.valkey_url]
 guard = ServiceSettings.from_env()
 found["guardrails.bind"] = [f"http://{guard.host}:{guard.port}"]
-print(json.dumps(found))
+tokens = {"gateway": gateway.guardrail_token, "guardrails": guard.token}
+print(json.dumps({"settings": found, "tokens": tokens}))
 """
 
 _ADDRESS = re.compile(r"(?:127\.0\.0\.1|localhost):(\d+)")
@@ -77,7 +78,12 @@ def _settings_of_a_child(stack: Stack) -> dict[str, list[str]]:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    found: dict[str, list[str]] = json.loads(result.stdout.strip().splitlines()[-1])
+    read = json.loads(result.stdout.strip().splitlines()[-1])
+    found: dict[str, list[str]] = read["settings"]
+    # Not an address, but the one other thing the two must agree on: the service's token.
+    tokens = read["tokens"]
+    assert tokens["gateway"] == tokens["guardrails"]
+    assert len(tokens["gateway"]) >= 32
     return found
 
 

@@ -18,9 +18,12 @@ from scheduler.batcher.payloads import (
 )
 
 
-def entry(endpoint: str, body: dict[str, object], task: str = "task_1") -> Task:
+def entry(
+    endpoint: str, body: dict[str, object], task: str = "task_1", use_case_id: str = "7"
+) -> Task:
     fields: dict[str, str | bytes] = {
-        "task": task, "endpoint": endpoint, "model": "m", "use_case_id": "7", "tenant": "acme",
+        "task": task, "endpoint": endpoint, "model": "m", "use_case_id": use_case_id,
+        "tenant": "acme",
         "priority_class": "async", "estimate": "12", "created_ms": "1000", "deadline_ms": "0",
         "expires_ms": "9000", "callback_url": "", "body": orjson.dumps({"model": "m", **body}),
     }  # fmt: skip
@@ -56,6 +59,15 @@ def test_identical_payloads_hash_alike_whatever_the_user_or_member_order() -> No
     assert not warm.deterministic
     assert a.payload_sha == b.payload_sha
     assert warm.payload_sha == ""
+
+
+def test_identical_payloads_of_two_use_cases_never_hash_alike() -> None:
+    """Collapsing and the result cache share an answer only within the use case that asked."""
+    body: dict[str, object] = {"input": "the same words"}
+    mine = entry("/v1/embeddings", body, use_case_id="7")
+    again = entry("/v1/embeddings", body, task="task_2", use_case_id="7")
+    theirs = entry("/v1/embeddings", body, task="task_3", use_case_id="8")
+    assert mine.payload_sha == again.payload_sha != theirs.payload_sha
 
 
 def test_a_malformed_entry_says_which_task_it_was() -> None:

@@ -4,7 +4,9 @@ the timeout, and any pod could ask it for checks.
 
 GIVEN the real service (``python -m guardrails.service``) with a token and a small budget
 WHEN a caller comes without the token, with a wrong one, or with texts over the budget
-THEN it is refused (401, 413) before any worker runs, and no worker is killed or replaced.
+THEN it is refused (401, 413) before any worker runs, and no worker is killed or replaced;
+and a gateway presents the token and refuses a request over the budget itself (400), before
+anything is sent to the service.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import httpx
 
 from config.processes import PYTHON, REPO_ROOT
 from tests.support.guardrail_service import GuardrailServiceFactory, start_guardrail_service
+from tests.support.module_stack import module_stack
+from tests.support.policy import PolicyBuilder
 
 __all__ = ["start_guardrail_service"]  # the fixture, for this module
 
@@ -85,3 +89,51 @@ def test_the_service_will_not_listen_beyond_loopback_without_a_token() -> None:
     )
     assert ended.returncode != 0
     assert "SWITCHYARD_GUARDRAIL_TOKEN" in ended.stderr
+
+
+def _answered(service_url: str) -> float:
+    lines = httpx.get(service_url + "/metrics").text.splitlines()
+    prefix = "switchyard_guardrail_service_checks_total{"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix))
+
+
+def test_a_gateway_presents_the_token_and_refuses_text_over_the_budget_itself() -> None:
+    budget = {"SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS": "1000"}
+    with module_stack(
+        guardrail_service=True, guardrail_env={"SWITCHYARD_GUARDRAIL_TOKEN": TOKEN, **budget}
+    ) as stack:
+        model = "llama-budget"
+        replica = stack.simulator(model, "--time-scale", "0")
+        policy = PolicyBuilder()
+        policy.model(model, [replica], capabilities=("chat", "completions"))
+        key = policy.key(use_case="guarded")
+        policy.guardrail(key, "words", side="request", action="block", config={"words": ["secret"]})
+        gateway = stack.gateway(policy, SWITCHYARD_GUARDRAIL_TOKEN=TOKEN, **budget)
+        tokenless = stack.gateway(policy, **budget)
+
+        def chat(base_url: str, *contents: str) -> httpx.Response:
+            messages = [{"role": "user", "content": content} for content in contents]
+            return httpx.post(
+                base_url + "/v1/chat/completions",
+                json={"model": model, "messages": messages, "max_tokens": 4},
+                headers={"authorization": f"Bearer {key}"},
+                timeout=30,
+            )
+
+        assert chat(gateway, "hello").status_code == 200  # checked, with the token
+        blocked = chat(gateway, "a secret")
+        assert blocked.status_code == 400
+        assert blocked.json()["error"]["code"] == "guardrail_blocked"
+
+        answered = _answered(stack.guardrail_url)
+        for contents in (["x" * 1001], ["x" * 600, "y" * 401]):
+            over = chat(gateway, *contents)
+            assert over.status_code == 400, over.text
+            assert over.json()["error"]["code"] == "guardrail_text_too_large"
+        assert _answered(stack.guardrail_url) == answered  # nothing was sent
+        assert chat(gateway, "x" * 600, "y" * 400).status_code == 200  # all of the budget
+
+        # A gateway without the token cannot have its checks run: the use case fails closed.
+        refused = chat(tokenless, "hello")
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "guardrail_unavailable"

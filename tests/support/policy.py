@@ -204,6 +204,45 @@ class PolicyBuilder:
     def revoke(self, plaintext: str) -> None:
         del self.keys[hashlib.sha256(plaintext.encode()).hexdigest()]
 
+    def stop_use_case(self, plaintext: str) -> None:
+        """What governance publishes once an officer suspends or retires the key's use case
+        (governance/snapshot.py keeps approved use cases only): none of its keys — API, job
+        and playground keys alike — none of its clients, and no entry of its own."""
+        use_case_id = self.use_case_id(plaintext)
+        for key_hash, entry in list(self.keys.items()):
+            if entry["use_case_id"] == use_case_id:
+                del self.keys[key_hash]
+        for client_id, account in list(self.service_accounts.items()):
+            if account["use_case_id"] == use_case_id:
+                del self.service_accounts[client_id]
+        self.use_cases.pop(str(use_case_id), None)
+
+    def rate_limit(
+        self,
+        name: str,
+        scope: Literal["global", "model", "tenant", "tenant_model"],
+        *,
+        model: str | None = None,
+        tenant: str | None = None,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        tokens_per_day: int | None = None,
+    ) -> PolicyBuilder:
+        """A rate-limit policy row (an officer's RateLimitPolicy): for everyone, one model, one
+        tenant, or one tenant on one model. Checked in the order added."""
+        self.rate_limits.append(
+            {
+                "name": name,
+                "scope": scope,
+                "model": model,
+                "tenant": tenant,
+                "requests_per_minute": requests_per_minute,
+                "tokens_per_minute": tokens_per_minute,
+                "tokens_per_day": tokens_per_day,
+            }
+        )
+        return self
+
     def publish(self, client: valkey.Valkey) -> int:
         version = int(client.incr(VERSION_KEY + ":test"))  # type: ignore[arg-type]
         snapshot_write(
