@@ -125,6 +125,10 @@ def test_an_export_streams_from_the_web_process_and_is_audited(web: str) -> None
     assert newest["response"] == chat_response("general kenobi").decode()
     assert wait_until(lambda: len(_exports(watcher)) == 2, timeout=20)
     full = _exports(watcher)[-1]  # in sequence order
+    # Each export's end names its start, audited before the first byte (with the filter).
+    started = watcher.get("/api/audit-events/", params={"action": "records.export_started"})
+    assert started.status_code == 200, started.text
+    assert started.json()["results"][-1]["sequence"] == full.pop("started")
     assert full == {
         "filter": {},
         "format": "jsonl",
