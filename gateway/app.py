@@ -1,8 +1,10 @@
 """The gateway: a lean, pure-ASGI, OpenAI-compatible front door to the vLLM fleet.
 
-Per request it does only in-memory work (authenticate against the policy snapshot, validate
-the body) before forwarding over a pooled connection; the database is never touched and the
-only I/O is the upstream call itself. Streams are relayed chunk by chunk and the upstream is
+Per request it does only in-memory work (the front door's steps, gateway/front_door.py, which
+every door passes: authenticate against the policy snapshot, validate the body, plan, request
+guardrails) before forwarding over a pooled connection; the database is never touched and the
+only I/O is the upstream call itself. This module keeps the routing, the lifespan, admission's
+outcome, the relay and the accounting. Streams are relayed chunk by chunk and the upstream is
 always closed — on completion, on error and when the client goes away.
 """
 
@@ -10,13 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hashlib
 import logging
-import os
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -26,23 +24,26 @@ from gateway import control_proxy, errors, openapi
 from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
 from gateway.async_tasks import layout as async_layout
+from gateway.async_tasks.api import AsyncTasks
 from gateway.autopipeline import Arg, auto_pipeline
-from gateway.costs import (
-    Estimate,
-    estimate_json_request,
-    estimate_transcription,
-    max_tokens_override,
-)
+from gateway.call import Call
 from gateway.errors import GatewayError
-from gateway.guardrail_stream import GuardedStream
-from gateway.guardrails import (
-    FleetCaller,
-    GuardPlan,
-    Guardrails,
-    ServiceClient,
-    blocked_message,
-    request_slots,
+from gateway.front_door import (
+    FrontDoor,
+    admission_unavailable,
+    authenticate,
+    authenticate_after_key_fetch,
+    check_request,
+    decided,
+    plan_ticket,
+    read_call,
+    refusal,
+    request_id_of,
 )
+from gateway.guardrails.client import FleetCaller, ServiceClient
+from gateway.guardrails.plan import GuardPlan
+from gateway.guardrails.run import Guardrails
+from gateway.guardrails.stream import GuardedStream
 from gateway.http import (
     BodyTooLarge,
     ClientGone,
@@ -50,14 +51,13 @@ from gateway.http import (
     Scope,
     Send,
     header,
-    read_body,
     send_response,
     with_member,
 )
 from gateway.logcontext import REQUEST_ID
 from gateway.metrics import Decision, GatewayMetrics
-from gateway.multipart import Form, FormError, encode_form, is_multipart, parse_form
-from gateway.policy import DEFAULT_RECORD_POLICY, Model, Policy, Principal, RecordPolicy
+from gateway.multipart import encode_form
+from gateway.policy import DEFAULT_RECORD_POLICY, Policy
 from gateway.policy_store import PolicyStore
 from gateway.records import (
     EMPTY_CONTENT,
@@ -74,185 +74,17 @@ from gateway.scheduling import (
     QueueTimeout,
     RateLimited,
     Scheduler,
-    SchedulingRefused,
     Ticket,
     TicketPlans,
-    prefix_hash,
     saturated_entry,
     write_fleet,
 )
-from gateway.service_accounts import KeysUnavailable, TokenRefused, TokenVerifier
+from gateway.service_accounts import TokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.upstream import ReplicaUnreachable, Upstream, UpstreamError
-from gateway.usage import UsageEventFilter, UsageMeter, asks_for_usage, with_usage_requested
+from gateway.usage import UsageEventFilter, UsageMeter
 
 logger = logging.getLogger("gateway")
-
-_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._-]{1,128}$")
-
-# The counts the model's cap and the token estimate read: integers or null, nothing else.
-_INTEGER_PARAMETERS = ("max_tokens", "max_completion_tokens", "n", "best_of")
-
-# Which capability each forwarding endpoint needs from the model.
-_CAPABILITY = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-    "/v1/audio/transcriptions": "transcription",
-}
-
-
-def _request_id(scope: Scope) -> bytes:
-    """Keep a caller's request id when it is sane, so traces join up; otherwise mint one."""
-    given = header(scope, b"x-request-id")
-    if given is not None and _REQUEST_ID.match(given):
-        return given
-    return minted_id().encode()
-
-
-def minted_id() -> str:
-    """32 hex digits, all 128 bits random: record ids go back to clients and into the portal's
-    URLs, so one must say nothing about another (a tag plus a counter gave every id away).
-    os.urandom is the kernel's CSPRNG, as secrets uses, at a fraction of a microsecond."""
-    return os.urandom(16).hex()
-
-
-def authenticate(
-    scope: Scope, policy: Policy, tokens: TokenVerifier | None = None
-) -> Principal | None:
-    """The caller, from an API key or (with a realm configured) a Keycloak service-account
-    token; a GatewayError when refused. Never waits: None only for a token signed by a key
-    not fetched yet, when ``authenticate_after_key_fetch`` is what to await."""
-    token = _bearer_token(scope)
-    if tokens is not None and token.count(b".") == 2:  # a JWT; keys never hold a dot
-        try:
-            verified = tokens.verify(token)
-        except (TokenRefused, KeysUnavailable) as exc:
-            raise _token_refused(exc) from None
-        return None if verified is None else _service_account(policy, verified.client_id)
-    principal = policy.principal_for(hashlib.sha256(token).hexdigest())
-    if principal is None or principal.expired(time.time()):
-        raise errors.invalid_key()
-    return principal
-
-
-def _bearer_token(scope: Scope) -> bytes:
-    """The credential of ``Authorization: Bearer <credential>``; 401 without one."""
-    authorization = header(scope, b"authorization")
-    if not authorization:
-        raise errors.missing_key()
-    scheme, _, token = authorization.partition(b" ")
-    token = token.strip()
-    if scheme.lower() != b"bearer" or not token:
-        raise errors.missing_key()
-    return token
-
-
-async def authenticate_after_key_fetch(
-    scope: Scope, policy: Policy, tokens: TokenVerifier | None
-) -> Principal:
-    """The rare path: a token names a signing key the gateway has not fetched yet (Keycloak
-    rotated its keys). Refetch the realm's keys, at most every 30 s, and verify once more."""
-    token = _bearer_token(scope)
-    if tokens is None:
-        raise errors.invalid_key()
-    try:
-        verified = await tokens.verify_after_fetch(token)
-    except (TokenRefused, KeysUnavailable) as exc:
-        raise _token_refused(exc) from None
-    return _service_account(policy, verified.client_id)
-
-
-def _service_account(policy: Policy, client_id: str) -> Principal:
-    # Looked up on every request, not remembered with the token: a suspended use case's
-    # client stops at the next snapshot, as its keys do.
-    principal = policy.service_accounts.get(client_id)
-    if principal is None:
-        raise GatewayError(
-            401,
-            f"The service account of client {client_id!r} is bound to no approved use case.",
-            code="invalid_api_key",
-        )
-    return principal
-
-
-def _token_refused(exc: TokenRefused | KeysUnavailable) -> GatewayError:
-    if isinstance(exc, KeysUnavailable):
-        return errors.service_unavailable(
-            f"{exc} Retry shortly.", code="identity_provider_unavailable", retry_after_s=5
-        )
-    return GatewayError(
-        401,
-        str(exc),
-        code="invalid_api_key",
-        headers=[(b"www-authenticate", b'Bearer realm="switchyard", error="invalid_token"')],
-    )
-
-
-def resolve_model(policy: Policy, principal: Principal, name: object, capability: str) -> Model:
-    if not isinstance(name, str) or not name:
-        raise errors.bad_request("'model' is required and must be a string.", param="model")
-    model = policy.models.get(name)
-    if model is None:
-        raise errors.not_found(
-            f"The model '{name}' does not exist or you do not have access to it.",
-            code="model_not_found",
-        )
-    if name not in principal.models:
-        raise GatewayError(
-            403,
-            f"Use case '{principal.use_case}' is not approved for model '{name}'.",
-            type="permission_error",
-            code="model_not_allowed",
-            param="model",
-        )
-    if capability not in model.capabilities:
-        raise errors.bad_request(
-            f"The model '{name}' does not support {capability}.",
-            param="model",
-            code="unsupported_capability",
-        )
-    return model
-
-
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise errors.bad_request(f"The request body is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise errors.bad_request("The request body must be a JSON object.")
-    return document
-
-
-def validate_request(path: str, document: dict[str, Any]) -> None:
-    """The checks the gateway itself must make; vLLM validates the rest in its own words."""
-    if path == "/v1/chat/completions":
-        messages = document.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise errors.bad_request("'messages' must be a non-empty array.", param="messages")
-    elif path == "/v1/completions":
-        if "prompt" not in document:
-            raise errors.bad_request("'prompt' is required.", param="prompt")
-    elif path == "/v1/embeddings" and "input" not in document:
-        raise errors.bad_request("'input' is required.", param="input")
-    stream = document.get("stream", False)
-    if not isinstance(stream, bool):
-        raise errors.bad_request("'stream' must be a boolean.", param="stream")
-    # vLLM would read "100000" or 5.0 as a count; the model's cap and the token estimate
-    # (gateway/costs.py) read integers only, so anything else is refused, not passed on.
-    for name in _INTEGER_PARAMETERS:
-        value = document.get(name)
-        if value is not None and type(value) is not int:  # bool is not an integer here
-            raise errors.bad_request(
-                f"'{name}' must be an integer.", param=name, code="invalid_type"
-            )
-    # Clients never set their own rank: priority comes from policy only.
-    if "priority" in document:
-        raise errors.bad_request(
-            "'priority' is set by the gateway from your use case's policy, not by clients.",
-            param="priority",
-        )
 
 
 class Gateway:
@@ -269,7 +101,6 @@ class Gateway:
             max_connections=settings.upstream_max_connections,
         )
         self.metrics = GatewayMetrics()
-        self._plans = TicketPlans()
         self.scheduler = Scheduler(
             self.valkey,
             pipe=auto_pipeline(self.valkey),  # one server, Sentinel or Cluster
@@ -314,11 +145,20 @@ class Gateway:
             max_body_bytes=settings.control_max_body_bytes,
             timeout_s=settings.control_timeout_s,
         )
-        # The async task API (gateway/async_tasks/), which builds on this class: imported here
-        # because its module imports this one.
-        from gateway.async_tasks.api import AsyncTasks
-
-        self.async_tasks = AsyncTasks(self)
+        # What every door's first steps need (gateway/front_door.py): this path's and the
+        # async task API's (gateway/async_tasks/).
+        self.door = FrontDoor(
+            settings=settings,
+            metrics=self.metrics,
+            scheduler=self.scheduler,
+            valkey=self.valkey,
+            policy=self.policy,
+            tokens=self.tokens,
+            guardrails=self.guardrails,
+            plans=TicketPlans(),
+            accounting=self.accounting,
+        )
+        self.async_tasks = AsyncTasks(self.door)
         # The /v1 contract, serialised once here: its route answers these bytes as they are.
         self._openapi = openapi.load()
         self._background: list[asyncio.Task[None]] = []
@@ -391,7 +231,7 @@ class Gateway:
         await self.valkey.aclose()
 
     async def handle_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request_id = _request_id(scope)
+        request_id = request_id_of(scope)
         # Every log line of this request (and of the tasks it starts) carries the id.
         REQUEST_ID.set(request_id.decode())
         path: str = scope["path"]
@@ -476,7 +316,7 @@ class Gateway:
         principal = authenticate(scope, policy, self.tokens)
         if principal is None:  # a token signed by a key not fetched yet
             principal = await authenticate_after_key_fetch(scope, policy, self.tokens)
-        call = await self._read_call(scope, receive, policy, principal, request_id)
+        call = await read_call(self.door, scope, receive, policy, principal, request_id)
         # The one lookup a use case without full records pays.
         call.record = policy.records.get(principal.use_case_id, DEFAULT_RECORD_POLICY)
         if call.record == "full":
@@ -487,13 +327,13 @@ class Gateway:
                 loop = asyncio.get_running_loop()
                 call.digests = loop.run_in_executor(None, file_digests, call.form)
         try:
-            self.plan_ticket(call, policy)
+            plan_ticket(self.door, call, policy)
             # The one lookup a use case without guardrails pays.
             guard = policy.guarded.get(principal.use_case_id)
             if guard is not None:
                 call.guard = guard
                 if guard.request is not None:
-                    await self.check_request(call, guard, policy)
+                    await check_request(self.door, call, guard, policy)
             # One watcher per request: a client that goes away cancels this task, which
             # leaves the queue or closes the upstream (vLLM then aborts and frees its slot).
             handler = asyncio.current_task()
@@ -539,140 +379,6 @@ class Gateway:
         ]
         await send_response(send, exc.status, exc.body(), headers=headers)
 
-    async def _read_call(
-        self,
-        scope: Scope,
-        receive: Receive,
-        policy: Policy,
-        principal: Principal,
-        request_id: bytes,
-    ) -> Call:
-        path: str = scope["path"]
-        document: dict[str, Any] | None = None
-        form: Form | None = None
-        strip_usage = per_replica = False
-        if path == "/v1/audio/transcriptions":
-            model, form, body, content_type, estimate = await self._read_upload(
-                scope, receive, policy, principal
-            )
-            per_replica = bool(model.served_names)
-        else:
-            body = await read_body(receive, self.settings.max_body_bytes)
-            document = parse_json_object(body)
-            validate_request(path, document)
-            model = resolve_model(policy, principal, document.get("model"), _CAPABILITY[path])
-            content_type = b"application/json"
-            estimate = estimate_json_request(path, document, len(body), model.max_tokens)
-            body, strip_usage, per_replica = _upstream_body(path, body, document, model)
-        record_id = minted_id()
-        return Call(
-            request_id=request_id.decode(),
-            request_id_bytes=request_id,
-            record_id=record_id,
-            record_id_bytes=record_id.encode(),
-            principal=principal,
-            model=model,
-            path=path,
-            body=body,
-            document=document,
-            form=form,
-            content_type=content_type,
-            streaming=bool(document and document.get("stream")),
-            estimate=estimate,
-            strip_usage=strip_usage,
-            rename_per_replica=per_replica,
-        )
-
-    async def _read_upload(
-        self, scope: Scope, receive: Receive, policy: Policy, principal: Principal
-    ) -> tuple[Model, Form, bytes, bytes, Estimate]:
-        """A transcription upload: a bounded multipart body with ``model`` and ``file``."""
-        content_type = header(scope, b"content-type")
-        if content_type is None or not is_multipart(content_type):
-            raise errors.bad_request(
-                "Send the audio as multipart/form-data with 'file' and 'model' fields."
-            )
-        body = await read_body(receive, self.settings.max_upload_bytes)
-        try:
-            form = parse_form(content_type, body)
-        except FormError as exc:
-            raise errors.bad_request(f"The multipart body is malformed: {exc}") from None
-        if "file" not in form.files:
-            raise errors.bad_request("'file' is required.", param="file")
-        model = resolve_model(policy, principal, form.fields.get("model"), "transcription")
-        estimate = estimate_transcription(form.files["file"].data)
-        if model.served_name != model.public_id and not model.served_names:
-            form.fields["model"] = model.served_name
-            content_type, body = encode_form(form)
-        return model, form, body, content_type, estimate
-
-    def plan_ticket(self, call: Call, policy: Policy) -> None:
-        """What acquire needs: the rate limits with this request's token estimate, and the
-        queue's view of it (rank, fair-share cost, prefix affinity). No I/O."""
-        call.ticket = self._plans.plan(policy, call.principal, call.model).ticket(
-            request_id=call.request_id,
-            # Fair sharing weighs requests by tokens whether or not a token limit applies.
-            cost=call.estimate.total,
-            prefix_hash=prefix_hash(_prefix_text(call.document)),
-            prompt_tokens=call.estimate.prompt,
-        )
-
-    async def check_request(self, call: Call, guard: GuardPlan, policy: Policy) -> None:
-        """Request guardrails, after the rate limits (judged, not counted: acquire counts
-        them) and before the request takes a replica's capacity. Blocks (400), rewrites
-        the body (redact), or lets it through (flag); 503 when a check cannot run and the use
-        case fails closed. What the checks cannot read as text is refused first (400)."""
-        checks, document = guard.request, call.document
-        assert checks is not None
-        assert call.ticket is not None
-        # A JSON body, or an upload's form fields (a transcription's prompt).
-        fields = call.form.fields if call.form is not None else None
-        readable = document if document is not None else fields
-        assert readable is not None
-        slots = request_slots(call.path, readable)
-        try:
-            await self.scheduler.check_limits(call.ticket)
-        except RateLimited as refused:
-            self._decided(
-                call, "rejected", f"rate_limit:{refused.limit.name}", refused.retry_after_s
-            )
-            raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
-        except VALKEY_FAILURES as exc:
-            raise admission_unavailable(exc) from None
-        if not slots:
-            return
-        texts = [container[key] for container, key, _ in slots]
-        if checks.service and (over := self.guardrails.service.over_budget(texts)) is not None:
-            raise over
-        result = await self.guardrails.run(checks, texts, document)
-        self.guardrails.record(
-            call,
-            stage="request",
-            findings=result.findings,
-            failed=result.failed,
-            failure=guard.failure,
-            policy_version=policy.version,
-        )
-        if result.texts != texts:
-            # Also when blocked: a full record keeps the refused request as redacted.
-            for (container, key, _), text in zip(slots, result.texts, strict=True):
-                container[key] = text
-            if call.rename_per_replica:
-                pass  # the body is made at the grant
-            elif document is not None:
-                call.body = _redacted_body(call, document)
-            elif call.form is not None:
-                call.content_type, call.body = encode_form(call.form)
-        if result.blocked is not None:
-            raise GatewayError(
-                400, blocked_message(result.blocked, "request"), code="guardrail_blocked"
-            )
-        if result.failed and guard.failure == "closed":
-            # Refused because a check (a redaction, maybe) could not run: nothing was sent
-            # on, and a full record must not keep text a redaction was to take out.
-            call.request_withheld = True
-            raise self.guardrails.unavailable("request", result.failed)
-
     async def _serve(self, call: Call, send: Send) -> None:
         """Acquire capacity (rate limits included), relay from the granted replica; fail over
         if it is unreachable."""
@@ -713,16 +419,20 @@ class Gateway:
         try:
             grant = await self.scheduler.acquire(ticket)
         except RateLimited as refused:
-            self._decided(
-                call, "rejected", f"rate_limit:{refused.limit.name}", refused.retry_after_s
+            decided(
+                self.door,
+                call,
+                "rejected",
+                f"rate_limit:{refused.limit.name}",
+                refused.retry_after_s,
             )
             raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
         except MaxConcurrent as refused:
-            self._decided(call, "rejected", refused.code, refused.retry_after_s)
+            decided(self.door, call, "rejected", refused.code, refused.retry_after_s)
             raise refusal(429, "rate_limit_error", refused) from None
         except (QueueFull, QueueTimeout) as refused:
             decision: Decision = "rejected" if isinstance(refused, QueueFull) else "shed"
-            self._decided(call, decision, refused.code, refused.retry_after_s)
+            decided(self.door, call, decision, refused.code, refused.retry_after_s)
             raise refusal(503, "service_unavailable", refused) from None
         except VALKEY_FAILURES as exc:
             raise admission_unavailable(exc) from None
@@ -884,7 +594,8 @@ class Gateway:
         self, call: Call, guard: GuardPlan, response: Any, meter: UsageMeter, send: Send
     ) -> None:
         """A 200 answer under response guardrails: read whole and checked (then sent as it
-        is, redacted, or refused with 422), or, streamed, windowed (gateway/guardrail_stream)."""
+        is, redacted, or refused with 422), or, streamed, windowed
+        (gateway/guardrails/stream.py)."""
         checks = guard.response
         assert checks is not None
         headers = [
@@ -958,23 +669,6 @@ class Gateway:
             policy_version=self.policy.version,
         )
 
-    def _decided(self, call: Call, decision: Decision, reason: str, retry_after_s: int = 0) -> None:
-        # The metric's label stays bounded ("rate_limit"); the stream keeps the limit's name.
-        self.metrics.admission_decided(decision, reason.split(":", 1)[0])
-        self.accounting.record_decision(
-            request_id=call.request_id,
-            decision=decision,
-            reason=reason,
-            tenant=call.principal.tenant,
-            use_case_id=call.principal.use_case_id,
-            key_id=call.principal.key_id,
-            model=call.model.public_id,
-            wait_ms=call.grant.queued_ms if call.grant else 0,
-            policy_version=self.policy.version,
-            record_id=call.record_id,
-            retry_after_s=retry_after_s,
-        )
-
     def _account(self, call: Call, policy: Policy, started: float) -> None:
         """After every forwarded request: metrics and the usage record (buffered, no I/O)."""
         meter = call.meter
@@ -990,7 +684,7 @@ class Gateway:
             prompt = max(prompt, call.estimate.prompt)
         grant = call.grant
         if grant is not None and grant.queued:
-            self._decided(call, "queued", call.ticket.priority_class if call.ticket else "")
+            decided(self.door, call, "queued", call.ticket.priority_class if call.ticket else "")
         self.metrics.request_finished(
             model=call.model.public_id,
             status=call.status,
@@ -1061,150 +755,11 @@ class Gateway:
         return call.body
 
 
-@dataclass(slots=True)
-class Call:
-    """One forwarded request as it moves through admission, the queue and the relay."""
-
-    request_id: str
-    request_id_bytes: bytes  # as it goes out in headers
-    # The gateway's own id for this request (a client's X-Request-Id may repeat): what joins
-    # its usage, decisions, findings and transcript; sent back as x-switchyard-record-id.
-    record_id: str
-    record_id_bytes: bytes
-    principal: Principal
-    model: Model
-    path: str
-    body: bytes
-    document: dict[str, Any] | None
-    form: Form | None  # a transcription's upload, parsed
-    content_type: bytes
-    streaming: bool
-    estimate: Estimate  # admission's, before it runs (gateway/costs.py)
-    strip_usage: bool = False  # the gateway asked for the stream's usage chunk, not the client
-    rename_per_replica: bool = False  # the body is made at the grant (Model.served_names)
-    forwarded: bool = False  # the body went to a replica (which may be running it)
-    status: int = 500
-    responded: bool = False  # the whole response is out; a disconnect now is not the client's
-    ticket: Ticket | None = None
-    admitted_ms: int = 0  # when the serving grant counted the rate limits (for reconcile)
-    handler: asyncio.Task[Any] | None = None  # the task serving it, for interrupt()
-    interrupted: str | None = None  # "client" (gone mid-request) or "timeout" (the model's)
-    grant: Grant | None = None
-    meter: UsageMeter | None = None
-    upstream_s: float | None = None
-    ttft_s: float | None = None
-    deadline: float | None = None  # the model's timeout, on the loop's clock, for all attempts
-    guard: GuardPlan | None = None  # the use case's guardrails, when it has any
-    started: bool = False  # the response's head is out
-    record: RecordPolicy = DEFAULT_RECORD_POLICY  # the use case's record policy
-    recorder: Recorder | None = None  # a full record's capture of what the client gets
-    request_sent: bytes | None = None  # a full record's request, as forwarded
-    request_withheld: bool = False  # refused with a redaction unrun: no request content
-    digests: asyncio.Future[dict[str, str]] | None = None  # a full record's upload hashes
-
-    def interrupt(self, reason: str) -> None:
-        """Cancel the serving task, once, unless the response is already out."""
-        if self.interrupted is None and not self.responded and self.handler is not None:
-            self.interrupted = reason
-            self.handler.cancel()
-
-    def uncancel(self) -> int:
-        """Take back interrupt()'s cancellation; > 0 when someone else cancelled too."""
-        assert self.handler is not None
-        return self.handler.uncancel()
-
-
 def with_priority(body: bytes, priority: int) -> bytes:
     """The JSON object ``body`` with ``"priority": priority`` added as its last member.
 
     ``body`` is a validated JSON object without ``priority`` (validate_request)."""
     return with_member(body, b'"priority":%d' % priority)
-
-
-def _upstream_body(
-    path: str, body: bytes, document: dict[str, Any], model: Model
-) -> tuple[bytes, bool, bool]:
-    """The body as replicas get it, less the priority (added at the grant): the served name,
-    the completion bounded by the model's cap, a stream asking for its usage chunk.
-
-    Returns the body, whether the gateway asked for the usage chunk (the relay takes it out
-    again for this client), and whether the served name depends on the replica (then the
-    body is made at the grant from ``document``, which holds the other changes). New members
-    are spliced in; a changed one, or a new name, costs one serialisation."""
-    bound = max_tokens_override(path, document, model.max_tokens)
-    options = document.get("stream_options")
-    # Exact token counts for the records and the token windows: vLLM's usage chunk. A
-    # ``stream_options`` that is not an object goes as it is (vLLM refuses it).
-    usage = (
-        bool(document.get("stream"))
-        and not asks_for_usage(document)
-        and (options is None or isinstance(options, dict))
-    )
-    per_replica = bool(model.served_names)
-    if (
-        per_replica
-        or model.served_name != model.public_id
-        or (bound is not None and bound[0] in document)
-        or (usage and "stream_options" in document)
-    ):
-        if bound is not None:
-            document[bound[0]] = bound[1]
-        if usage:
-            document["stream_options"] = {**(options or {}), "include_usage": True}
-        if per_replica:
-            return body, usage, True
-        document["model"] = model.served_name
-        return orjson.dumps(document), usage, False
-    if bound is not None:
-        body = with_member(body, b'"%s":%d' % (bound[0].encode(), bound[1]))
-    if usage:
-        body = with_usage_requested(body, document) or body
-    return body, usage, False
-
-
-def _redacted_body(call: Call, document: dict[str, Any]) -> bytes:
-    """The body again after request guardrails rewrote texts in ``document``, with what
-    ``_upstream_body`` added (the served name, the completion bound, the usage request)."""
-    bound = max_tokens_override(call.path, document, call.model.max_tokens)
-    if bound is not None:
-        document[bound[0]] = bound[1]
-    if call.strip_usage:
-        options = document.get("stream_options")
-        document["stream_options"] = {**(options or {}), "include_usage": True}
-    document["model"] = call.model.served_name
-    return orjson.dumps(document)
-
-
-def _prefix_text(document: dict[str, Any] | None) -> str:
-    """The start of the prompt that requests of one use case tend to share (the system prompt,
-    a RAG document): what prefix-cache affinity keys on."""
-    if document is None:
-        return ""
-    messages = document.get("messages")
-    if isinstance(messages, list) and messages and isinstance(messages[0], dict):
-        content = messages[0].get("content")
-        return content if isinstance(content, str) else ""
-    prompt = document.get("prompt")
-    return prompt if isinstance(prompt, str) else ""
-
-
-def admission_unavailable(exc: BaseException) -> GatewayError:
-    # Without Valkey neither limits nor capacity can be enforced; sending the request on
-    # anyway could swamp the fleet, so the gateway refuses until Valkey answers again.
-    logger.warning("admission_unavailable error=%s", exc.__class__.__name__)
-    return errors.service_unavailable(
-        "Admission is unavailable (the gateway cannot reach Valkey); retry shortly.",
-        code="admission_unavailable",
-    )
-
-
-def refusal(status: int, kind: str, refused: SchedulingRefused, code: str = "") -> GatewayError:
-    headers = [(b"retry-after", str(refused.retry_after_s).encode())]
-    if isinstance(refused, RateLimited) and refused.never_fits:
-        # Larger than the limit itself: no wait helps, so no Retry-After (SDKs would retry
-        # forever), and the OpenAI SDKs' own header telling them not to retry.
-        headers = [(b"x-should-retry", b"false")]
-    return GatewayError(status, str(refused), type=kind, code=code or refused.code, headers=headers)
 
 
 def _internal_error() -> GatewayError:

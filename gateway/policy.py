@@ -16,7 +16,7 @@ import orjson
 import valkey
 
 from config.valkey_urls import transaction
-from gateway.guardrails import GuardPlan, plan_guardrails
+from gateway.guardrails.plan import GuardPlan, plan_guardrails
 
 # One hash tag: written together in one MULTI, which a Valkey Cluster allows in one slot only.
 SNAPSHOT_KEY = "switchyard:{policy}:snapshot"

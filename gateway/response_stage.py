@@ -16,7 +16,8 @@ import orjson
 
 from gateway.accounting import Accounting, Content, Usage
 from gateway.errors import GatewayError
-from gateway.guardrails import GuardPlan, Guardrails, Subject, blocked_message
+from gateway.guardrails.plan import GuardPlan
+from gateway.guardrails.run import Guardrails, Subject, blocked_message
 from guardrails.texts import answer_slots
 
 

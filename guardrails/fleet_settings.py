@@ -2,7 +2,7 @@
 priority its calls queue at), validated the same way, and the request's texts by role.
 
 Fleet-run guardrails are not detectors in the worker processes: the gateway asks a model on
-the fleet and awaits it (gateway/guardrail_fleet.py). Their settings are still validated here,
+the fleet and awaits it (gateway/guardrails/fleet.py). Their settings are still validated here,
 by the catalogue, when governance saves a selection.
 """
 

@@ -6,7 +6,7 @@ applications put retrieved passages) and the documents in an optional request fi
 ``documents``: strings or ``{"title", "text"}`` objects). Each answer sentence is a claim; a
 claim whose best cosine similarity to any context chunk is below the threshold is one
 ``ungrounded`` finding, scored 1 − similarity. The gateway asks the embedding model
-(gateway/guardrail_fleet.py); this module says what to embed and what the vectors mean.
+(gateway/guardrails/fleet.py); this module says what to embed and what the vectors mean.
 Similarity is evidence of support, not proof of it: docs/guardrails-fleet.md lists the limits.
 """
 
@@ -93,7 +93,7 @@ class GroundednessCheck:
     def check(self, text: str, settings: Mapping[str, Any]) -> list[Finding]:
         raise NotImplementedError(
             "groundedness runs in the gateway, which asks an embedding model on the fleet "
-            "(gateway.guardrail_fleet.run_fleet_check); it never runs in a guardrail worker."
+            "(gateway.guardrails.fleet.run_fleet_check); it never runs in a guardrail worker."
         )
 
     def context(self, document: object, settings: Mapping[str, Any]) -> list[str]:

@@ -4,7 +4,7 @@ The officer's topics become the guard's unsafe-content categories (S1, S2, … i
 listed); the judged text is the last user turn (request) or the agent's answer (response),
 with a few turns before it as context. The verdict (``safe`` / ``unsafe`` + codes) becomes one
 finding per violated topic, entity ``topic:<name>``. The gateway makes the call
-(gateway/guardrail_fleet.py); this module only writes the prompt and reads the answer.
+(gateway/guardrails/fleet.py); this module only writes the prompt and reads the answer.
 docs/guardrails-fleet.md shows the prompt and how to serve a real Llama Guard for it.
 """
 
@@ -66,7 +66,7 @@ class GuardModelJudge:
     def check(self, text: str, settings: Mapping[str, Any]) -> list[Finding]:
         raise NotImplementedError(
             "banned_topics runs in the gateway, which asks the guard model on the fleet "
-            "(gateway.guardrail_fleet.run_fleet_check); it never runs in a guardrail worker."
+            "(gateway.guardrails.fleet.run_fleet_check); it never runs in a guardrail worker."
         )
 
     def request_body(

@@ -1,6 +1,6 @@
 """Where the texts are in a request and in an answer: the one reading of the OpenAI shapes
 that every guardrail stage shares — the gateway's request and response stages
-(gateway/guardrails.py), its streamed answers (gateway/guardrail_stream.py, delta by delta)
+(gateway/guardrails/run.py), its streamed answers (gateway/guardrails/stream.py, delta by delta)
 and the fleet checks' view of the conversation (guardrails/fleet_settings.py) — so that
 what is checked is what the model reads, and the texts line up with the roles.
 

@@ -1,11 +1,11 @@
 """The async task API's two handlers on the gateway (docs/async.md, "The API").
 
 - ``submit``: ``POST /v1/async/{embeddings,completions,chat/completions}``, one body or a
-  JSON array of them. The same authentication, body checks, model resolution and request
-  guardrails as the synchronous endpoint; then submit.lua counts the rate limits, checks the
-  backlog and queues every task, or refuses and writes nothing (on a Valkey Cluster the
-  limits of other slots are charged first: queue.py). ``202`` with the tasks — once the
-  replicas have them, when the gateway waits for replicas (acks.py).
+  JSON array of them. The same front door as the synchronous endpoint (gateway/front_door.py:
+  authentication, body checks, model resolution, request guardrails); then submit.lua counts
+  the rate limits, checks the backlog and queues every task, or refuses and writes nothing (on
+  a Valkey Cluster the limits of other slots are charged first: queue.py). ``202`` with the
+  tasks — once the replicas have them, when the gateway waits for replicas (acks.py).
 - ``poll``: ``GET /v1/tasks/{id}[?wait=seconds]``: the task as its hash says, to its owner's
   use case only (anyone else: 404, as for an id that never existed).
 
@@ -21,7 +21,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
@@ -29,14 +29,6 @@ import orjson
 from config.valkey_urls import VALKEY_FAILURES
 from gateway import errors
 from gateway.admission.limits import Limit
-from gateway.app import (
-    Call,
-    admission_unavailable,
-    authenticate,
-    authenticate_after_key_fetch,
-    minted_id,
-    refusal,
-)
 from gateway.async_tasks import layout
 from gateway.async_tasks.acks import ReplicaAcks
 from gateway.async_tasks.bodies import TaskBody, at_index, parse_submission, read_task
@@ -57,16 +49,24 @@ from gateway.async_tasks.queue import (
 )
 from gateway.async_tasks.waiters import DoneWaiters
 from gateway.autopipeline import auto_pipeline
+from gateway.call import Call
 from gateway.errors import GatewayError
-from gateway.guardrails import GuardPlan
+from gateway.front_door import (
+    FrontDoor,
+    admission_unavailable,
+    authenticate,
+    authenticate_after_key_fetch,
+    check_request,
+    minted_id,
+    plan_ticket,
+    refusal,
+)
+from gateway.guardrails.plan import GuardPlan
 from gateway.http import ClientGone, Receive, Scope, Send, read_body, send_response
 from gateway.metrics import AsyncSubmitOutcome, AsyncWaitOutcome
 from gateway.policy import Policy, Principal
 from gateway.scheduling import RateLimited
 from gateway.scheduling.tickets import priority_class_for
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 logger = logging.getLogger("gateway.async_tasks")
 
@@ -75,31 +75,32 @@ _TASK_ID = re.compile(r"^task_[0-9a-f]{32}$")
 
 
 class AsyncTasks:
-    """One per gateway process, beside the synchronous path and sharing its parts: the
-    policy, the autopipeline connection, the scheduler's clock, the guardrails, metrics."""
+    """One per gateway process, beside the synchronous path and sharing its front door
+    (gateway/front_door.py): the policy, the autopipeline connection, the scheduler's clock,
+    the guardrails, metrics."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self._gateway = gateway
-        settings = gateway.settings
+    def __init__(self, door: FrontDoor) -> None:
+        self._door = door
+        settings = door.settings
         self._settings = settings
-        self._metrics = gateway.metrics
+        self._metrics = door.metrics
         self._plans = LimitPlans()
-        self._pipe = gateway.scheduler.pipe
+        self._pipe = door.scheduler.pipe
         self.queue = TaskQueue(
-            gateway.scheduler.pipe,
-            clock=gateway.scheduler.now_ms,
+            door.scheduler.pipe,
+            clock=door.scheduler.now_ms,
             max_backlog=settings.async_max_backlog,
             queue_ttl_s=settings.async_queue_ttl_s,
             partitions=settings.async_partitions,
             backlog_retry_after_s=settings.async_backlog_retry_after_s,
             # A Valkey Cluster: the limits of other slots are charged on them first.
-            split_slots=gateway.scheduler.split_slots,
+            split_slots=door.scheduler.split_slots,
         )
         # A 202 tells a client its tasks are queued: with replicas to wait for, only once they
         # have them. WAIT blocks its connection: these waits get their own.
         self.acks = (
             ReplicaAcks(
-                auto_pipeline(gateway.valkey),
+                auto_pipeline(door.valkey),
                 replicas=settings.usage_replicas,
                 wait_ms=settings.usage_replica_timeout_ms,
                 bound_ms=settings.async_replica_wait_ms,
@@ -107,7 +108,7 @@ class AsyncTasks:
             if settings.usage_replicas
             else None
         )
-        self.waiters = DoneWaiters(gateway.valkey)
+        self.waiters = DoneWaiters(door.valkey)
         self._metrics.watch_long_polls(self.waiters.waiting)
 
     def start(self) -> None:
@@ -120,11 +121,11 @@ class AsyncTasks:
 
     # --- submit ----------------------------------------------------------------------------
     async def submit(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        gateway = self._gateway
-        policy = gateway.policy.current()
-        principal = authenticate(scope, policy, gateway.tokens)
+        door = self._door
+        policy = door.policy.current()
+        principal = authenticate(scope, policy, door.tokens)
         if principal is None:  # a token signed by a key not fetched yet
-            principal = await authenticate_after_key_fetch(scope, policy, gateway.tokens)
+            principal = await authenticate_after_key_fetch(scope, policy, door.tokens)
         path = layout.ENDPOINTS[scope["path"]]
         body = await read_body(receive, self._settings.max_body_bytes)
         count = 1
@@ -188,8 +189,8 @@ class AsyncTasks:
         request_id: bytes,
     ) -> None:
         """The use case's request guardrails on every body, as the synchronous path runs
-        them (Gateway.check_request): a block refuses the whole call (400), a redaction
-        rewrites the body that is queued, a flag is recorded."""
+        them (gateway/front_door.py ``check_request``): a block refuses the whole call (400),
+        a redaction rewrites the body that is queued, a flag is recorded."""
         for index, task in enumerate(tasks):
             record_id = minted_id()
             call = Call(
@@ -210,9 +211,9 @@ class AsyncTasks:
                 # one): the check must not make the body the synchronous way.
                 rename_per_replica=True,
             )
-            self._gateway.plan_ticket(call, policy)
+            plan_ticket(self._door, call, policy)
             try:
-                await self._gateway.check_request(call, guard, policy)
+                await check_request(self._door, call, guard, policy)
             except GatewayError as exc:
                 self._metrics.async_submitted(_outcome(exc), len(tasks))
                 raise at_index(exc, index) if bulk else exc from None
@@ -281,11 +282,11 @@ class AsyncTasks:
 
     # --- poll ------------------------------------------------------------------------------
     async def poll(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        gateway = self._gateway
-        policy = gateway.policy.current()
-        principal = authenticate(scope, policy, gateway.tokens)
+        door = self._door
+        policy = door.policy.current()
+        principal = authenticate(scope, policy, door.tokens)
         if principal is None:
-            principal = await authenticate_after_key_fetch(scope, policy, gateway.tokens)
+            principal = await authenticate_after_key_fetch(scope, policy, door.tokens)
         task_id: str = scope["path"][len(layout.TASKS_PATH_PREFIX) :]
         wait = _wait_seconds(scope.get("query_string", b""))
         fields = await self._read(task_id, principal) if _TASK_ID.match(task_id) else None

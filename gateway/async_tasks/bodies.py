@@ -2,7 +2,7 @@
 them (a bulk submit). Pure: no I/O, so a bad body is refused before anything is counted.
 
 Each body is the synchronous endpoint's, checked as the synchronous path checks it
-(gateway/app.py ``validate_request``, ``resolve_model``), plus two optional fields of the
+(gateway/front_door.py ``validate_request``, ``resolve_model``), plus two optional fields of the
 async API that are taken out before the body is queued: ``deadline`` and ``callback_url``.
 """
 
@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 import orjson
 
 from gateway import errors
-from gateway.app import resolve_model, validate_request
 from gateway.costs import Estimate, estimate_json_request
 from gateway.errors import GatewayError
+from gateway.front_door import resolve_model, validate_request
 from gateway.policy import Model, Policy, Principal
 
 # Which capability each async endpoint's model needs: the synchronous endpoint's.

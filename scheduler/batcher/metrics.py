@@ -63,7 +63,7 @@ class BatcherMetrics:
             ["model", "endpoint", "outcome"], registry=r,
         )  # fmt: skip
 
-        # The response stage on async answers (gateway/guardrails.py reports through these).
+        # The response stage on async answers (gateway/guardrails/run.py reports through these).
         self.guardrail_findings = Counter(
             "switchyard_batcher_guardrail_findings",
             "Response guardrail findings and failures on async answers, by guardrail, stage "

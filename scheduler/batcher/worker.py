@@ -44,7 +44,8 @@ from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
 from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
-from gateway.guardrails import FleetCaller, Guardrails, ServiceClient
+from gateway.guardrails.client import FleetCaller, ServiceClient
+from gateway.guardrails.run import Guardrails
 from gateway.policy import Model, Policy, Principal, PriorityClass
 from gateway.policy_store import PolicyStore
 from gateway.records import capped
@@ -139,7 +140,7 @@ class Answer:
 
 @dataclass(slots=True)
 class TaskSubject:
-    """A task as the guardrails' findings name it (gateway.guardrails.Subject)."""
+    """A task as the guardrails' findings name it (gateway.guardrails.run.Subject)."""
 
     request_id: str
     record_id: str

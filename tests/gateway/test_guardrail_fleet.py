@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.guardrail_fleet import FleetCaller, FleetCheckFailed, run_fleet_check
+from gateway.guardrails.fleet import FleetCaller, FleetCheckFailed, run_fleet_check
 from guardrails.catalogue import validate_selection
 from guardrails.engine import Check, Summary
 from tests.conftest import RunningSimulator, SimulatorFactory

@@ -1,4 +1,4 @@
-"""The stream windowing (gateway/guardrail_stream.py) is hand-written SSE framing: hypothesis
+"""The stream windowing (gateway/guardrails/stream.py) is hand-written SSE framing: hypothesis
 generates chat streams as vLLM writes them, cuts them at random byte boundaries, and runs
 them through ``GuardedStream`` against the real guardrail service (the ``words`` detector,
 redacting). Whatever the cuts and the window, the client must read exactly the text the
@@ -18,8 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.accounting import Accounting
-from gateway.guardrail_stream import GuardedStream
-from gateway.guardrails import FleetCaller, Guardrails, ServiceClient, StageChecks
+from gateway.guardrails.client import FleetCaller, ServiceClient
+from gateway.guardrails.plan import StageChecks
+from gateway.guardrails.run import Guardrails
+from gateway.guardrails.stream import GuardedStream
 from gateway.metrics import GatewayMetrics
 from gateway.upstream import Upstream
 from guardrails.protocol import CheckSpec

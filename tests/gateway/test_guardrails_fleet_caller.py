@@ -11,7 +11,7 @@ import pytest
 import valkey
 import valkey.asyncio as avalkey
 
-from gateway.guardrails import FleetCaller, GuardrailUnavailable
+from gateway.guardrails.client import FleetCaller, GuardrailUnavailable
 from gateway.policy_store import PolicyStore
 from gateway.scheduling import Scheduler, fleet_entry, wall_ms, write_fleet
 from gateway.upstream import Upstream

@@ -18,7 +18,7 @@ from itertools import pairwise
 import httpx
 import valkey
 
-from gateway.app import minted_id
+from gateway.front_door import minted_id
 from tests.conftest import GatewayFactory, SimulatorFactory
 from tests.support.policy import PolicyBuilder
 

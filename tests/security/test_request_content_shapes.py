@@ -24,8 +24,10 @@ import valkey.asyncio as avalkey
 
 from gateway.accounting import Accounting
 from gateway.errors import GatewayError
-from gateway.guardrail_stream import GuardedStream
-from gateway.guardrails import FleetCaller, GuardPlan, Guardrails, ServiceClient, StageChecks
+from gateway.guardrails.client import FleetCaller, ServiceClient
+from gateway.guardrails.plan import GuardPlan, StageChecks
+from gateway.guardrails.run import Guardrails
+from gateway.guardrails.stream import GuardedStream
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Model, Principal
 from gateway.response_stage import check_answer

@@ -1,0 +1,128 @@
+"""A use case's guardrails as a plan, made once when the policy snapshot is parsed.
+
+Each use case's selections become a ``GuardPlan``: request-stage and response-stage checks,
+each split into the ones the guardrail service runs and the ones a model on the fleet answers.
+Only use cases with selections get one, so the request path of one without pays a single
+dictionary lookup (``Policy.guarded``).
+
+Pure: no I/O and nothing of the gateway above it, so that gateway/policy.py can build plans
+without importing the clients that run them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from guardrails.catalogue import entries
+from guardrails.engine import Check
+from guardrails.protocol import CheckSpec
+
+logger = logging.getLogger("gateway.guardrails")
+
+FAILURE_MODES = ("closed", "open")
+_SIDES = {"request": ("request",), "response": ("response",), "both": ("request", "response")}
+_ACTIONS = frozenset({"block", "redact", "flag"})
+
+# How much of a streamed answer a check needs to see at once (characters): a span detector
+# needs its longest entity, a classifier a sentence or two. A stream holds back the largest
+# of its checks' needs (a guardrail not listed: DEFAULT_WINDOW_CHARS).
+WINDOW_CHARS: Mapping[str, int] = {
+    "pii": 128,
+    "secrets": 256,
+    "invisible_text": 16,
+    "banned_substrings": 128,
+    "toxicity": 256,
+    "language": 256,
+    "banned_topics": 512,
+    "groundedness": 512,
+}
+DEFAULT_WINDOW_CHARS = 256
+
+
+class Selection(Protocol):
+    """One guardrail a use case selected, as the snapshot says (gateway/policy.py
+    ``Guardrail``)."""
+
+    @property
+    def guardrail(self) -> str: ...
+
+    @property
+    def side(self) -> str: ...
+
+    @property
+    def action(self) -> str: ...
+
+    @property
+    def config(self) -> Mapping[str, object]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StageChecks:
+    stage: str
+    service: tuple[CheckSpec, ...]  # run by the guardrail service, in one call
+    fleet: tuple[Check, ...]  # answered by a model on the fleet, one call each
+
+    @property
+    def names(self) -> list[str]:
+        return [c.guardrail for c in self.service] + [c.guardrail for c in self.fleet]
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPlan:
+    request: StageChecks | None
+    response: StageChecks | None
+    failure: str  # "closed" | "open"
+    window_chars: int  # what a stream's response checks hold back
+
+
+def plan_guardrails(selections: Sequence[Selection], failure: str) -> GuardPlan:
+    """A use case's selections split by stage and by where they run; ValueError if malformed."""
+    if failure not in FAILURE_MODES:
+        raise ValueError(f"guardrail_failure must be closed or open, not {failure!r}")
+    try:
+        catalogue = entries()
+    except (ImportError, AttributeError, ValueError) as exc:
+        # A bad SWITCHYARD_GUARDRAIL_DETECTORS on this host must not stop the gateway: the
+        # built-in entries say which run on the fleet; the rest go to the service.
+        logger.error("guardrail_catalogue_unavailable error=%r", exc)
+        catalogue = {}
+    staged: dict[str, tuple[list[CheckSpec], list[Check]]] = {
+        "request": ([], []),
+        "response": ([], []),
+    }
+    for selection in selections:
+        stages = _SIDES.get(selection.side)
+        if stages is None or selection.action not in _ACTIONS:
+            raise ValueError(
+                f"guardrail {selection.guardrail!r}: side {selection.side!r} / action "
+                f"{selection.action!r} is not valid"
+            )
+        entry = catalogue.get(selection.guardrail)
+        for stage in stages:
+            service, fleet = staged[stage]
+            if entry is not None and entry.runs_on == "fleet":
+                fleet.append(Check(selection.guardrail, selection.action, selection.config))
+            else:
+                service.append(
+                    CheckSpec(selection.guardrail, selection.action, dict(selection.config))
+                )
+
+    def stage_checks(stage: str) -> StageChecks | None:
+        service, fleet = staged[stage]
+        if not service and not fleet:
+            return None
+        return StageChecks(stage, tuple(service), tuple(fleet))
+
+    response = stage_checks("response")
+    window = (
+        max(
+            (WINDOW_CHARS.get(name, DEFAULT_WINDOW_CHARS) for name in response.names),
+            default=DEFAULT_WINDOW_CHARS,
+        )
+        if response
+        else DEFAULT_WINDOW_CHARS
+    )
+    return GuardPlan(stage_checks("request"), response, failure, window)
