@@ -40,7 +40,6 @@ from gateway.front_door import (
     refusal,
     request_id_of,
 )
-from gateway.guardrails.client import FleetCaller, ServiceClient
 from gateway.guardrails.plan import GuardPlan
 from gateway.guardrails.run import Guardrails
 from gateway.guardrails.stream import GuardedStream
@@ -122,18 +121,13 @@ class Gateway:
             replicas=settings.usage_replicas,
             replica_timeout_ms=settings.usage_replica_timeout_ms,
         )
-        self.guardrails = Guardrails(
-            service=ServiceClient(
-                self.upstream,
-                settings.guardrail_url,
-                settings.guardrail_timeout_s,
-                token=settings.guardrail_token,
-                max_text_chars=settings.guardrail_max_text_chars,
-            ),
-            fleet=FleetCaller(self.policy, self.scheduler, self.upstream),
+        self.guardrails = Guardrails.connect(
+            settings.guardrails,
+            upstream=self.upstream,
+            policy=self.policy,
+            scheduler=self.scheduler,
             metrics=self.metrics,
             accounting=self.accounting,
-            retry_after_s=settings.guardrail_retry_after_s,
         )
         # Keycloak service-account tokens on /v1, when a realm is configured.
         self.tokens = (

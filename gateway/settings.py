@@ -15,6 +15,34 @@ DEFAULT_LONG_PROMPT_TOKENS = 8192
 
 
 @dataclass(frozen=True, slots=True)
+class GuardrailClientSettings:
+    """How a process reaches the guardrail service: the gateway (every door's stages) and the
+    batcher (async results' response stage) read the same variables, so they cannot differ."""
+
+    url: str = "http://127.0.0.1:8095"
+    token: str = ""  # presented to the service; it refuses checks without it
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS  # refused here before sending
+    timeout_s: float = 5.0
+    retry_after_s: int = 5
+
+    @classmethod
+    def from_env(cls) -> GuardrailClientSettings:
+        return cls(
+            url=env_str("SWITCHYARD_GUARDRAIL_URL", "http://127.0.0.1:8095"),
+            token=env_str("SWITCHYARD_GUARDRAIL_TOKEN", ""),
+            # The service's budget (guardrails/protocol.py).
+            max_text_chars=env_int(
+                "SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS, minimum=1
+            ),
+            # A check's whole round trip, waiting for a free worker included; past it the
+            # use case's guardrail_failure applies. Above the service's own check timeout,
+            # so that a stuck detector is reported by the service, not guessed at here.
+            timeout_s=env_float("SWITCHYARD_GUARDRAIL_CLIENT_TIMEOUT_SECONDS", 5.0, minimum=0.01),
+            retry_after_s=env_int("SWITCHYARD_GUARDRAIL_RETRY_AFTER_SECONDS", 5, minimum=1),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceAccountSettings:
     """Keycloak service-account tokens on /v1: the same variables, and so the same realm,
     audience, clients and leeway, as /api/ (config/settings.py)."""
@@ -62,11 +90,7 @@ class GatewaySettings:
     long_prompt_tokens: int
     service_accounts: ServiceAccountSettings | None = None
     # The guardrail service (guardrails/service.py) this gateway sends its checks to.
-    guardrail_url: str = "http://127.0.0.1:8095"
-    guardrail_token: str = ""  # presented to the service; it refuses checks without it
-    guardrail_max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
-    guardrail_timeout_s: float = 5.0
-    guardrail_retry_after_s: int = 5
+    guardrails: GuardrailClientSettings = GuardrailClientSettings()
     # Records (issue 12): each side of a full-record transcript is kept up to this many bytes
     # (the rest is cut and the record marked truncated), and the transcripts waiting in the
     # accounting buffer hold at most this many bytes (past it: kept as metadata only).
@@ -135,21 +159,7 @@ class GatewaySettings:
             backpressure_waiting=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
             long_prompt_tokens=long_prompt_tokens_from_env(),
             service_accounts=ServiceAccountSettings.from_env(),
-            guardrail_url=env_str("SWITCHYARD_GUARDRAIL_URL", "http://127.0.0.1:8095"),
-            guardrail_token=env_str("SWITCHYARD_GUARDRAIL_TOKEN", ""),
-            # The service's budget, refused here before sending (guardrails/protocol.py).
-            guardrail_max_text_chars=env_int(
-                "SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS, minimum=1
-            ),
-            # A check's whole round trip, waiting for a free worker included; past it the
-            # use case's guardrail_failure applies. Above the service's own check timeout,
-            # so that a stuck detector is reported by the service, not guessed at here.
-            guardrail_timeout_s=env_float(
-                "SWITCHYARD_GUARDRAIL_CLIENT_TIMEOUT_SECONDS", 5.0, minimum=0.01
-            ),
-            guardrail_retry_after_s=env_int(
-                "SWITCHYARD_GUARDRAIL_RETRY_AFTER_SECONDS", 5, minimum=1
-            ),
+            guardrails=GuardrailClientSettings.from_env(),
             record_max_content_bytes=env_int(
                 "SWITCHYARD_RECORD_MAX_CONTENT_BYTES", 1024 * 1024, minimum=1
             ),

@@ -30,6 +30,10 @@ from gateway.guardrails.client import FleetCaller, GuardrailUnavailable, Service
 from gateway.guardrails.fleet import run_fleet_check
 from gateway.guardrails.plan import StageChecks
 from gateway.policy import Model, Principal
+from gateway.policy_store import PolicyStore
+from gateway.scheduling import Scheduler
+from gateway.settings import GuardrailClientSettings
+from gateway.upstream import Upstream
 from guardrails import texts
 from guardrails.engine import Check
 from guardrails.texts import Slot
@@ -111,6 +115,34 @@ class Guardrails:
         self._metrics = metrics
         self._accounting = accounting
         self._retry_after_s = retry_after_s
+
+    @classmethod
+    def connect(
+        cls,
+        settings: GuardrailClientSettings,
+        *,
+        upstream: Upstream,
+        policy: PolicyStore,
+        scheduler: Scheduler,
+        metrics: GuardrailMetrics,
+        accounting: Accounting,
+    ) -> Guardrails:
+        """The checks of a process that answers doors (the gateway, the batcher): the service
+        over its pooled fleet client, with its token and text budget, and the fleet seam."""
+        service = ServiceClient(
+            upstream,
+            settings.url,
+            settings.timeout_s,
+            token=settings.token,
+            max_text_chars=settings.max_text_chars,
+        )
+        return cls(
+            service=service,
+            fleet=FleetCaller(policy, scheduler, upstream),
+            metrics=metrics,
+            accounting=accounting,
+            retry_after_s=settings.retry_after_s,
+        )
 
     async def run(self, checks: StageChecks, texts: list[str], document: Any) -> StageResult:
         """Every check of the stage; a block stops the run. Never raises for a check that

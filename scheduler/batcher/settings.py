@@ -6,8 +6,11 @@ from dataclasses import dataclass, field
 
 from config.env import ConfigurationError, env_float, env_int, env_str
 from config.valkey_urls import for_valkey_py
-from gateway.settings import DEFAULT_LONG_PROMPT_TOKENS, long_prompt_tokens_from_env
-from guardrails.protocol import DEFAULT_MAX_TEXT_CHARS
+from gateway.settings import (
+    DEFAULT_LONG_PROMPT_TOKENS,
+    GuardrailClientSettings,
+    long_prompt_tokens_from_env,
+)
 
 
 def parse_model_batches(raw: str) -> dict[str, int]:
@@ -64,11 +67,7 @@ class BatcherSettings:
     long_prompt_tokens: int = DEFAULT_LONG_PROMPT_TOKENS
     # The response stage and the record policy, as the gateway applies them (its settings of
     # the same names): the guardrail service, and what a full record's transcript keeps.
-    guardrail_url: str = "http://127.0.0.1:8095"
-    guardrail_token: str = ""  # presented to the service; it refuses checks without it
-    guardrail_max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
-    guardrail_timeout_s: float = 5.0
-    guardrail_retry_after_s: int = 5
+    guardrails: GuardrailClientSettings = field(default_factory=GuardrailClientSettings)
     record_max_content_bytes: int = 1024 * 1024
     record_buffer_bytes: int = 64 * 1024 * 1024
 
@@ -112,17 +111,7 @@ class BatcherSettings:
             fleet_stale_s=env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05),
             backpressure_waiting=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
             long_prompt_tokens=long_prompt_tokens_from_env(),
-            guardrail_url=env_str("SWITCHYARD_GUARDRAIL_URL", "http://127.0.0.1:8095"),
-            guardrail_token=env_str("SWITCHYARD_GUARDRAIL_TOKEN", ""),
-            guardrail_max_text_chars=env_int(
-                "SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS, minimum=1
-            ),
-            guardrail_timeout_s=env_float(
-                "SWITCHYARD_GUARDRAIL_CLIENT_TIMEOUT_SECONDS", 5.0, minimum=0.01
-            ),
-            guardrail_retry_after_s=env_int(
-                "SWITCHYARD_GUARDRAIL_RETRY_AFTER_SECONDS", 5, minimum=1
-            ),
+            guardrails=GuardrailClientSettings.from_env(),
             record_max_content_bytes=env_int(
                 "SWITCHYARD_RECORD_MAX_CONTENT_BYTES", 1024 * 1024, minimum=1
             ),

@@ -44,7 +44,6 @@ from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
 from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
-from gateway.guardrails.client import FleetCaller, ServiceClient
 from gateway.guardrails.run import Guardrails
 from gateway.policy import Model, Policy, Principal, PriorityClass
 from gateway.policy_store import PolicyStore
@@ -261,18 +260,13 @@ class Batcher:
         )
         self.metrics = metrics or BatcherMetrics()
         # The response stage's checks, as the gateway runs them (gateway/response_stage.py).
-        self.guardrails = Guardrails(
-            service=ServiceClient(
-                self.upstream,
-                settings.guardrail_url,
-                settings.guardrail_timeout_s,
-                token=settings.guardrail_token,
-                max_text_chars=settings.guardrail_max_text_chars,
-            ),
-            fleet=FleetCaller(self.policy, self.scheduler, self.upstream),
+        self.guardrails = Guardrails.connect(
+            settings.guardrails,
+            upstream=self.upstream,
+            policy=self.policy,
+            scheduler=self.scheduler,
             metrics=self.metrics,
             accounting=self.accounting,
-            retry_after_s=settings.guardrail_retry_after_s,
         )
         self.callbacks = Callbacks(settings.valkey_url)
         self.streams: list[str] = []

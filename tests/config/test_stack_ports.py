@@ -38,11 +38,11 @@ def strings(value):
 found = {name: list(strings(getattr(settings, name))) for name in dir(settings) if name.isupper()}
 gateway = GatewaySettings.from_env()
 found["gateway.control_url"] = [gateway.control_url]
-found["gateway.guardrail_url"] = [gateway.guardrail_url]
+found["gateway.guardrail_url"] = [gateway.guardrails.url]
 found["gateway.valkey_url"] = [gateway.valkey_url]
 guard = ServiceSettings.from_env()
 found["guardrails.bind"] = [f"http://{guard.host}:{guard.port}"]
-tokens = {"gateway": gateway.guardrail_token, "guardrails": guard.token}
+tokens = {"gateway": gateway.guardrails.token, "guardrails": guard.token}
 print(json.dumps({"settings": found, "tokens": tokens}))
 """
 
