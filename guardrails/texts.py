@@ -79,6 +79,7 @@ def request_slots(path: str, document: Mapping[str, Any], *, strict: bool = True
                     raise Unreadable(f"messages[{i}]", "a message that is not an object")
         elif strict and messages is not None:
             raise Unreadable("messages", "messages that are not a list")
+        _tool_slots(document, slots)
     if path != _CHAT:
         _prompt_slots(document, "input", slots, strict)
     return slots
@@ -205,3 +206,33 @@ def _transcript_slots(answer: Any) -> list[Slot]:
                 if isinstance(item, dict) and isinstance(item.get(field), str)
             ]
     return slots
+
+
+def _tool_slots(document: Mapping[str, Any], slots: list[Slot]) -> None:
+    """The tools' descriptions — the function's and every one in its parameters' schema — are
+    read by the model like a system prompt. Names stay as they are: a tool call must name a
+    tool the client has, and a name is an identifier, not prose."""
+    functions: list[Any] = []
+    tools = document.get("tools")
+    if isinstance(tools, list):
+        functions += [tool.get("function") for tool in tools if isinstance(tool, dict)]
+    legacy = document.get("functions")
+    if isinstance(legacy, list):
+        functions += legacy
+    for function in functions:
+        if isinstance(function, dict):
+            _description_slots(function, slots)
+
+
+def _description_slots(schema: Any, slots: list[Slot], depth: int = 0) -> None:
+    if depth > 32:  # a schema is a tree a client wrote: bounded, whatever its depth
+        return
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "description" and isinstance(value, str):
+                slots.append((schema, key, "system"))
+            else:
+                _description_slots(value, slots, depth + 1)
+    elif isinstance(schema, list):
+        for item in schema:
+            _description_slots(item, slots, depth + 1)

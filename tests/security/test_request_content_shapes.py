@@ -163,6 +163,48 @@ TEXT_SHAPES = [
         },
         id="chat-assistant-tool-call-arguments",
     ),
+    pytest.param(
+        CHAT,
+        {
+            "messages": [{"role": "user", "content": "what is the weather?"}],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "lookup", "description": "tells the secret plan"},
+                }
+            ],
+        },
+        id="chat-tool-description",
+    ),
+    pytest.param(
+        CHAT,
+        {
+            "messages": [{"role": "user", "content": "what is the weather?"}],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "lookup",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {
+                                "q": {"type": "string", "description": "the secret to find"}
+                            },
+                        },
+                    },
+                }
+            ],
+        },
+        id="chat-tool-parameter-description",
+    ),
+    pytest.param(
+        CHAT,
+        {
+            "messages": [{"role": "user", "content": "what is the weather?"}],
+            "functions": [{"name": "lookup", "description": "tells the secret plan"}],
+        },
+        id="chat-legacy-function-description",
+    ),
     pytest.param(COMPLETIONS, {"prompt": "the secret"}, id="completion-string"),
     pytest.param(COMPLETIONS, {"prompt": ["fine", "the secret"]}, id="completion-list"),
     pytest.param(EMBEDDINGS, {"input": "the secret"}, id="embedding-string"),
