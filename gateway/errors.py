@@ -7,6 +7,8 @@ read ``error.message``/``error.type``/``error.code``, so both must be right.
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 
@@ -29,17 +31,12 @@ class GatewayError(Exception):
         self.param = param
         self.headers = headers or []
 
+    def error(self) -> dict[str, Any]:
+        """OpenAI's error object: what a response's ``error`` (or an async task's) says."""
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
     def body(self) -> bytes:
-        return orjson.dumps(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.type,
-                    "param": self.param,
-                    "code": self.code,
-                }
-            }
-        )
+        return orjson.dumps({"error": self.error()})
 
 
 def missing_key() -> GatewayError:

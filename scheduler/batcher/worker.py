@@ -180,16 +180,6 @@ def acting_as(task: Task, policy: Policy) -> Principal:
     )
 
 
-def error_of(refused: GatewayError) -> dict[str, Any]:
-    """A gateway refusal as a task's error object (what its answer's ``error`` would say)."""
-    return {
-        "message": refused.message,
-        "type": refused.type,
-        "param": refused.param,
-        "code": refused.code,
-    }
-
-
 def service_class(policy: Policy, name: str) -> PriorityClass:
     """The task's class from the snapshot, or the unclassified one behind all the others."""
     return priority_class_named(policy, name)
@@ -546,7 +536,7 @@ class Batcher:
                     # Suspended or retired since it was submitted: what its use case may
                     # no longer do is not done (the gateway refuses its keys alike).
                     refused = errors.use_case_not_approved(task.use_case_id)
-                    endings.append(self._failed(task, refused.status, error_of(refused)))
+                    endings.append(self._failed(task, refused.status, refused.error()))
                     logger.info(
                         "task_refused task=%s use_case=%s reason=use_case_not_approved",
                         task.task_id,
@@ -654,7 +644,7 @@ class Batcher:
                     policy_version=policy.version,
                 )
             except GatewayError as refused:
-                status, body, error = refused.status, None, error_of(refused)
+                status, body, error = refused.status, None, refused.error()
         if body is not None:
             ending = self._done(task, body, collapsed=answer.collapsed, status=status)
             sent = body
