@@ -13,19 +13,14 @@ from typing import Any
 
 import orjson
 import pytest
-import valkey.asyncio as avalkey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.accounting import Accounting
-from gateway.guardrails.client import FleetCaller, ServiceClient
 from gateway.guardrails.plan import StageChecks
-from gateway.guardrails.run import Guardrails
 from gateway.guardrails.stream import GuardedStream
-from gateway.metrics import GatewayMetrics
-from gateway.upstream import Upstream
 from guardrails.protocol import CheckSpec
 from tests.support.guardrail_service import GuardrailServiceFactory
+from tests.support.guardrails import service_guardrails
 
 CHECKS = StageChecks("response", (CheckSpec("words", "redact", {"words": ["secret"]}),), ())
 WORDS = st.sampled_from(["secret", "Secret", "secrets", "plan", "a", "the", "ünïcode", "42"])
@@ -78,36 +73,23 @@ def _read(out: bytes) -> tuple[str, list[Any]]:
 
 
 async def _relay(url: str, raw: bytes, cuts: list[int], window: int, strip: bool) -> bytes:
-    client = avalkey.Valkey.from_url("valkey://127.0.0.1:1/0")  # never used: nothing recorded
-    upstream = Upstream(connect_timeout_s=2.0, max_connections=4)
-    metrics = GatewayMetrics(process_collectors=False)
-    guardrails = Guardrails(
-        service=ServiceClient(upstream, url, 10.0),
-        fleet=FleetCaller(None, None, upstream),  # type: ignore[arg-type]
-        metrics=metrics,
-        accounting=Accounting(client, metrics=metrics),
-        retry_after_s=5,
-    )
-    stream = GuardedStream(
-        path="/v1/chat/completions",
-        checks=CHECKS,
-        guardrails=guardrails,
-        window_chars=window,
-        failure="closed",
-        strip_usage=strip,
-        document={},
-    )
-    out = []
-    try:
+    async with service_guardrails(url) as guardrails:
+        stream = GuardedStream(
+            path="/v1/chat/completions",
+            checks=CHECKS,
+            guardrails=guardrails,
+            window_chars=window,
+            failure="closed",
+            strip_usage=strip,
+            document={},
+        )
+        out = []
         at = 0
         for cut in [*sorted(cuts), len(raw)]:
             if cut > at:
                 out.append(await stream.feed(raw[at:cut]))
                 at = cut
         out.append(await stream.finish())
-    finally:
-        await upstream.close()
-        await client.aclose()
     assert not stream.ended
     return b"".join(out)
 

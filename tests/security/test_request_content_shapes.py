@@ -20,19 +20,13 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import valkey.asyncio as avalkey
 
-from gateway.accounting import Accounting
 from gateway.errors import GatewayError
-from gateway.guardrails.client import FleetCaller, ServiceClient
 from gateway.guardrails.plan import GuardPlan, StageChecks
-from gateway.guardrails.run import Guardrails
 from gateway.guardrails.stream import GuardedStream
-from gateway.metrics import GatewayMetrics
-from gateway.policy import Model, Principal
 from gateway.response_stage import check_answer
-from gateway.upstream import Upstream
 from guardrails.protocol import CheckSpec
+from tests.support.guardrails import Subject, service_guardrails
 from tests.support.module_stack import module_stack
 from tests.support.policy import PolicyBuilder
 
@@ -426,32 +420,19 @@ def _tool_stream(fragments: list[str]) -> bytes:
 
 
 async def _relay(url: str, raw: bytes, action: str) -> tuple[bytes, bool]:
-    client = avalkey.Valkey.from_url("valkey://127.0.0.1:1/0")  # never used: nothing recorded
-    upstream = Upstream(connect_timeout_s=2.0, max_connections=4)
-    metrics = GatewayMetrics(process_collectors=False)
-    guardrails = Guardrails(
-        service=ServiceClient(upstream, url, 10.0),
-        fleet=FleetCaller(None, None, upstream),  # type: ignore[arg-type]
-        metrics=metrics,
-        accounting=Accounting(client, metrics=metrics),
-        retry_after_s=5,
-    )
     checks = StageChecks("response", (CheckSpec("words", action, SECRET),), ())
-    stream = GuardedStream(
-        path=CHAT,
-        checks=checks,
-        guardrails=guardrails,
-        window_chars=16,
-        failure="closed",
-        strip_usage=False,
-        document={},
-    )
-    try:
+    async with service_guardrails(url) as guardrails:
+        stream = GuardedStream(
+            path=CHAT,
+            checks=checks,
+            guardrails=guardrails,
+            window_chars=16,
+            failure="closed",
+            strip_usage=False,
+            document={},
+        )
         out = [await stream.feed(raw[i : i + 7]) for i in range(0, len(raw), 7)]
         out.append(await stream.finish())
-    finally:
-        await upstream.close()
-        await client.aclose()
     return b"".join(out), stream.ended
 
 
@@ -490,38 +471,13 @@ def test_streamed_tool_call_arguments_are_blocked(shapes: Shapes) -> None:
 async def _check_whole(url: str, path: str, body: bytes, action: str) -> bytes:
     """A whole answer through the response stage every door shares (gateway/response_stage.py),
     against the real guardrail service."""
-    client = avalkey.Valkey.from_url("valkey://127.0.0.1:1/0")  # never used: nothing flushed
-    upstream = Upstream(connect_timeout_s=2.0, max_connections=4)
-    metrics = GatewayMetrics(process_collectors=False)
-    guardrails = Guardrails(
-        service=ServiceClient(upstream, url, 10.0),
-        fleet=FleetCaller(None, None, upstream),  # type: ignore[arg-type]
-        metrics=metrics,
-        accounting=Accounting(client, metrics=metrics),
-        retry_after_s=5,
-    )
     checks = StageChecks("response", (CheckSpec("words", action, SECRET),), ())
     guard = GuardPlan(request=None, response=checks, failure="closed", window_chars=16)
-    principal = Principal(
-        key_id=1, key_prefix="sk-test", tenant="t", tenant_id=1, environment="prod",
-        use_case="u", use_case_id=1, namespace="prod", models=frozenset({"m"}),
-        expires_at=None,
-    )  # fmt: skip
-    model = Model("m", "m", frozenset({"transcription"}), ("http://127.0.0.1:1",), 10.0, None)
-
-    class Subject:
-        request_id = record_id = "r1"
-
-    subject = Subject()
-    subject.principal, subject.model = principal, model  # type: ignore[attr-defined]
-    try:
+    async with service_guardrails(url) as guardrails:
         return await check_answer(
-            guardrails, subject, path=path, guard=guard, body=body, document={},  # type: ignore[arg-type]
+            guardrails, Subject(), path=path, guard=guard, body=body, document={},
             policy_version=1,
         )  # fmt: skip
-    finally:
-        await upstream.close()
-        await client.aclose()
 
 
 def test_a_transcript_is_checked_in_every_shape_and_an_answer_that_is_not_json_whole(
