@@ -26,6 +26,7 @@ from config.processes import (
 )
 from config.seaweed import SeaweedServer
 from config.valkey_urls import sync_client
+from tests.support.oidc import Provider, start_provider
 
 SimulatorFactory = Callable[..., "RunningSimulator"]
 
@@ -411,3 +412,13 @@ def _fast_password_hashing() -> Iterator[None]:
 
     with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
         yield
+
+
+@pytest.fixture(scope="module")
+def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
+    """A real OpenID Connect provider (tests/support/oidc), once per module that asks."""
+    started = start_provider(tmp_path_factory.mktemp("oidc"))
+    try:
+        yield started
+    finally:
+        started.stop()

@@ -9,7 +9,6 @@ under test is wrong; the keys are always fetched from the provider's real JWKS e
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,21 +30,11 @@ from tests.support.oidc import (
     ROLELESS_SECRET,
     Provider,
     settings_from_environment,
-    start_provider,
 )
 
 pytestmark = pytest.mark.django_db
 
 SERVICE_ACCOUNT = f"service-account-{AUTOMATION_CLIENT}"
-
-
-@pytest.fixture(scope="module")
-def provider(tmp_path_factory) -> Iterator[Provider]:
-    started = start_provider(tmp_path_factory.mktemp("oidc"))
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ client-credentials token from a real OIDC provider process, as a developer of it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -13,18 +12,9 @@ from django.utils import timezone
 
 from governance.models import AuditEvent, FileRegistration, Model, Tenant
 from tests.factories import make_tenant, make_use_case
-from tests.support.oidc import Provider, settings_from_environment, start_provider
+from tests.support.oidc import Provider, settings_from_environment
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(scope="module")
-def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
-    started = start_provider(tmp_path_factory.mktemp("oidc"))
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ a token of a client bound to no use case is refused (403) in OpenAI's shape.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +22,10 @@ from tests.support.oidc import (
     AUTOMATION_CLIENT,
     Provider,
     settings_from_environment,
-    start_provider,
 )
 from tests.support.openai_batch import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(scope="module")
-def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
-    started = start_provider(tmp_path_factory.mktemp("oidc"))
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture

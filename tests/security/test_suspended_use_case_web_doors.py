@@ -14,7 +14,7 @@ filesystem backend); a service-account token from a real OIDC provider process.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,6 @@ from tests.support.oidc import (
     AUTOMATION_CLIENT,
     Provider,
     settings_from_environment,
-    start_provider,
 )
 from tests.support.openai_batch import chat_line, jsonl
 
@@ -275,15 +274,6 @@ def test_a_key_that_may_no_longer_act_is_refused_at_every_door(
 
 
 # --- a service-account token stands for its bound use case on /v1 --------------------------
-
-
-@pytest.fixture(scope="module")
-def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
-    started = start_provider(tmp_path_factory.mktemp("oidc"))
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture
