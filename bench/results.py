@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from config.processes import REPO_ROOT
+from ops.processes import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench" / "RESULTS.md"
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import dj_database_url
 
-from config.env import (
+# The module, not its DEFAULT_VALKEY_URL: every upper-case name here is a Django setting.
+from runtime import valkey_urls
+from runtime.env import (
     ConfigurationError,
     env_bool,
     env_choice,
@@ -24,8 +26,8 @@ from config.env import (
     env_required,
     env_str,
 )
-from config.outbound_urls import allowed_networks_from_env
-from config.valkey_urls import for_channels, for_kombu, for_valkey_py, kombu_transport_options
+from runtime.outbound_urls import allowed_networks_from_env
+from runtime.valkey_urls import for_channels, for_kombu, for_valkey_py, kombu_transport_options
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RUN_DIR = Path(env_str("SWITCHYARD_RUN_DIR", str(BASE_DIR / ".run")))
@@ -71,6 +73,8 @@ INSTALLED_APPS = [
     "governance",
     "portal",
     "scheduler",
+    "records",
+    "ops",
 ]
 
 MIDDLEWARE = [
@@ -165,7 +169,7 @@ LOGOUT_REDIRECT_URL = "/"
 LOCAL_LOGIN_ENABLED = env_bool("SWITCHYARD_LOCAL_LOGIN", not PRODUCTION)
 
 # --- Object storage: records and files (django-storages' S3 backend, or the filesystem) ------
-# The embedded stack runs SeaweedFS (config/seaweed.py) at SWITCHYARD_S3_ENDPOINT_URL with the
+# The embedded stack runs SeaweedFS (ops/seaweed.py) at SWITCHYARD_S3_ENDPOINT_URL with the
 # demo identity below; production points the same settings at AWS S3, MinIO, Ceph or any
 # S3-compatible store (leave the endpoint empty for AWS, and the keys empty to use the
 # instance's or pod's own credentials). "filesystem" is for the smallest installs.
@@ -211,7 +215,7 @@ STORAGES["records"] = _object_storage(RECORDS_BUCKET)
 FILES_BUCKET = env_str("SWITCHYARD_FILES_BUCKET", "switchyard-files")
 STORAGES["files"] = _object_storage(FILES_BUCKET)
 
-# --- Records: envelope encryption of content (scheduler/sealing.py) ------------------------
+# --- Records: envelope encryption of content (records/sealing.py) ------------------------
 # "kid:base64(32 bytes)" pairs, comma-separated; the first seals new objects, every one opens
 # old ones (rotation: put the new key first, keep the old ones until nothing sealed by them
 # is left). Production refuses to start without one; the embedded demo derives one.
@@ -225,7 +229,7 @@ RECORD_RETENTION_DAYS = env_int("SWITCHYARD_RECORD_RETENTION_DAYS", 90, minimum=
 
 # --- Async tasks (docs/async.md) -------------------------------------------------------------
 # How long a queued task may wait before it is dropped: the gateway's own variable, read here
-# too because a replayed dead letter starts a fresh queue lifetime (governance/async_tasks.py).
+# too because a replayed dead letter starts a fresh queue lifetime (governance/dead_letters.py).
 ASYNC_QUEUE_TTL_SECONDS = env_int("SWITCHYARD_ASYNC_QUEUE_TTL_SECONDS", 3600, minimum=1)
 
 # --- File work: the feasibility model (docs/files.md) ----------------------------------------
@@ -297,7 +301,7 @@ FILE_JOBS_GATEWAY_TIMEOUT_SECONDS = env_float(
 WEBHOOK_ATTEMPTS = env_int("SWITCHYARD_WEBHOOK_ATTEMPTS", 8, minimum=1)
 WEBHOOK_TIMEOUT_SECONDS = env_float("SWITCHYARD_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 # Webhooks and async callbacks never reach loopback, private, link-local (cloud metadata),
-# multicast or reserved addresses (config/outbound_urls.py), except in the networks named
+# multicast or reserved addresses (runtime/outbound_urls.py), except in the networks named
 # here: comma-separated CIDRs for an operator's internal receiver. Empty by default.
 WEBHOOK_ALLOWED_NETWORKS = allowed_networks_from_env()
 # The S3 endpoint (s3endpoint/): where clients upload registered files over the S3 protocol.
@@ -305,7 +309,7 @@ S3_ENDPOINT_PUBLIC_URL = env_str("SWITCHYARD_S3_ENDPOINT_PUBLIC_URL", "http://12
 # --- the S3 endpoint's own settings (s3endpoint/, docs/files.md "The S3 endpoint") ---
 S3_ENDPOINT_HOST = env_str("SWITCHYARD_S3_ENDPOINT_HOST", "127.0.0.1")
 S3_ENDPOINT_PORT = env_int("SWITCHYARD_S3_ENDPOINT_PORT", 9000, minimum=1)
-# Presigned URLs are signed with a credential derived from this (governance/s3_credentials.py).
+# Presigned URLs are signed with a credential derived from this (scheduler/files/s3_credentials.py).
 S3_PRESIGN_SECRET = env_str("SWITCHYARD_S3_PRESIGN_SECRET", "")
 # How long the endpoint trusts a credential it looked up: a revocation takes this long at most.
 S3_CREDENTIAL_CACHE_SECONDS = env_float("SWITCHYARD_S3_CREDENTIAL_CACHE_SECONDS", 10.0, minimum=0)
@@ -314,17 +318,17 @@ S3_ENDPOINT_CORS_ORIGINS = env_list(
     "SWITCHYARD_S3_ENDPOINT_CORS_ORIGINS", ["http://127.0.0.1:8000"]
 )
 # A multipart upload left unfinished this long is aborted and its registration freed
-# (scheduler/upload_expiry.py, run by beat).
+# (scheduler/files/upload_expiry.py, run by beat).
 S3_MULTIPART_MAX_AGE_SECONDS = env_float(
     "SWITCHYARD_S3_MULTIPART_MAX_AGE_SECONDS", 24 * 3600.0, minimum=0.0
 )
 # --- end of the S3 endpoint's settings ---
 
 # --- Valkey: policy snapshot, limits, queues, streams, Celery broker, Channels layer ---------
-# One server, Sentinel or Cluster, by URL (config/valkey_urls.py, docs/valkey-ha.md). Celery
+# One server, Sentinel or Cluster, by URL (runtime/valkey_urls.py, docs/valkey-ha.md). Celery
 # and the Channels layer cannot use a Cluster: with a cluster URL they take their own URL.
 try:
-    VALKEY_URL = for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0"))
+    VALKEY_URL = for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", valkey_urls.DEFAULT_VALKEY_URL))
     CELERY_VALKEY_URL = for_valkey_py(env_str("SWITCHYARD_CELERY_BROKER_URL", VALKEY_URL))
     CHANNELS_VALKEY_URL = for_valkey_py(env_str("SWITCHYARD_CHANNELS_VALKEY_URL", VALKEY_URL))
     _CELERY_SETTING = (
@@ -396,7 +400,7 @@ SPECTACULAR_SETTINGS = {
     # Two fields named "action": a guardrail selection's mode and what a finding records.
     "ENUM_NAME_OVERRIDES": {
         "GuardrailModeEnum": "governance.choices.GuardrailAction",
-        "GuardrailFindingActionEnum": "scheduler.models.GuardrailFinding.Action",
+        "GuardrailFindingActionEnum": "records.models.GuardrailFinding.Action",
         "FileKindEnum": "governance.choices.FileKind",
         # API keys and S3 credentials share their statuses.
         "ApiKeyStatusEnum": "governance.choices.ApiKeyStatus",

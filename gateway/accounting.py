@@ -19,13 +19,13 @@ timeout after Valkey applied it) is retried, so such a record can land twice.
 
 The writer never trims the streams: a record the persister has not read yet must not be
 lost because it lags (a ``MAXLEN`` here once dropped them silently). The persister trims
-what its consumer group has acknowledged (scheduler/usage.py). What it has not caught up
+what its consumer group has acknowledged (records/usage.py). What it has not caught up
 with is watched from here instead: every ``backlog_check_s`` each stream's length, unread
 entries (the group's lag) and pending ones go to the gateway's metrics
 (``switchyard_gateway_accounting_stream_{length,unread,pending}``), with one warning when
 the unread ones pass ``backlog_warning``.
 
-Stream entries (every value a string; the schema shared with scheduler/usage.py):
+Stream entries (every value a string; the schema shared with records/usage.py):
 
 - ``sy:usage``: ``USAGE_FIELDS`` — one per finished request; ``status`` is the HTTP status
   the client got (499: it went away), times are milliseconds, ``at_ms`` is when it finished.
@@ -57,9 +57,9 @@ import valkey.asyncio as avalkey
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway.autopipeline import Arg, AutoPipeline, auto_pipeline, bulk
 from gateway.metrics import GatewayMetrics
+from runtime.valkey_urls import VALKEY_FAILURES
 
 _FAILED_OR_TIMED_OUT: tuple[type[BaseException], ...] = (*VALKEY_FAILURES, TimeoutError)
 
@@ -67,7 +67,7 @@ logger = logging.getLogger("gateway.accounting")
 
 USAGE_STREAM: Final = "sy:usage"
 DECISIONS_STREAM: Final = "sy:decisions"
-# The persister's consumer group (scheduler/usage.py): what it has not read is the backlog.
+# The persister's consumer group (records/usage.py): what it has not read is the backlog.
 PERSISTER_GROUP: Final = "switchyard-persister"
 BACKLOG_WARNING: Final = 100_000
 # Transcript bytes the buffer may hold (SWITCHYARD_RECORD_BUFFER_BYTES): past it, content is
@@ -138,7 +138,7 @@ GUARDRAIL_FIELDS: Final = (
 # content: ``request`` (the body as forwarded, after request redaction), ``response`` (the
 # bytes the client got, after response redaction; a stream's SSE bytes as sent),
 # ``response_type`` (its content type) and ``truncated`` ("1" when either side was cut at the
-# capture limit). Persisted into sealed objects by scheduler/records.py, which trims entries
+# capture limit). Persisted into sealed objects by records/interactions.py, which trims entries
 # soon after acknowledging them (content must not linger in Valkey).
 RECORDS_STREAM: Final = "sy:records"
 RECORD_FIELDS: Final = (*USAGE_FIELDS, "request", "response", "response_type", "truncated")

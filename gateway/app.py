@@ -19,12 +19,11 @@ from typing import Any
 
 import orjson
 
-from config.valkey_urls import VALKEY_FAILURES, async_client, is_cluster
 from gateway import control_proxy, errors, openapi
 from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
 from gateway.async_tasks import layout as async_layout
-from gateway.async_tasks.api import AsyncTasks
+from gateway.async_tasks.api import AsyncTaskDoor
 from gateway.autopipeline import Arg, auto_pipeline
 from gateway.call import Call
 from gateway.errors import GatewayError
@@ -40,22 +39,11 @@ from gateway.front_door import (
     refusal,
     request_id_of,
 )
-from gateway.guardrails.plan import GuardPlan
+from gateway.guardrail_plan import GuardPlan
 from gateway.guardrails.run import Guardrails
 from gateway.guardrails.stream import GuardedStream
-from gateway.http import (
-    BodyTooLarge,
-    ClientGone,
-    Receive,
-    Scope,
-    Send,
-    header,
-    send_response,
-    with_member,
-)
 from gateway.logcontext import REQUEST_ID
 from gateway.metrics import Decision, GatewayMetrics
-from gateway.multipart import encode_form
 from gateway.policy import DEFAULT_RECORD_POLICY, Policy
 from gateway.policy_store import PolicyStore
 from gateway.records import (
@@ -82,6 +70,18 @@ from gateway.service_accounts import TokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.upstream import ReplicaUnreachable, Upstream, UpstreamError
 from gateway.usage import UsageEventFilter, UsageMeter
+from runtime.http import (
+    BodyTooLarge,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    header,
+    send_response,
+    with_member,
+)
+from runtime.multipart import encode_form
+from runtime.valkey_urls import VALKEY_FAILURES, async_client, is_cluster
 
 logger = logging.getLogger("gateway")
 
@@ -89,27 +89,27 @@ logger = logging.getLogger("gateway")
 class Gateway:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
-        self.valkey = async_client(settings.valkey_url)
+        self.valkey = async_client(settings.fleet.valkey_url)
         self.policy = PolicyStore(
             self.valkey,
-            refresh_s=settings.policy_refresh_s,
-            max_staleness_s=settings.policy_max_staleness_s,
+            refresh_s=settings.fleet.policy_refresh_s,
+            max_staleness_s=settings.fleet.policy_max_staleness_s,
         )
         self.upstream = Upstream(
-            connect_timeout_s=settings.upstream_connect_timeout_s,
+            connect_timeout_s=settings.fleet.upstream_connect_timeout_s,
             max_connections=settings.upstream_max_connections,
         )
         self.metrics = GatewayMetrics()
         self.scheduler = Scheduler(
             self.valkey,
             pipe=auto_pipeline(self.valkey),  # one server, Sentinel or Cluster
-            lease_ms=int(settings.lease_s * 1000),
-            heartbeat_ms=int(settings.heartbeat_s * 1000),
-            stale_ms=int(settings.fleet_stale_s * 1000),
-            waiting_threshold=settings.backpressure_waiting,
-            long_prompt_tokens=settings.long_prompt_tokens,
+            lease_ms=settings.fleet.lease_ms,
+            heartbeat_ms=settings.fleet.heartbeat_ms,
+            stale_ms=settings.fleet.stale_ms,
+            waiting_threshold=settings.fleet.backpressure_waiting,
+            long_prompt_tokens=settings.fleet.long_prompt_tokens,
             # A Valkey Cluster: each slot charged by its own script (docs/gateway-scheduling.md)
-            split_slots=is_cluster(settings.valkey_url),
+            split_slots=is_cluster(settings.fleet.valkey_url),
         )
         # One connection for the hot path's scripts and the accounting streams.
         self.accounting = Accounting(
@@ -117,7 +117,7 @@ class Gateway:
             metrics=self.metrics,
             # WAIT blocks its connection: the writer gets its own when it waits for replicas.
             pipe=None if settings.usage_replicas else self.scheduler.pipe,
-            content_budget_bytes=settings.record_buffer_bytes,
+            content_budget_bytes=settings.records.buffer_bytes,
             replicas=settings.usage_replicas,
             replica_timeout_ms=settings.usage_replica_timeout_ms,
         )
@@ -152,7 +152,7 @@ class Gateway:
             plans=TicketPlans(),
             accounting=self.accounting,
         )
-        self.async_tasks = AsyncTasks(self.door)
+        self.async_tasks = AsyncTaskDoor(self.door)
         # The /v1 contract, serialised once here: its route answers these bytes as they are.
         self._openapi = openapi.load()
         self._background: list[asyncio.Task[None]] = []
@@ -214,7 +214,7 @@ class Gateway:
             task.cancel()
         if self._background:
             # Bounded: a cancellation swallowed inside a client library must not hang shutdown.
-            await asyncio.wait(self._background, timeout=self.settings.policy_refresh_s + 2)
+            await asyncio.wait(self._background, timeout=self.settings.fleet.policy_refresh_s + 2)
         if self.tokens is not None:
             await self.tokens.close()
         await self.async_tasks.close()
@@ -315,7 +315,7 @@ class Gateway:
         call.record = policy.records.get(principal.use_case_id, DEFAULT_RECORD_POLICY)
         if call.record == "full":
             # What the client receives, errors included, is what the transcript keeps.
-            send = call.recorder = Recorder(send, self.settings.record_max_content_bytes)
+            send = call.recorder = Recorder(send, self.settings.records.max_content_bytes)
             if call.form is not None:
                 # Hashed in a thread, beside the upstream call: an upload is up to 25 MiB.
                 loop = asyncio.get_running_loop()

@@ -1,8 +1,8 @@
 """ASGI entry point of the gateway process: ``uvicorn gateway.asgi:app``."""
 
-from config.env import env_str
 from gateway import logcontext
 from gateway.app import create_app
+from runtime.env import env_str
 
 logcontext.configure(env_str("SWITCHYARD_LOG_LEVEL", "INFO"))
 

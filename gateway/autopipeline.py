@@ -24,7 +24,7 @@ once and the command is retried, so no caller ever sees ``NOSCRIPT``.
 
 valkey-py stays the client for everything off the hot path (policy, pub/sub, accounting).
 
-Sentinel and Cluster (config/valkey_urls.py, docs/valkey-ha.md): a client made for a Sentinel
+Sentinel and Cluster (runtime/valkey_urls.py, docs/valkey-ha.md): a client made for a Sentinel
 URL has the primary's address looked up from the sentinels at every (re)connect, and a
 ``READONLY`` reply (a demoted primary still reachable) drops the connection so that the next
 command reconnects to the new one. A Cluster client gets ``ClusterAutoPipeline``: one
@@ -51,7 +51,7 @@ from valkey.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from valkey.asyncio.sentinel import SentinelConnectionPool
 from valkey.crc import key_slot
 
-from config.valkey_urls import VALKEY_FAILURES
+from runtime.valkey_urls import VALKEY_FAILURES
 
 Arg = str | bytes | int | float
 # A script call's EVAL form, packed only if the server turns out not to know the SHA: the
@@ -650,7 +650,7 @@ class ClusterAutoPipeline(AutoPipeline):
 
 
 def auto_pipeline(client: avalkey.Valkey, **kwargs: Any) -> AutoPipeline:
-    """The hot path's pipeline for ``client``, whatever its topology (config/valkey_urls.py)."""
+    """The hot path's pipeline for ``client``, whatever its topology (runtime/valkey_urls.py)."""
     if isinstance(client, ValkeyCluster):
         return ClusterAutoPipeline(client, **kwargs)
     return AutoPipeline(client, **kwargs)

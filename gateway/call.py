@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.costs import Estimate
-from gateway.guardrails.plan import GuardPlan
-from gateway.multipart import Form
+from gateway.guardrail_plan import GuardPlan
 from gateway.policy import DEFAULT_RECORD_POLICY, Model, Principal, RecordPolicy
 from gateway.records import Recorder
 from gateway.scheduling import Grant, Ticket
 from gateway.usage import UsageMeter
+from runtime.multipart import Form
 
 
 @dataclass(slots=True)

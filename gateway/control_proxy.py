@@ -3,7 +3,7 @@
 Files and batches are governance records (audited, in the database), which the gateway never
 touches; so that the OpenAI SDK works unchanged with one ``base_url``, the gateway forwards
 these paths to the web process (``SWITCHYARD_CONTROL_URL``), which serves them
-(governance/api/openai_batch.py) and does its own authentication. A streaming reverse proxy:
+(scheduler/files/api/openai_batch.py) and does its own authentication. A streaming reverse proxy:
 the request body goes up as it arrives (bounded), the answer comes back as it is read, and
 both are passed through unchanged apart from the hop-by-hop headers.
 
@@ -28,12 +28,12 @@ import aiohttp
 
 from gateway import errors
 from gateway.errors import GatewayError
-from gateway.http import BodyTooLarge, ClientGone, Receive, Scope, Send, header
+from runtime.http import BodyTooLarge, ClientGone, Receive, Scope, Send, header
 
 logger = logging.getLogger(__name__)
 
 PREFIXES = ("/v1/files", "/v1/batches")
-# The Files and Batch APIs' routes (governance/api/openai_batch.py), with the ids the web
+# The Files and Batch APIs' routes (scheduler/files/api/openai_batch.py), with the ids the web
 # process mints ("file-…", "batch_…"): nothing else under the prefixes is forwarded.
 _ID = r"[A-Za-z0-9_-]{1,128}"
 ROUTES = re.compile(rf"/v1/(?:files(?:/{_ID}(?:/content)?)?|batches(?:/{_ID}(?:/cancel)?)?)")

@@ -29,8 +29,8 @@ import dns.exception
 import dns.nameserver
 import dns.resolver
 
-from config.env import env_float, env_str
 from gateway.policy import Model, Policy
+from runtime.env import env_float, env_str
 
 logger = logging.getLogger("gateway.discovery")
 

@@ -55,16 +55,17 @@ import valkey.asyncio as avalkey
 from prometheus_client.parser import text_string_to_metric_families
 from valkey.asyncio.cluster import ValkeyCluster
 
-from config.env import env_float, env_int, env_str
-from config.service import run_service
-from config.valkey_urls import VALKEY_FAILURES, async_client, async_transaction, for_valkey_py
 from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
+from gateway.fleet_settings import FleetSettings
 from gateway.policy import Policy
 from gateway.policy_store import PolicyStore
 from gateway.scheduling import Scheduler, fleet_entry
 from gateway.scheduling import keys as scheduling_keys
 from gateway.scheduling.clock import ValkeyClock
+from runtime.env import env_float
+from runtime.service import run_service
+from runtime.valkey_urls import VALKEY_FAILURES, async_client, async_transaction
 
 logger = logging.getLogger("gateway.fleet_watcher")
 
@@ -246,13 +247,11 @@ def parse_vllm_metrics(text: str, *, at_ms: int) -> ReplicaLoad:
 
 @dataclass(frozen=True, slots=True)
 class WatcherSettings:
-    valkey_url: str
+    # What the gateways and batchers judge by (gateway/fleet_settings.py): the same policy
+    # refresh, backpressure threshold and staleness bound, for the pumps this watcher triggers.
+    fleet: FleetSettings
     scrape_interval_s: float = 0.25
     scrape_timeout_s: float = 0.5
-    waiting_threshold: int = 3
-    policy_refresh_s: float = 1.0
-    policy_max_staleness_s: float = 60.0
-    stale_ms: int = 900  # the gateways' bound, for the pumps this watcher triggers
     # Throughput (docs/files.md): a rate is taken over at least this long, smoothed with
     # this EWMA weight; the capacity (highest rate seen) halves over this long unless seen.
     throughput_interval_s: float = 5.0
@@ -262,29 +261,19 @@ class WatcherSettings:
     @classmethod
     def from_env(cls) -> WatcherSettings:
         return cls(
-            valkey_url=for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0")),
+            fleet=FleetSettings.from_env(),
             scrape_interval_s=env_float(
                 "SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS", 0.25, minimum=0.01
             ),
             scrape_timeout_s=env_float(
                 "SWITCHYARD_FLEET_SCRAPE_TIMEOUT_SECONDS", 0.5, minimum=0.01
             ),
-            waiting_threshold=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
             throughput_interval_s=env_float(
                 "SWITCHYARD_FLEET_THROUGHPUT_INTERVAL_SECONDS", 5.0, minimum=0.05
             ),
             throughput_alpha=env_float("SWITCHYARD_FLEET_THROUGHPUT_ALPHA", 0.3, minimum=0.01),
             capacity_half_life_s=env_float(
                 "SWITCHYARD_FLEET_CAPACITY_HALF_LIFE_SECONDS", 86400.0, minimum=1.0
-            ),
-            policy_refresh_s=env_float(
-                "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS", 1.0, minimum=0.05
-            ),
-            policy_max_staleness_s=env_float(
-                "SWITCHYARD_GATEWAY_POLICY_MAX_STALENESS_SECONDS", 60.0, minimum=1.0
-            ),
-            stale_ms=int(
-                1000 * env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05)
             ),
         )
 
@@ -399,8 +388,8 @@ class FleetWatcher:
         self.clock = clock if clock is not None else ValkeyClock()
         self.policy = PolicyStore(
             client,
-            refresh_s=settings.policy_refresh_s,
-            max_staleness_s=settings.policy_max_staleness_s,
+            refresh_s=settings.fleet.policy_refresh_s,
+            max_staleness_s=settings.fleet.policy_max_staleness_s,
         )
         self._on_drained = on_drained
         self._session: aiohttp.ClientSession | None = None
@@ -530,7 +519,7 @@ class FleetWatcher:
         request that arrived between two engine steps waits until the next one, and a
         scrape that catches it says nothing about the batch — learning from it would cap a
         256-sequence replica at a handful."""
-        threshold = self.settings.waiting_threshold
+        threshold = self.settings.fleet.backpressure_waiting
         queued = {
             url for url, load in scraped.items() if load.reachable and load.waiting >= threshold
         }
@@ -651,7 +640,7 @@ class FleetWatcher:
         requests may have queued while an entry was stale (a slow cycle, a watcher restart)
         and nothing else would pump them until a release. Pumping an empty queue is one
         cheap script call."""
-        threshold = self.settings.waiting_threshold
+        threshold = self.settings.fleet.backpressure_waiting
         return frozenset(
             model
             for model, replicas in loads.items()
@@ -696,7 +685,7 @@ class FleetWatcher:
                 # half-way.
                 if tick >= refresh_at:
                     await self._refresh_policy()
-                    refresh_at = tick + self.settings.policy_refresh_s
+                    refresh_at = tick + self.settings.fleet.policy_refresh_s
                 try:
                     report = await self.run_cycle()
                     cycles += 1
@@ -733,7 +722,7 @@ class FleetWatcher:
 
 async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None = None) -> None:
     """Run a watcher until SIGTERM or SIGINT."""
-    client = async_client(settings.valkey_url, socket_timeout=2.0, socket_connect_timeout=1.0)
+    client = async_client(settings.fleet.valkey_url, socket_timeout=2.0, socket_connect_timeout=1.0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -751,8 +740,8 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
         scheduler = Scheduler(
             client,
             pipe=auto_pipeline(client),  # one server, Sentinel or Cluster
-            stale_ms=settings.stale_ms,
-            waiting_threshold=settings.waiting_threshold,
+            stale_ms=settings.fleet.stale_ms,
+            waiting_threshold=settings.fleet.backpressure_waiting,
             clock=clock,
         )
 
@@ -766,7 +755,7 @@ async def serve(settings: WatcherSettings, *, on_drained: DrainedCallback | None
         "fleet_watcher_started interval_s=%s timeout_s=%s waiting_threshold=%s",
         settings.scrape_interval_s,
         settings.scrape_timeout_s,
-        settings.waiting_threshold,
+        settings.fleet.backpressure_waiting,
     )
     try:
         await watcher.run(stop)

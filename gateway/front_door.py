@@ -29,7 +29,6 @@ from typing import Any
 import orjson
 import valkey.asyncio as avalkey
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway import errors
 from gateway.accounting import Accounting
 from gateway.call import Call
@@ -40,11 +39,9 @@ from gateway.costs import (
     max_tokens_override,
 )
 from gateway.errors import GatewayError
-from gateway.guardrails.plan import GuardPlan
+from gateway.guardrail_plan import GuardPlan
 from gateway.guardrails.run import Guardrails, blocked_message, request_slots
-from gateway.http import Receive, Scope, header, read_body, with_member
 from gateway.metrics import Decision, GatewayMetrics
-from gateway.multipart import Form, FormError, encode_form, is_multipart, parse_form
 from gateway.policy import Model, Policy, Principal
 from gateway.policy_store import PolicyStore
 from gateway.scheduling import (
@@ -57,6 +54,9 @@ from gateway.scheduling import (
 from gateway.service_accounts import KeysUnavailable, TokenRefused, TokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.usage import asks_for_usage, with_usage_requested
+from runtime.http import Receive, Scope, header, read_body, with_member
+from runtime.multipart import Form, FormError, encode_form, is_multipart, parse_form
+from runtime.valkey_urls import VALKEY_FAILURES
 
 logger = logging.getLogger("gateway")
 

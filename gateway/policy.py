@@ -15,8 +15,8 @@ from typing import Literal, NotRequired, TypedDict, cast
 import orjson
 import valkey
 
-from config.valkey_urls import transaction
-from gateway.guardrails.plan import GuardPlan, plan_guardrails
+from gateway.guardrail_plan import GuardPlan, plan_guardrails
+from runtime.valkey_urls import transaction
 
 # One hash tag: written together in one MULTI, which a Valkey Cluster allows in one slot only.
 SNAPSHOT_KEY = "switchyard:{policy}:snapshot"
@@ -214,7 +214,7 @@ class UseCase:
     async_result_ttl_s: int = 600
     async_cache_s: int = 0
     # Whether the use case has a webhook signing secret: a task's ``callback_url`` is signed
-    # with it (Standard Webhooks, scheduler/webhooks.py), so a task may ask for one only then.
+    # with it (Standard Webhooks, scheduler/files/webhooks.py), so a task may ask for one only then.
     async_signed_callbacks: bool = False
 
 

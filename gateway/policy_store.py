@@ -18,10 +18,10 @@ import time
 
 import valkey.asyncio as avalkey
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway.discovery import DiscoverySettings, ReplicaDiscovery, service_names
 from gateway.errors import service_unavailable
 from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, Policy, parse_snapshot
+from runtime.valkey_urls import VALKEY_FAILURES
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import hashlib
 import orjson
 
 from gateway.accounting import Content
-from gateway.http import Message, Send
-from gateway.multipart import Form
+from runtime.http import Message, Send
+from runtime.multipart import Form
 
 # A side with nothing kept (a request withheld because a redaction could not run).
 EMPTY_CONTENT = Content((), 0)

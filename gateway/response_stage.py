@@ -16,7 +16,7 @@ import orjson
 
 from gateway.accounting import Accounting, Content, Usage
 from gateway.errors import GatewayError
-from gateway.guardrails.plan import GuardPlan
+from gateway.guardrail_plan import GuardPlan
 from gateway.guardrails.run import Guardrails, Subject, blocked_message
 from guardrails.texts import answer_slots
 

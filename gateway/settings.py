@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from config.env import env_bool, env_float, env_int, env_list, env_str
-from config.outbound_urls import Network, allowed_networks_from_env
-from config.valkey_urls import for_valkey_py
+from gateway.fleet_settings import FleetSettings
 from guardrails.protocol import DEFAULT_MAX_TEXT_CHARS
-
-# A prompt longer than one chunk of vLLM's default prefill budget (max_num_batched_tokens,
-# 8192) stalls its batch-mates for several steps: it runs apart where the pool has lanes.
-DEFAULT_LONG_PROMPT_TOKENS = 8192
+from runtime.env import env_bool, env_float, env_int, env_list, env_str
+from runtime.outbound_urls import Network, allowed_networks_from_env
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +35,27 @@ class GuardrailClientSettings:
             # so that a stuck detector is reported by the service, not guessed at here.
             timeout_s=env_float("SWITCHYARD_GUARDRAIL_CLIENT_TIMEOUT_SECONDS", 5.0, minimum=0.01),
             retry_after_s=env_int("SWITCHYARD_GUARDRAIL_RETRY_AFTER_SECONDS", 5, minimum=1),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordCaptureSettings:
+    """What a full record keeps of a transcript, and how much content may wait in memory for
+    Valkey: the gateway and the batcher capture records alike, from the same variables."""
+
+    max_content_bytes: int = 1024 * 1024  # one request's or answer's content, then truncated
+    buffer_bytes: int = 64 * 1024 * 1024  # all content waiting to be written, then dropped
+
+    @classmethod
+    def from_env(cls) -> RecordCaptureSettings:
+        defaults = cls()
+        return cls(
+            max_content_bytes=env_int(
+                "SWITCHYARD_RECORD_MAX_CONTENT_BYTES", defaults.max_content_bytes, minimum=1
+            ),
+            buffer_bytes=env_int(
+                "SWITCHYARD_RECORD_BUFFER_BYTES", defaults.buffer_bytes, minimum=1
+            ),
         )
 
 
@@ -76,26 +93,19 @@ class ServiceAccountSettings:
 
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
-    valkey_url: str
-    policy_refresh_s: float
-    policy_max_staleness_s: float
+    # What every gateway, batcher and the fleet watcher must agree on (Valkey, leases,
+    # staleness, backpressure, long prompts): read once, in gateway/fleet_settings.py.
+    fleet: FleetSettings
     max_body_bytes: int
     max_upload_bytes: int
-    upstream_connect_timeout_s: float
     upstream_max_connections: int
-    lease_s: float
-    heartbeat_s: float
-    fleet_stale_s: float
-    backpressure_waiting: int
-    long_prompt_tokens: int
     service_accounts: ServiceAccountSettings | None = None
     # The guardrail service (guardrails/service.py) this gateway sends its checks to.
     guardrails: GuardrailClientSettings = GuardrailClientSettings()
-    # Records (issue 12): each side of a full-record transcript is kept up to this many bytes
+    # Records (issue 12): each side of a full-record transcript is kept up to max_content_bytes
     # (the rest is cut and the record marked truncated), and the transcripts waiting in the
-    # accounting buffer hold at most this many bytes (past it: kept as metadata only).
-    record_max_content_bytes: int = 1024 * 1024
-    record_buffer_bytes: int = 64 * 1024 * 1024
+    # accounting buffer hold at most buffer_bytes (past it: kept as metadata only).
+    records: RecordCaptureSettings = RecordCaptureSettings()
     # The web process that serves /v1/files and /v1/batches (gateway/control_proxy.py): its
     # base URL ("" answers 503), the largest body forwarded to it, and how long it may be silent.
     control_url: str = ""
@@ -122,20 +132,14 @@ class GatewaySettings:
     # How long an async submit waits for those replicas before it answers 503
     # async_not_replicated (its tasks queued on the primary only).
     async_replica_wait_ms: int = 1000
-    # Networks a task's callback_url may reach although internal (config/outbound_urls.py):
+    # Networks a task's callback_url may reach although internal (runtime/outbound_urls.py):
     # SWITCHYARD_WEBHOOK_ALLOWED_NETWORKS, as the workers that send the callbacks read it.
     webhook_allowed_networks: tuple[Network, ...] = ()
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
         return cls(
-            valkey_url=for_valkey_py(env_str("SWITCHYARD_VALKEY_URL", "valkey://127.0.0.1:6390/0")),
-            policy_refresh_s=env_float(
-                "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS", 1.0, minimum=0.05
-            ),
-            policy_max_staleness_s=env_float(
-                "SWITCHYARD_GATEWAY_POLICY_MAX_STALENESS_SECONDS", 60.0, minimum=1.0
-            ),
+            fleet=FleetSettings.from_env(),
             max_body_bytes=env_int(
                 "SWITCHYARD_GATEWAY_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024
             ),
@@ -143,29 +147,12 @@ class GatewaySettings:
             max_upload_bytes=env_int(
                 "SWITCHYARD_GATEWAY_MAX_UPLOAD_BYTES", 25 * 1024 * 1024, minimum=1024
             ),
-            upstream_connect_timeout_s=env_float(
-                "SWITCHYARD_GATEWAY_UPSTREAM_CONNECT_TIMEOUT_SECONDS", 2.0, minimum=0.01
-            ),
             upstream_max_connections=env_int(
                 "SWITCHYARD_GATEWAY_UPSTREAM_MAX_CONNECTIONS", 1000, minimum=1
             ),
-            # A crashed gateway's capacity comes back within this; running requests renew.
-            lease_s=env_float("SWITCHYARD_GATEWAY_LEASE_SECONDS", 30.0, minimum=1.0),
-            # A gateway silent this long counts as dead: its queued requests are dropped and
-            # its leases released at once (kill -9 gives capacity back within it).
-            heartbeat_s=env_float("SWITCHYARD_GATEWAY_HEARTBEAT_SECONDS", 5.0, minimum=2.0),
-            # Fleet metrics older than this count a replica as saturated, never idle.
-            fleet_stale_s=env_float("SWITCHYARD_GATEWAY_FLEET_STALE_SECONDS", 0.9, minimum=0.05),
-            backpressure_waiting=env_int("SWITCHYARD_GATEWAY_BACKPRESSURE_WAITING", 3, minimum=1),
-            long_prompt_tokens=long_prompt_tokens_from_env(),
             service_accounts=ServiceAccountSettings.from_env(),
             guardrails=GuardrailClientSettings.from_env(),
-            record_max_content_bytes=env_int(
-                "SWITCHYARD_RECORD_MAX_CONTENT_BYTES", 1024 * 1024, minimum=1
-            ),
-            record_buffer_bytes=env_int(
-                "SWITCHYARD_RECORD_BUFFER_BYTES", 64 * 1024 * 1024, minimum=1
-            ),
+            records=RecordCaptureSettings.from_env(),
             control_url=env_str("SWITCHYARD_CONTROL_URL", "http://127.0.0.1:8000"),
             # A batch input of OpenAI's largest size (200 MB) and its multipart framing.
             control_max_body_bytes=env_int(
@@ -187,10 +174,3 @@ class GatewaySettings:
             async_replica_wait_ms=env_int("SWITCHYARD_ASYNC_REPLICA_WAIT_MS", 1000, minimum=1),
             webhook_allowed_networks=allowed_networks_from_env(),
         )
-
-
-def long_prompt_tokens_from_env() -> int:
-    """Prompts of at least this many tokens run apart from short requests in pools of three
-    replicas or more (docs/gateway-scheduling.md, "Long prompts"); 0 turns lanes off. Every
-    process that acquires (gateways, batchers) must agree: the pool records it."""
-    return env_int("SWITCHYARD_GATEWAY_LONG_PROMPT_TOKENS", DEFAULT_LONG_PROMPT_TOKENS, minimum=0)

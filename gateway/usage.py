@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from gateway.costs import AUDIO_TOKENS_PER_SECOND
-from gateway.http import with_member
+from runtime.http import with_member
 
 _USAGE = b'"usage"'
 _DATA = b"data: "

@@ -37,23 +37,17 @@ from governance.models import (
     Tenant,
     UseCase,
 )
-from governance.services import (
-    api_key_decide,
-    api_key_revoke,
-    record_create,
-    record_delete,
-    record_update,
-    tenant_set_legal_hold,
-    use_case_set_legal_hold,
-    use_case_transition,
-)
+from governance.services.api_keys import api_key_decide, api_key_revoke
+from governance.services.generic_records import record_create, record_delete, record_update
+from governance.services.record_policy import tenant_set_legal_hold, use_case_set_legal_hold
+from governance.services.use_cases import use_case_transition
 from governance.sla_classes import (
     sla_class_create,
     sla_class_delete,
     sla_class_update,
     sla_class_validate,
 )
-from governance.webhooks import validate_webhook_url
+from governance.webhook_urls import validate_webhook_url
 
 
 def _m2m_of(form: ModelForm[Any]) -> dict[str, Any]:
@@ -510,7 +504,7 @@ class SlaClassAdmin(AuditedAdmin):
 
 @admin.register(FileRegistration)
 class FileRegistrationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Read-only: a registration moves only through its state machine (governance/file_states)."""
+    """Read-only: a registration moves only through its state machine (scheduler/files/states)."""
 
     list_display = ("filename", "use_case", "kind", "state", "progress", "promised_by")
     list_filter = ("state", "kind")

@@ -1,4 +1,4 @@
-"""Governance records. Rules that span rows live in services.py; models guard one row."""
+"""Governance records. Rules that span rows live in services/; models guard one row."""
 
 from __future__ import annotations
 
@@ -311,7 +311,7 @@ class UseCase(models.Model):
         max_length=500,
         help_text="Notified (signed, Standard Webhooks) when one of its files or batches ends",
     )
-    # The webhook's signing secret, sealed (scheduler/sealing.py); shown once when set.
+    # The webhook's signing secret, sealed (records/sealing.py); shown once when set.
     webhook_secret_sealed = models.TextField(blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -599,7 +599,7 @@ class FileRegistration(models.Model):
     """A file announced before it arrives, with the SLA asked for and what was promised.
 
     Audited like every governance record. ``estimated_tokens`` and ``promised_by`` are the
-    feasibility answer (scheduler/feasibility.py) the registration was accepted with."""
+    feasibility answer (scheduler/files/feasibility.py) the registration was accepted with."""
 
     use_case = models.ForeignKey(UseCase, on_delete=models.PROTECT, related_name="files")
     registered_by = models.CharField(max_length=150, help_text="username, or key:<prefix>")
@@ -658,7 +658,7 @@ class FileRegistration(models.Model):
 class S3Credential(models.Model):
     """An S3 access key pair a use case uploads its registered files with (s3endpoint/).
 
-    Issued by Switchyard, revealed once. The secret is stored sealed (scheduler/sealing.py),
+    Issued by Switchyard, revealed once. The secret is stored sealed (records/sealing.py),
     not hashed: verifying AWS Signature V4 needs the secret itself. Rotatable like API keys:
     a rotation issues a new pair and revokes the old one after ``grace`` (docs/files.md)."""
 

@@ -17,8 +17,9 @@ from governance.audit import Actor
 from governance.choices import SLA_CLASS_FIELDS, SLA_MIN_TURNAROUND_SECONDS, FileKind
 from governance.errors import Conflict
 from governance.models import PriorityClass, SlaClass, UseCase
-from governance.services import _require_governor, record_create, record_delete, record_update
-from scheduler.windows import WindowError, parse_windows, zone
+from governance.services.authority import require_governor
+from governance.services.generic_records import record_create, record_delete, record_update
+from governance.sla_windows import WindowError, parse_windows, zone
 
 MIN_TURNAROUND_SECONDS = SLA_MIN_TURNAROUND_SECONDS
 EDITABLE_FIELDS = frozenset(SLA_CLASS_FIELDS)
@@ -26,7 +27,7 @@ EDITABLE_FIELDS = frozenset(SLA_CLASS_FIELDS)
 
 def sla_class_validate(sla_class: SlaClass) -> None:
     """Raise a ``ValidationError`` keyed by the wrong field; the rules that span rows or need
-    ``scheduler.windows`` and so cannot live on the model's fields."""
+    ``governance.sla_windows`` and so cannot live on the model's fields."""
     errors: dict[str, str] = {}
     try:
         windows = parse_windows(sla_class.windows)
@@ -106,7 +107,7 @@ def sla_class_update(*, actor: Actor, sla_class: SlaClass, changes: Mapping[str,
 def sla_class_delete(*, actor: Actor, sla_class: SlaClass) -> None:
     """Delete a class no registration uses; one that is used stays, since its registrations'
     promises are read against it (retire it by changing its kinds or windows instead)."""
-    _require_governor(actor)  # who asks is answered before what the class is used by
+    require_governor(actor)  # who asks is answered before what the class is used by
     with transaction.atomic():
         used = sla_class.files.count()
         if used:

@@ -12,7 +12,6 @@ from django.conf import settings
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from config.valkey_urls import sync_client
 from gateway.policy import (
     SCHEMA,
     VERSION_KEY,
@@ -47,6 +46,7 @@ from governance.models import (
     SlaClass,
     UseCase,
 )
+from runtime.valkey_urls import sync_client
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,8 @@
 from __future__ import annotations
 
 from celery import shared_task
-from django.utils import timezone
 
 from governance.anchors import checkpoint_write
-from governance.file_states import files_expire
 from governance.snapshot import snapshot_publish
 
 
@@ -24,9 +22,3 @@ def anchor_audit_chain() -> int | None:
     """Sign the audit chain's head into a checkpoint outside the database (on beat)."""
     checkpoint = checkpoint_write()
     return checkpoint.sequence if checkpoint is not None else None
-
-
-@shared_task(name="governance.expire_file_registrations", ignore_result=True)
-def expire_file_registrations() -> int:
-    """Expire registrations never uploaded in time (on beat; bounded per run, idempotent)."""
-    return files_expire(now=timezone.now())

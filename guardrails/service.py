@@ -30,7 +30,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from config.env import ConfigurationError, env_float, env_int, env_list, env_str
 from guardrails.catalogue import entries
 from guardrails.protocol import (
     CHECK_PATH,
@@ -44,6 +43,7 @@ from guardrails.protocol import (
     parse_request,
 )
 from guardrails.workers import CheckFailed, CheckTimeout, PoolBusy, WorkerPool
+from runtime.env import ConfigurationError, env_float, env_int, env_list, env_str
 
 logger = logging.getLogger("guardrails.service")
 

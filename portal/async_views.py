@@ -1,7 +1,7 @@
 """The dead-letters page: async tasks that failed every attempt, for officers to replay or
 discard (docs/async.md "Dead letters").
 
-Thin: who sees and who decides is ``governance.async_tasks``. Officers and admins act;
+Thin: who sees and who decides is ``governance.dead_letters``. Officers and admins act;
 auditors see the same table without the buttons; anyone else finds no such page (404), as
 with the review queue.
 """
@@ -20,19 +20,19 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway.async_tasks.layout import MAX_ATTEMPTS
-from governance.async_tasks import (
+from governance.audit import Actor
+from governance.dead_letters import (
     DeadLetter,
     dead_letter_discard,
     dead_letter_replay,
     dead_letters_list,
     is_entry_id,
 )
-from governance.audit import Actor
 from governance.errors import GovernanceError
 from governance.models import UseCase
 from governance.roles import can_govern, can_read_everything
+from runtime.valkey_urls import VALKEY_FAILURES
 
 DEAD_LETTERS_PER_PAGE = 50
 _UNREACHABLE = "The task store (Valkey) cannot be reached; nothing was changed. Try again shortly."

@@ -1,9 +1,10 @@
 """The files pages: the registrations a person may see, one file's progress (polled live),
 its parts, history and outputs, and the audited listen / download of its objects.
 
-Thin: who sees what is ``governance.file_selectors``; what a download is and its audit event
-is ``governance.file_downloads``; cancelling is ``governance.files.file_cancel``. A file a
-person may not see is a 404, like one that does not exist.
+Thin: who sees what is ``scheduler.files.selectors``; what a download is and its audit event
+is ``scheduler.files.audited_downloads``; cancelling is
+``scheduler.files.registration.file_cancel``. A file a person may not see is a 404, like one
+that does not exist.
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from config.valkey_urls import VALKEY_FAILURES
 from governance.audit import Actor
 from governance.choices import FileKind, FileState
 from governance.errors import Conflict
-from governance.file_downloads import ORIGINAL, file_download_response, output_names
-from governance.file_selectors import (
+from governance.models import FileRegistration
+from governance.roles import can_read_everything, roles_of
+from governance.selectors import use_cases_visible
+from runtime.valkey_urls import VALKEY_FAILURES
+from scheduler.files.audited_downloads import ORIGINAL, file_download_response, output_names
+from scheduler.files.registration import file_cancel
+from scheduler.files.selectors import (
     file_find,
     file_history,
     file_parts,
@@ -40,10 +45,6 @@ from governance.file_selectors import (
     may_cancel,
     parts_summary,
 )
-from governance.files import file_cancel
-from governance.models import FileRegistration
-from governance.roles import can_read_everything, roles_of
-from governance.selectors import use_cases_visible
 
 FILES_PER_PAGE = 50
 POLL_MILLISECONDS = 2000

@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from governance.choices import RecordPolicy
 from governance.models import UseCase
-from governance.services import RETENTION_DAYS_MAX, USE_CASE_TRANSITIONS
-from scheduler.models import AdmissionDecision, GuardrailFinding
+from governance.services.record_bounds import RETENTION_DAYS_MAX
+from governance.services.use_cases import USE_CASE_TRANSITIONS
+from records.models import AdmissionDecision, GuardrailFinding
 
 
 class PortalForm(forms.Form):

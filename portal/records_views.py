@@ -2,7 +2,7 @@
 trail is in portal.audit).
 
 Thin: each view parses the query into the shared search form, calls
-``scheduler.record_reading`` (which decides who sees what and audits every read of content
+``records.reading`` (which decides who sees what and audits every read of content
 and every download) and renders. Nothing here changes a
 record. A record a person may not read is a 404, like one that does not exist.
 """
@@ -16,10 +16,10 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from governance.audit import Actor
-from governance.downloads import download_response
 from governance.roles import can_read_everything
-from scheduler.models import InteractionRecord
-from scheduler.record_reading import (
+from governance.streamed_downloads import download_response
+from records.models import InteractionRecord
+from records.reading import (
     EXPORT_FORMATS,
     RECORDS_PER_PAGE,
     ExportRefused,

@@ -26,10 +26,8 @@ from governance.roles import (
     has_role,
     visible_tenants,
 )
-from governance.selectors import admission_decisions_visible, guardrail_findings_visible
-from portal.developer.snippets import Quickstart as Quickstart
-from portal.developer.snippets import quickstart as quickstart  # the key pages' snippets
-from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour
+from records.models import AdmissionDecision, GuardrailFinding, GuardrailHour
+from records.selectors import admission_decisions_visible, guardrail_findings_visible
 
 
 @dataclass(frozen=True)

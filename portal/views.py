@@ -36,18 +36,21 @@ from governance.audit import Actor
 from governance.errors import GovernanceError
 from governance.models import ApiKey, UseCase
 from governance.roles import Role, can_govern, can_read_everything, has_role, roles_of
-from governance.services import (
+from governance.services.api_keys import (
     api_key_decide,
     api_key_request,
     api_key_reveal,
     api_key_revoke,
     api_key_rotate,
+)
+from governance.services.record_policy import (
     tenant_set_legal_hold,
     use_case_set_legal_hold,
     use_case_set_records,
-    use_case_transition,
 )
+from governance.services.use_cases import use_case_transition
 from portal import selectors
+from portal.developer.snippets import quickstart
 from portal.forms import (
     DecisionSearchForm,
     FindingSearchForm,
@@ -216,7 +219,7 @@ def key_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "actions": selectors.key_actions(request.user, key),
             "successor": selectors.key_successor(key),
             "expired": selectors.key_expired(key),
-            "quickstart": selectors.quickstart(key, settings.GATEWAY_PUBLIC_URL),
+            "quickstart": quickstart(key, settings.GATEWAY_PUBLIC_URL),
         },
     )
 
@@ -359,7 +362,7 @@ def _secret_page(
         {
             "key": key,
             "plaintext": plaintext,
-            "quickstart": selectors.quickstart(key, settings.GATEWAY_PUBLIC_URL),
+            "quickstart": quickstart(key, settings.GATEWAY_PUBLIC_URL),
             **extra,
         },
     )

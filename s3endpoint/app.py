@@ -18,7 +18,7 @@ from urllib.parse import quote, unquote
 
 import valkey.asyncio as avalkey
 
-from config.valkey_urls import async_client
+from runtime.valkey_urls import async_client
 from s3endpoint import sigv4
 from s3endpoint.errors import S3Error, error_xml
 from s3endpoint.markers import Markers

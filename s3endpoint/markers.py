@@ -8,7 +8,7 @@ moves on, finds the marker and is refused. A failed PutObject or an aborted mult
 gives the marker back. ``sy:s3:parts:{sy:uploads}:<registration id>`` holds a multipart
 upload's part sizes, each reserved atomically (``reserve_part.lua``) before the part's bytes
 are stored: parts sent at once cannot together pass the registration's cap. An upload left
-unfinished is aborted, and its marker given back, by scheduler/upload_expiry.py.
+unfinished is aborted, and its marker given back, by scheduler/files/upload_expiry.py.
 
 Both carry the hash tag ``{sy:uploads}``: a tag hashes like the key ``sy:uploads`` (the
 completion stream, UPLOADS_STREAM), so on a Valkey Cluster the markers, the parts and the stream
@@ -23,8 +23,8 @@ from typing import Any
 
 import valkey.asyncio as avalkey
 
-from config.valkey_urls import async_transaction
-from scheduler.upload_events import (
+from runtime.valkey_urls import async_transaction
+from scheduler.files.upload_events import (
     UPLOADS_MAXLEN,
     UPLOADS_SLOT_TAG,
     UPLOADS_STREAM,

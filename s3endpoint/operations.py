@@ -25,7 +25,7 @@ from s3endpoint.principals import Principal
 from s3endpoint.registrations import Target
 from s3endpoint.sigv4 import Incoming
 from s3endpoint.upstream import Upstream, store_xml, xml_all, xml_text
-from scheduler.upload_events import MULTIPART_MARKER_PREFIX, UploadEvent
+from scheduler.files.upload_events import MULTIPART_MARKER_PREFIX, UploadEvent
 
 logger = logging.getLogger("s3endpoint")
 

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from governance.choices import ApiKeyStatus, UseCaseStatus
 from governance.models import S3Credential, UseCase
-from governance.s3_credentials import presign_credential, presign_use_case_id, secret_of
 from s3endpoint.errors import S3Error
+from scheduler.files.s3_credentials import presign_credential, presign_use_case_id, secret_of
 
 
 @dataclass(frozen=True, slots=True)

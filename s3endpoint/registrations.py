@@ -17,7 +17,7 @@ from governance.choices import FileState
 from governance.models import FileRegistration, UseCase
 from s3endpoint.errors import S3Error
 from s3endpoint.principals import Principal
-from scheduler.upload_events import upload_object_name
+from scheduler.files.upload_events import upload_object_name
 
 # A declared size is often rounded ("about 40 MB"): allow 1 % over it, and at least 64 KiB.
 SIZE_SLACK_RATIO = 0.01

@@ -2,10 +2,12 @@ from django.apps import AppConfig
 
 
 class SchedulerConfig(AppConfig):
+    """Deferred GPU work: the dynamic batcher (``scheduler.batcher``) and file jobs
+    (``scheduler.files``)."""
+
     name = "scheduler"
     verbose_name = "Scheduler"
 
     def ready(self) -> None:
-        # Bind @shared_task to our app (Valkey broker) in every Django process, not only in
-        # the worker, so that .delay() from the web process reaches the right broker.
-        import config.celery  # noqa: F401
+        # A file's end queues its webhook: the receiver of the state machine's signal.
+        import scheduler.files.webhooks  # noqa: F401

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.env import env_float
+from runtime.env import env_float
 
 _USAGE_PERSIST_SECONDS = env_float("SWITCHYARD_USAGE_PERSIST_SECONDS", 5.0, minimum=0.5)
 _RECORDS_PERSIST_SECONDS = env_float("SWITCHYARD_RECORDS_PERSIST_SECONDS", 5.0, minimum=0.5)

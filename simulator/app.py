@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from gateway.multipart import Form, FormError, is_multipart, parse_form
+from runtime.multipart import Form, FormError, is_multipart, parse_form
 from simulator import admin
 from simulator.asgi import (
     BodyTooLarge,

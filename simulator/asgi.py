@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 
 # The raw-ASGI primitives are the gateway's; only the response shapes below are vLLM's own.
-from gateway.http import (
+from runtime.http import (
     BodyTooLarge,
     ClientGone,
     Message,

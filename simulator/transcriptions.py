@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gateway.multipart import Form
+from runtime.multipart import Form
 from simulator import tokens
 from simulator.asgi import DisconnectWatch, Receive, Send, send_response
 from simulator.engine import Sequence

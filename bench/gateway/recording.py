@@ -25,9 +25,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bench.gateway.machine import describe as describe_machine
 from bench.results import write_section
-from config.processes import free_port
 from gateway.accounting import Accounting
 from gateway.metrics import GatewayMetrics
+from ops.processes import free_port
 
 MODEL = "llama-test"
 REPLICA = "http://10.0.0.5:8000"

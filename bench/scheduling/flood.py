@@ -74,7 +74,7 @@ from bench.scheduling.overload_stack import (
     start_stack,
 )
 from gateway.async_tasks import layout
-from gateway.settings import DEFAULT_LONG_PROMPT_TOKENS
+from gateway.fleet_settings import DEFAULT_LONG_PROMPT_TOKENS
 
 SECTION = "## Scheduling — interactive first under a batch flood (chunked prefill)"
 # Three replicas: long-prompt lanes (docs/gateway-scheduling.md, "Long prompts") need short

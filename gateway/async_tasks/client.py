@@ -6,10 +6,10 @@ retried by the SDK itself). This module needs only ``openai`` and the standard l
 into a project, or import it from here::
 
     from openai import OpenAI
-    from gateway.async_tasks.client import AsyncTasks
+    from gateway.async_tasks.client import AsyncTaskClient
 
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="sk-...")
-    tasks = AsyncTasks(client)
+    tasks = AsyncTaskClient(client)
     task = tasks.submit("embeddings", {"model": "embed", "input": "hello"})
     done = tasks.wait(task.id)            # long-polls GET /v1/tasks/{id}?wait=...
     vector = done.result["data"][0]["embedding"]
@@ -70,7 +70,7 @@ class Task:
         return self.status in TERMINAL
 
 
-class AsyncTasks:
+class AsyncTaskClient:
     """Submit tasks and wait for them through an ``openai.OpenAI`` client."""
 
     def __init__(self, client: OpenAI) -> None:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway.admission.limits import Limit, limit_args, limits_for
 from gateway.async_tasks import layout
 from gateway.autopipeline import Arg, AutoPipeline, bulk, pack_values
@@ -33,6 +32,7 @@ from gateway.policy import Policy, Principal
 from gateway.scheduling import scheduler as scheduling
 from gateway.scheduling.errors import MAX_RETRY_AFTER_S, RateLimited
 from gateway.scheduling.keys import KEY_PREFIX
+from runtime.valkey_urls import VALKEY_FAILURES
 
 logger = logging.getLogger("gateway.async_tasks")
 

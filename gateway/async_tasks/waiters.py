@@ -17,8 +17,8 @@ import valkey
 import valkey.asyncio as avalkey
 from valkey.asyncio.client import PubSub
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway.async_tasks import layout
+from runtime.valkey_urls import VALKEY_FAILURES
 
 logger = logging.getLogger("gateway.async_tasks")
 

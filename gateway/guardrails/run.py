@@ -26,9 +26,9 @@ from typing import Any, Protocol
 from gateway import errors
 from gateway.accounting import Accounting
 from gateway.errors import GatewayError
+from gateway.guardrail_plan import StageChecks
 from gateway.guardrails.client import FleetCaller, GuardrailUnavailable, ServiceClient
 from gateway.guardrails.fleet import run_fleet_check
-from gateway.guardrails.plan import StageChecks
 from gateway.policy import Model, Principal
 from gateway.policy_store import PolicyStore
 from gateway.scheduling import Scheduler

@@ -5,7 +5,7 @@ byte. The answer's server-sent events are parsed; each choice's texts (a chat de
 ``content``, refusal, reasoning and tool-call arguments — guardrails/texts.py reads a delta
 as a message — or a completion's ``text``) are held back instead of relayed, each text of a
 choice on its own (a tool call's arguments apart from the content). When a text holds
-twice the plan's window (the most its checks need to see at once: gateway/guardrails/plan.py
+twice the plan's window (the most its checks need to see at once: gateway/guardrail_plan.py
 WINDOW_CHARS), the text up to its last sentence or word break is checked and released as
 one event — redacted if a check redacts; the rest stays held for the next window, so a word
 is never cut in two. Events that carry something else (a role, a tool call, the finish
@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from gateway.guardrails.plan import StageChecks
+from gateway.guardrail_plan import StageChecks
 from gateway.guardrails.run import Guardrails, blocked_message, merge_findings
 from guardrails.texts import Slot, message_slots
 

@@ -136,5 +136,5 @@ def throughput(model: str, *, prefix: str = KEY_PREFIX) -> str:
 
 
 def promises(model: str, *, prefix: str = KEY_PREFIX) -> str:
-    """The model's ledger of file-work promises (scheduler/feasibility.py)."""
+    """The model's ledger of file-work promises (scheduler/files/feasibility.py)."""
     return f"{prefix}promises:{model}"

@@ -43,7 +43,6 @@ from typing import Any
 import valkey.asyncio as avalkey
 from valkey.asyncio.client import PubSub
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway.admission.limits import Limit, limit_args
 from gateway.autopipeline import Arg, AutoPipeline, bulk, pack_values
 from gateway.scheduling import accounts as slot_accounts
@@ -59,6 +58,7 @@ from gateway.scheduling.errors import (
     retry_after_s,
 )
 from gateway.scheduling.tickets import Grant, Ticket
+from runtime.valkey_urls import VALKEY_FAILURES
 
 logger = logging.getLogger("gateway.scheduling")
 

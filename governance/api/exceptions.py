@@ -62,3 +62,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         set_rollback()  # as DRF does for its own errors: nothing half-deleted stays
         return _protected(exc)
     return drf_exception_handler(exc, context)
+
+
+class StoreUnavailable(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The store (Valkey) cannot be reached; try again shortly."
+    default_code = "store_unavailable"

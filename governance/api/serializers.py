@@ -24,7 +24,7 @@ from governance.models import (
     UseCase,
 )
 from governance.prices import currency
-from governance.services import RETENTION_DAYS_MAX
+from governance.services.record_bounds import RETENTION_DAYS_MAX
 
 User = get_user_model()
 

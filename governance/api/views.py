@@ -25,7 +25,6 @@ from rest_framework.views import APIView
 
 from governance.api import serializers as s
 from governance.api.filtersets import ApiKeyFilterSet, GuardrailSelectionFilterSet
-from governance.api.webhooks import UseCaseWebhookMixin
 from governance.audit import Actor, audit_verify
 from governance.guardrail_selections import catalogue_items
 from governance.models import (
@@ -49,25 +48,22 @@ from governance.selectors import (
     rate_limits_visible,
     use_cases_visible,
 )
-from governance.services import (
+from governance.services.api_keys import (
     api_key_decide,
     api_key_request,
     api_key_reveal,
     api_key_revoke,
     api_key_rotate,
+)
+from governance.services.generic_records import record_create, record_delete, record_update
+from governance.services.guardrail_selections import (
     guardrail_add,
     guardrail_change,
     guardrail_remove,
     guardrail_reorder,
-    record_create,
-    record_delete,
-    record_update,
-    tenant_set_legal_hold,
-    use_case_create,
-    use_case_set_legal_hold,
-    use_case_transition,
-    use_case_update,
 )
+from governance.services.record_policy import tenant_set_legal_hold, use_case_set_legal_hold
+from governance.services.use_cases import use_case_create, use_case_transition, use_case_update
 
 
 class HasSwitchyardRole(permissions.BasePermission):
@@ -253,7 +249,6 @@ class RateLimitPolicyViewSet(GovernedViewSet):
 
 
 class UseCaseViewSet(
-    UseCaseWebhookMixin,
     ScopedRelations,
     mixins.CreateModelMixin,
     mixins.RetrieveModelMixin,

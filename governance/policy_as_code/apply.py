@@ -52,15 +52,12 @@ from governance.prices import (
     model_price_update,
     price_moment,
 )
-from governance.services import (
+from governance.services.api_keys import api_key_issue
+from governance.services.generic_records import record_create, record_delete, record_update
+from governance.services.record_policy import tenant_set_legal_hold, use_case_set_legal_hold
+from governance.services.use_cases import (
     USE_CASE_TRANSITIONS,
-    api_key_issue,
-    record_create,
-    record_delete,
-    record_update,
-    tenant_set_legal_hold,
     use_case_create,
-    use_case_set_legal_hold,
     use_case_transition,
     use_case_update,
 )

@@ -25,7 +25,7 @@ from governance.policy_as_code.schema import (
     reference_problems,
 )
 from governance.prices import amount_text, history_problem, moment_text, price_moment
-from governance.services import USE_CASE_TRANSITIONS
+from governance.services.use_cases import USE_CASE_TRANSITIONS
 
 Key = tuple[str, ...]
 Record = dict[str, Any]

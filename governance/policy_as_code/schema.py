@@ -43,10 +43,10 @@ from governance.policy_as_code.fields import (
     is_json,
 )
 from governance.prices import Price, PriceError, price_amount, price_moment, prices_problems
+from governance.sla_windows import WindowError, parse_windows, zone
 from guardrails.base import SettingsError
 from guardrails.catalogue import entries as catalogue_entries
 from guardrails.catalogue import validate_selection
-from scheduler.windows import WindowError, parse_windows, zone
 
 FORMAT_VERSION: Final = 1
 SECTIONS: Final = (
@@ -401,7 +401,7 @@ def _legal_hold(r: Reader) -> dict[str, Any]:
     return {"legal_hold": hold, "legal_hold_reason": reason}
 
 
-RETENTION_DAYS_MAX: Final = 36_500  # governance.services.RETENTION_DAYS_MAX
+RETENTION_DAYS_MAX: Final = 36_500  # governance.services.record_bounds.RETENTION_DAYS_MAX
 
 
 def _records_settings(
@@ -507,7 +507,7 @@ SLA_FIELDS: Final = SLA_CLASS_FIELDS
 
 
 def _sla_windows(r: Reader) -> tuple[tuple[dict[str, Any], ...], bool]:
-    """The windows as written, and whether they parse (``scheduler.windows``'s words)."""
+    """The windows as written, and whether they parse (``governance.sla_windows``'s words)."""
     raw = r.raw.get("windows")
     try:
         parse_windows(raw)

@@ -10,7 +10,7 @@ from django.db.models import Q, QuerySet
 
 from governance.audit_export import AuditExportRange
 from governance.models import AuditEvent
-from scheduler.record_reading import UtcDateTimeField
+from records.reading import UtcDateTimeField
 
 _BIG = 2**63 - 1
 

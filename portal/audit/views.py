@@ -21,9 +21,9 @@ from django.views.decorators.http import require_GET, require_POST
 from governance.audit import Actor, audit_record, audit_verify
 from governance.audit_export import audit_export, signing_public_key
 from governance.audit_export import export_filename as audit_export_filename
-from governance.downloads import download_response
 from governance.models import AuditEvent
 from governance.roles import can_read_everything
+from governance.streamed_downloads import download_response
 from portal.audit.forms import AuditExportForm, AuditSearchForm
 from portal.audit.selectors import (
     VERIFIED,

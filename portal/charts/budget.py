@@ -16,11 +16,11 @@ from typing import Any, cast
 
 import valkey
 
-from config.valkey_urls import VALKEY_FAILURES
 from gateway.admission import Limit, limits_for
 from gateway.policy import SNAPSHOT_KEY, Policy, Principal, parse_snapshot
 from gateway.scheduling import keys
 from governance.models import UseCase
+from runtime.valkey_urls import VALKEY_FAILURES
 
 _FAILED_OR_INVALID: tuple[type[BaseException], ...] = (*VALKEY_FAILURES, ValueError)
 

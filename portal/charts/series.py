@@ -20,7 +20,7 @@ from django.db.models.functions import TruncHour
 from governance.prices import amount_text, currency, money_text
 from portal.charts.spend import usage_priced
 from portal.selectors import decision_reason_text
-from scheduler.models import AdmissionDecision, GuardrailHour, UsageMinute
+from records.models import AdmissionDecision, GuardrailHour, UsageMinute
 
 RangeName = Literal["24h", "7d", "30d"]
 

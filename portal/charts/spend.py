@@ -19,7 +19,7 @@ from django.db.models import OuterRef, QuerySet, Subquery, Sum
 
 from governance.models import ModelPrice
 from governance.prices import Price, money_text, price_of
-from scheduler.models import UsageMinute
+from records.models import UsageMinute
 
 
 @dataclass(frozen=True)

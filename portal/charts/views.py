@@ -18,11 +18,10 @@ from django.utils.cache import patch_vary_headers
 from django.utils.timezone import now
 from django_htmx.middleware import HtmxDetails
 
-from governance.files import valkey_client
 from governance.models import UseCase
 from governance.prices import currency
 from governance.roles import Role, has_role
-from governance.selectors import admission_decisions_visible
+from governance.store import valkey_client
 from portal import selectors
 from portal.charts.budget import use_case_budgets
 from portal.charts.series import (
@@ -35,7 +34,8 @@ from portal.charts.series import (
     use_case_charts,
 )
 from portal.charts.spend import spend_by_use_case
-from scheduler.models import AdmissionDecision
+from records.models import AdmissionDecision
+from records.selectors import admission_decisions_visible
 
 USE_CASES_PER_PAGE = 10
 RECENT_REFUSALS = 10

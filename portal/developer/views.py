@@ -31,7 +31,7 @@ from governance.errors import GovernanceError
 from governance.job_keys import playground_key, playground_period
 from governance.models import AuditEvent, Tenant, UseCase
 from governance.roles import Role, can_govern, has_role
-from governance.services import use_case_create, use_case_transition
+from governance.services.use_cases import use_case_create, use_case_transition
 from portal import selectors
 from portal.developer.forms import PlaygroundForm, UseCaseRequestForm
 

@@ -2,7 +2,7 @@
 
 Thin: which use cases is ``governance.selectors.use_cases_visible`` (a developer: their
 tenants'; officers, auditors and admins: every tenant's), the files are
-``governance.file_selectors``, the tasks ``portal.developer.work_tasks``. Files come from the
+``scheduler.files.selectors``, the tasks ``portal.developer.work_tasks``. Files come from the
 database and tasks from Valkey: when Valkey cannot be reached the page still answers (200)
 with the files and says the tasks cannot be read now.
 """
@@ -18,14 +18,14 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from config.valkey_urls import VALKEY_FAILURES
 from governance.audit import Actor
-from governance.file_selectors import files_visible, with_parts_counts
-from governance.files import valkey_client
 from governance.models import UseCase
 from governance.roles import can_read_everything, roles_of
 from governance.selectors import use_cases_visible
+from governance.store import valkey_client
 from portal.developer.work_tasks import TaskPage, task_read, tasks_page
+from runtime.valkey_urls import VALKEY_FAILURES
+from scheduler.files.selectors import files_visible, with_parts_counts
 
 FILES_PER_PAGE = 20
 REFRESH_SECONDS = 3  # the tasks table's refresh while a task of it is queued or running

@@ -22,8 +22,6 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from config.env import env_float
-from config.valkey_urls import VALKEY_FAILURES, async_client
 from portal.fleet.access import may_watch_fleet, session_may_watch_fleet
 from portal.fleet.messages import (
     AVAILABLE_TYPE,
@@ -34,6 +32,8 @@ from portal.fleet.messages import (
     SnapshotMessage,
     StatusMessage,
 )
+from runtime.env import env_float
+from runtime.valkey_urls import VALKEY_FAILURES, async_client
 
 logger = logging.getLogger("portal.fleet.consumers")
 

@@ -26,8 +26,6 @@ import orjson
 import valkey
 import valkey.asyncio as avalkey
 
-from config.env import env_float
-from config.valkey_urls import VALKEY_FAILURES, async_client
 from portal.fleet.leader import Leadership
 from portal.fleet.messages import (
     GROUP,
@@ -38,6 +36,8 @@ from portal.fleet.messages import (
     SnapshotMessage,
 )
 from portal.fleet.reader import FleetReader
+from runtime.env import env_float
+from runtime.valkey_urls import VALKEY_FAILURES, async_client
 
 _FAILED_OR_TIMED_OUT: tuple[type[BaseException], ...] = (*VALKEY_FAILURES, TimeoutError)
 

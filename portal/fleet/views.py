@@ -12,9 +12,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from config.valkey_urls import VALKEY_FAILURES, sync_client
 from portal.fleet.access import may_watch_fleet
 from portal.fleet.messages import LAST_SNAPSHOT_KEY
+from runtime.valkey_urls import VALKEY_FAILURES, sync_client
 
 
 def _latest_snapshot() -> Any:

@@ -35,8 +35,8 @@ from governance.prices import (
     moment_text,
     price_moment,
 )
+from governance.sla_windows import DAYS
 from guardrails.catalogue import entries as catalogue_entries
-from scheduler.windows import DAYS
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "max_concurrent")
 
@@ -564,7 +564,7 @@ def windows_text(windows: list[dict[str, Any]]) -> str:
 
 def _days(text: str) -> list[str]:
     """``mon-fri,sun`` → the days; a range of days the scheduler does not know stays as
-    written, for ``scheduler.windows`` to name it."""
+    written, for ``governance.sla_windows`` to name it."""
     days: list[str] = []
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
         first, dash, last = part.partition("-")

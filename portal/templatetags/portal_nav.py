@@ -12,7 +12,7 @@ from django.urls import reverse
 from governance.roles import Role, can_govern, can_read_everything, has_role, roles_of
 from portal.fleet.access import may_watch_fleet
 from portal.selectors import can_act, review_queue_size
-from scheduler.record_reading import may_search_records
+from records.reading import may_search_records
 
 register = template.Library()
 

@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 
-from config.service import run_service
+from runtime.service import run_service
 from scheduler.batcher.settings import BatcherSettings
 from scheduler.batcher.worker import Batcher
 

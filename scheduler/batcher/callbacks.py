@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from celery import Celery
 
-from config.valkey_urls import celery_broker
+from runtime.valkey_urls import celery_broker
 from scheduler.batcher.payloads import Task
 
 logger = logging.getLogger("scheduler.batcher")

@@ -1,5 +1,6 @@
 """What a task is, which tasks may share one upstream call, and how one call's answer is cut
-back into each task's own result. Pure functions: no I/O (tests/scheduler/test_batcher_payloads).
+back into each task's own result. Pure functions: no I/O
+(tests/scheduler/batcher/test_batcher_payloads).
 
 - Embeddings and completions batch into ONE upstream call: the tasks' ``input`` (``prompt``)
   items are concatenated, each task keeping its offset and count. They may share a call

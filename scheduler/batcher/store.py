@@ -18,8 +18,8 @@ import valkey
 import valkey.asyncio as avalkey
 from valkey.asyncio import cluster as acluster
 
-from config.valkey_urls import async_transaction
 from gateway.async_tasks import layout
+from runtime.valkey_urls import async_transaction
 from scheduler.batcher.payloads import Task
 
 _HERE = Path(__file__).resolve().parent

@@ -1,7 +1,8 @@
 """The batcher's wait window: how long a buffer's oldest task may wait for company.
 
 Pure functions and one small class, no I/O, so that the policy is tested on its own
-(tests/scheduler/test_batcher_window.py) and read in one place (docs/async.md, "The batcher").
+(tests/scheduler/batcher/test_batcher_window.py) and read in one place (docs/async.md,
+"The batcher").
 
 The rule, with ``r`` the buffer's arrival rate (tasks/s, an EWMA of its inter-arrival
 times), ``free`` the slots left in the batch, and the three settings ``min`` ≤ ``base`` ≤

@@ -38,7 +38,6 @@ from typing import Any
 import orjson
 import valkey
 
-from config.valkey_urls import VALKEY_FAILURES, async_client, is_cluster
 from gateway import errors
 from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
@@ -62,6 +61,7 @@ from gateway.scheduling import (
 from gateway.scheduling.keys import MAX_RANK
 from gateway.scheduling.tickets import priority_class_named
 from gateway.upstream import ReplicaUnreachable, Upstream, UpstreamError
+from runtime.valkey_urls import VALKEY_FAILURES, async_client, is_cluster
 from scheduler.batcher import payloads
 from scheduler.batcher.callbacks import Callbacks
 from scheduler.batcher.metrics import BatcherMetrics
@@ -220,33 +220,33 @@ def _error_from(body: bytes, status: int) -> dict[str, Any]:
 class Batcher:
     def __init__(self, settings: BatcherSettings, *, metrics: BatcherMetrics | None = None) -> None:
         self.settings = settings
-        self.client = async_client(settings.valkey_url)
+        self.client = async_client(settings.fleet.valkey_url)
         self.store = TaskStore(self.client)
         self.policy = PolicyStore(
             self.client,
-            refresh_s=settings.policy_refresh_s,
-            max_staleness_s=settings.policy_max_staleness_s,
+            refresh_s=settings.fleet.policy_refresh_s,
+            max_staleness_s=settings.fleet.policy_max_staleness_s,
         )
         self.scheduler = Scheduler(
             self.client,
             pipe=auto_pipeline(self.client),  # one server, Sentinel or Cluster
             gateway_id=f"batcher-{self.store.consumer}",
-            lease_ms=int(settings.lease_s * 1000),
-            heartbeat_ms=int(settings.heartbeat_s * 1000),
-            stale_ms=int(settings.fleet_stale_s * 1000),
-            waiting_threshold=settings.backpressure_waiting,
-            long_prompt_tokens=settings.long_prompt_tokens,
+            lease_ms=settings.fleet.lease_ms,
+            heartbeat_ms=settings.fleet.heartbeat_ms,
+            stale_ms=settings.fleet.stale_ms,
+            waiting_threshold=settings.fleet.backpressure_waiting,
+            long_prompt_tokens=settings.fleet.long_prompt_tokens,
             # A Valkey Cluster: each slot charged by its own script (docs/gateway-scheduling.md)
-            split_slots=is_cluster(settings.valkey_url),
+            split_slots=is_cluster(settings.fleet.valkey_url),
         )
         self.upstream = Upstream(
-            connect_timeout_s=settings.upstream_connect_timeout_s,
+            connect_timeout_s=settings.fleet.upstream_connect_timeout_s,
             max_connections=settings.upstream_max_connections,
         )
         self.accounting = Accounting(
             self.client,
             pipe=self.scheduler.pipe,
-            content_budget_bytes=settings.record_buffer_bytes,
+            content_budget_bytes=settings.records.buffer_bytes,
         )
         self.metrics = metrics or BatcherMetrics()
         # The response stage's checks, as the gateway runs them (gateway/response_stage.py).
@@ -258,7 +258,7 @@ class Batcher:
             metrics=self.metrics,
             accounting=self.accounting,
         )
-        self.callbacks = Callbacks(settings.valkey_url)
+        self.callbacks = Callbacks(settings.fleet.valkey_url)
         self.streams: list[str] = []
         self.buffers: dict[tuple[str, str, str, str], Buffer] = {}
         self.held: dict[str, set[str]] = {}  # stream → entry ids this batcher holds
@@ -684,7 +684,7 @@ class Batcher:
         and the answer as its owner reads it."""
         served = model.served_name_for(outcome.replica) if outcome.replica else model.served_name
         forwarded = payloads.upstream_document(task, served, model.max_tokens)
-        limit = self.settings.record_max_content_bytes
+        limit = self.settings.records.max_content_bytes
         request, request_cut = capped(orjson.dumps(forwarded), limit)
         response, response_cut = capped(sent, limit)
         return Transcript(request, response, b"application/json", request_cut or response_cut)

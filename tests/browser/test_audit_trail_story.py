@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
-from governance import services
 from governance.audit import Actor
 from governance.audit_export import export_verify, signing_public_key
 from governance.models import AuditEvent
 from governance.roles import Role
-from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in
+from governance.services.api_keys import api_key_request
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,9 +38,7 @@ def test_an_auditor_verifies_filters_and_downloads_the_trail(
     chatbot = make_use_case(acme, "chatbot", models=(make_model("llama-sim"),))
     alice = make_user("alice", Role.DEVELOPER, tenants=(acme,))
     make_user("avery", Role.AUDITOR)
-    services.api_key_request(
-        actor=Actor.for_user(alice), use_case=chatbot, name="alice-ci", reason="CI"
-    )
+    api_key_request(actor=Actor.for_user(alice), use_case=chatbot, name="alice-ci", reason="CI")
 
     context = browser.new_context(base_url=portal_server, accept_downloads=True)
     page = context.new_page()

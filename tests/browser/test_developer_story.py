@@ -18,9 +18,9 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
-from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,10 +19,10 @@ from playwright.sync_api import Browser, Page, expect
 
 from governance.models import AuditEvent
 from governance.roles import Role
-from tests.conftest import RecordsStore
-from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.support.browser import sign_in
-from tests.support.files import files_bucket, finish, make_file, part_done, start, upload, wav_bytes
+from testkit.browser import sign_in
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.files import files_bucket, finish, make_file, part_done, start, upload, wav_bytes
+from testkit.records_store import RecordsStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -131,7 +131,7 @@ def test_a_developer_sees_a_file_cancelled_elsewhere_and_the_cancel_form_goes(
     browser: Browser, portal_server: str, files_store: str
 ) -> None:
     from governance.audit import Actor
-    from governance.file_states import file_cancelled
+    from scheduler.files.states import file_cancelled
 
     acme = make_tenant("acme")
     whisper = make_model("whisper", capabilities=["transcription"])

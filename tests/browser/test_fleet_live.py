@@ -22,12 +22,12 @@ import valkey
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from governance.roles import Role
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in as sign_in_page
+from testkit.factories import make_tenant, make_user
+from testkit.fleet import FleetWeb, fleet_web, web_password
+from testkit.policy import PolicyBuilder
 from tests.conftest import GatewayFactory, SimulatorFactory
-from tests.factories import make_tenant, make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in as sign_in_page
-from tests.support.fleet import FleetWeb, fleet_web, web_password
-from tests.support.policy import PolicyBuilder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

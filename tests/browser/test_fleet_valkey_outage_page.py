@@ -17,11 +17,11 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from governance.roles import Role
-from tests.factories import make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in
-from tests.support.fleet import FleetWeb, fleet_web, web_password
-from tests.support.valkey_outage import MODEL, R1, Outage
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in
+from testkit.factories import make_user
+from testkit.fleet import FleetWeb, fleet_web, web_password
+from testkit.valkey_outage import MODEL, R1, Outage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
-from config.processes import wait_until
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
-from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.support.browser import sign_in
+from ops.processes import wait_until
+from testkit.browser import sign_in
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

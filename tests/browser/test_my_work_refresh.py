@@ -14,13 +14,13 @@ import valkey
 from openai import OpenAI
 from playwright.sync_api import Browser, expect
 
-from gateway.async_tasks.client import AsyncTasks
+from gateway.async_tasks.client import AsyncTaskClient
 from governance.roles import Role
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in
+from testkit.factories import make_tenant, make_use_case, make_user
+from testkit.policy import PolicyBuilder
 from tests.conftest import BatcherFactory, GatewayFactory, SimulatorFactory
-from tests.factories import make_tenant, make_use_case, make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in
-from tests.support.policy import PolicyBuilder
 
 EMBED = "embed"
 RUN_MS = 30_000  # the batcher's start and the tasks' run: generous, CPUs are shared
@@ -45,7 +45,7 @@ def test_the_tasks_table_follows_queued_tasks_to_done_by_itself(
     make_use_case(acme, "search", pk=policy.use_case_id(key))
     make_user("alice", Role.DEVELOPER, tenants=(acme,))
     gateway = start_gateway()
-    tasks = AsyncTasks(OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key, max_retries=0))
+    tasks = AsyncTaskClient(OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key, max_retries=0))
     submitted = [
         tasks.submit("embeddings", {"model": EMBED, "input": text}).id for text in ("a", "b")
     ]

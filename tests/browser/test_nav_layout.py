@@ -16,9 +16,9 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from governance.roles import Role
-from tests.factories import make_tenant, make_use_case, make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in
+from testkit.factories import make_tenant, make_use_case, make_user
 
 PEOPLE = ("olivia", "alice", "audrey")
 MAX_TAB_PRESSES = 60

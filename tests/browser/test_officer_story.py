@@ -18,9 +18,9 @@ from playwright.sync_api import Browser, Locator, Page, expect
 from gateway.policy import VERSION_KEY
 from governance.models import AuditEvent, PriorityClass, PriorityRule, Tenant, UseCase
 from governance.roles import Role
-from tests.factories import make_model, make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in
+from testkit.factories import make_model, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -143,8 +143,9 @@ def test_officer_pages_read_well_and_pass_axe(
     THEN each shows what it should and passes axe-core's WCAG 2.1 AA checks."""
     from governance.audit import Actor
     from governance.choices import UseCaseStatus
-    from governance.services import api_key_request, use_case_transition
-    from tests.factories import make_tenant, make_use_case
+    from governance.services.api_keys import api_key_request
+    from governance.services.use_cases import use_case_transition
+    from testkit.factories import make_tenant, make_use_case
 
     acme = make_tenant("acme")
     alice = make_user("alice", Role.DEVELOPER, tenants=(acme,))
@@ -253,7 +254,7 @@ def test_officer_adds_a_model_a_deployment_and_an_sla_class_checked_field_by_fie
     snapshot has the new replicas; every page passes axe-core's WCAG 2.1 AA checks."""
     from gateway.policy import SNAPSHOT_KEY, parse_snapshot
     from governance.models import Deployment, Model, SlaClass
-    from tests.factories import make_tenant, make_use_case
+    from testkit.factories import make_tenant, make_use_case
 
     settings.VALKEY_URL = valkey_url
     chatbot = make_use_case(make_tenant("acme"), "chatbot", models=(make_model("llama"),))

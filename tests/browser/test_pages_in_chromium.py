@@ -20,15 +20,15 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
-from governance import services
 from governance.audit import Actor
 from governance.models import GuardrailSelection, UseCase
 from governance.roles import Role
-from scheduler.models import GuardrailFinding, GuardrailHour
-from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in
-from tests.support.records import make_record
+from governance.services.api_keys import api_key_request
+from records.models import GuardrailFinding, GuardrailHour
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in
+from testkit.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
+from testkit.records import make_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,7 +42,7 @@ def acme_requests() -> dict[str, int]:
     make_user("avery", Role.AUDITOR)
     keys = {}
     for person, name in ((alice, "alice-ci"), (olivia, "olivia-probe")):
-        key = services.api_key_request(
+        key = api_key_request(
             actor=Actor.for_user(person), use_case=chatbot, name=name, reason="integration"
         )
         keys[name] = key.pk

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage
 
-from tests.support.axe import accessibility_violations
+from testkit.axe import accessibility_violations
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,16 +20,16 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect
 from governance.audit_export import export_verify, signing_public_key
 from governance.models import AuditEvent
 from governance.roles import Role
-from tests.conftest import RecordsStore
-from tests.factories import make_key, make_tenant, make_use_case, make_user
-from tests.support.browser import sign_in
-from tests.support.records import (
+from testkit.browser import sign_in
+from testkit.factories import make_key, make_tenant, make_use_case, make_user
+from testkit.records import (
     chat_request,
     chat_response,
     make_record,
     sse_response,
     store_content,
 )
+from testkit.records_store import RecordsStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

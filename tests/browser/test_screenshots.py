@@ -20,18 +20,18 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Browser, Page, expect
 
-from config.processes import REPO_ROOT
 from gateway.async_tasks.layout import task as task_key
-from governance import services
 from governance.audit import Actor
 from governance.models import GuardrailSelection
 from governance.prices import model_price_add
 from governance.roles import Role
-from scheduler.models import AdmissionDecision, GuardrailFinding, GuardrailHour, UsageMinute
-from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in
-from tests.support.records import make_record
+from governance.services.api_keys import api_key_request
+from ops.processes import REPO_ROOT
+from records.models import AdmissionDecision, GuardrailFinding, GuardrailHour, UsageMinute
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in
+from testkit.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from testkit.records import make_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,7 +79,7 @@ def bank() -> dict[str, str]:
             output_per_mtok=prices[1],
         )
     active, _ = make_key(chatbot, name="checkout-service")
-    pending = services.api_key_request(
+    pending = api_key_request(
         actor=Actor.for_user(alice), use_case=chatbot, name="alice-ci", reason="CI smoke tests"
     )
     GuardrailSelection.objects.create(

@@ -14,11 +14,11 @@ from playwright.sync_api import Browser, ConsoleMessage, expect
 from governance.audit import Actor
 from governance.prices import model_price_add
 from governance.roles import Role
-from scheduler.models import UsageMinute
+from records.models import UsageMinute
+from testkit.axe import accessibility_violations
+from testkit.browser import sign_in
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 from tests.browser.test_usage_charts import _hover_last_bar
-from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.support.axe import accessibility_violations
-from tests.support.browser import sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,9 +13,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from config.processes import PYTHON, REPO_ROOT
 from governance.roles import Role
-from tests.factories import make_user
+from ops.processes import PYTHON, REPO_ROOT
+from testkit.factories import make_user
 
 PRODUCTION = {
     "SWITCHYARD_MODE": "production",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from config.processes import REPO_ROOT
+from ops.processes import REPO_ROOT
 
 K8S = REPO_ROOT / "deploy" / "k8s"
 OVERLAYS = ("dev", "prod")
@@ -64,7 +64,7 @@ def container(deployment: Manifest) -> Manifest:
 
 
 def role(workload: Manifest) -> str:
-    """The role the container runs: its args, given to the image's config.role entrypoint."""
+    """The role the container runs: its args, given to the image's ops.role entrypoint."""
     args = container(workload)["args"]
     assert len(args) == 1, args
     return str(args[0])

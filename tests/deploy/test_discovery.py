@@ -12,7 +12,10 @@ import httpx
 import pytest
 import valkey
 
-from config.processes import (
+from gateway.discovery import DiscoverySettings, ReplicaDiscovery, ServiceName, service_names
+from gateway.policy import SNAPSHOT_KEY, parse_snapshot
+from gateway.scheduling import keys
+from ops.processes import (
     PYTHON,
     ManagedProcess,
     free_port,
@@ -20,11 +23,8 @@ from config.processes import (
     http_ready,
     wait_until,
 )
-from gateway.discovery import DiscoverySettings, ReplicaDiscovery, ServiceName, service_names
-from gateway.policy import SNAPSHOT_KEY, parse_snapshot
-from gateway.scheduling import keys
+from testkit.policy import PolicyBuilder
 from tests.deploy.dns import Zone, dns_server, nameserver
-from tests.support.policy import PolicyBuilder
 
 SERVICE = "vllm-llama.inference.svc.cluster.local"
 CHAT = "llama-test"

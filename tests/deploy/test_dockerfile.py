@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from config.processes import REPO_ROOT
-from config.role import ROLES
+from ops.processes import REPO_ROOT
+from ops.role import ROLES
 
 DOCKERFILE = REPO_ROOT / "deploy" / "docker" / "Dockerfile"
 
@@ -69,7 +69,7 @@ def test_every_base_image_is_pinned_and_the_runtime_runs_as_a_user_by_number() -
 
 def test_the_entrypoint_is_the_role_table_and_the_assets_match_the_makefile() -> None:
     text = DOCKERFILE.read_text()
-    assert 'ENTRYPOINT ["tini", "--", "python", "-m", "config.role"]' in text
+    assert 'ENTRYPOINT ["tini", "--", "python", "-m", "ops.role"]' in text
     cmd = re.search(r'^CMD \["([a-z-]+)"\]', text, re.M)
     assert cmd is not None
     assert cmd.group(1) in ROLES

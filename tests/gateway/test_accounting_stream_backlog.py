@@ -2,7 +2,7 @@
 
 The gateway used to trim ``sy:usage`` / ``sy:decisions`` with ``MAXLEN ~ 1000000`` on every
 write, read or not: a persister that lagged lost records silently. Now only what the
-persister's consumer group has read and acknowledged is trimmed (scheduler/usage.py), and
+persister's consumer group has read and acknowledged is trimmed (records/usage.py), and
 the gateway exports the backlog (``switchyard_gateway_accounting_stream_unread`` and
 friends) and warns when it grows. Real Valkey throughout.
 """

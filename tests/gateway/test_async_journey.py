@@ -3,7 +3,7 @@ async client helper (gateway/async_tasks/client.py, on the SDK's own HTTP client
 real gateway process, a real batcher process, real Valkey and the vLLM simulator.
 
 What the parts' own tests prove one side at a time (tests/gateway/test_async_api.py plays the
-batcher, tests/scheduler/test_batcher.py plays the gateway) is proved here joined up: a task
+batcher, tests/scheduler/batcher/test_batcher.py plays the gateway) is proved here joined up: a task
 submitted through the gateway is run by the batcher at the async class, its answer is what
 the synchronous call answers, identical tasks are collapsed onto one upstream input, usage is
 written for the submitting use case, another use case cannot read it, and the submit counted
@@ -20,12 +20,13 @@ import pytest
 import valkey
 from openai import NotFoundError, OpenAI, RateLimitError
 
-from config.processes import wait_until
 from gateway.accounting import USAGE_STREAM
 from gateway.async_tasks import layout
-from gateway.async_tasks.client import AsyncTasks, TaskFailed
-from tests.conftest import BatcherFactory, GatewayFactory, RunningSimulator, SimulatorFactory
-from tests.support.policy import PolicyBuilder
+from gateway.async_tasks.client import AsyncTaskClient, TaskFailed
+from ops.processes import wait_until
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningSimulator
+from tests.conftest import BatcherFactory, GatewayFactory, SimulatorFactory
 
 EMBED = "embed"
 CHAT = "llama"
@@ -34,8 +35,8 @@ CHAT = "llama"
 @dataclass
 class Journey:
     sdk: OpenAI
-    tasks: AsyncTasks
-    outsider: AsyncTasks
+    tasks: AsyncTaskClient
+    outsider: AsyncTaskClient
     limited: OpenAI
     embed: RunningSimulator
     client: valkey.Valkey
@@ -70,8 +71,8 @@ def journey(
     sdk = _sdk(gateway.base_url, key)
     return Journey(
         sdk=sdk,
-        tasks=AsyncTasks(sdk),
-        outsider=AsyncTasks(_sdk(gateway.base_url, outsider)),
+        tasks=AsyncTaskClient(sdk),
+        outsider=AsyncTaskClient(_sdk(gateway.base_url, outsider)),
         limited=_sdk(gateway.base_url, limited),
         embed=embed,
         client=valkey_client,
@@ -165,7 +166,7 @@ def test_only_the_owner_reads_a_task(journey: Journey) -> None:
 def test_async_submits_and_sync_calls_share_the_rate_limit(journey: Journey) -> None:
     """GIVEN a use case allowed 3 requests a minute WHEN it submits 2 tasks in one call and
     makes 1 sync call THEN its next call, sync or async, is a 429."""
-    tasks = AsyncTasks(journey.limited)
+    tasks = AsyncTaskClient(journey.limited)
     body = {"model": EMBED, "input": "counted"}
     tasks.submit_many("embeddings", [body, body])
     journey.limited.embeddings.create(model=EMBED, input="counted")

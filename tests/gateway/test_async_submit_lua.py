@@ -23,7 +23,7 @@ from gateway.async_tasks.queue import (
 )
 from gateway.autopipeline import AutoPipeline, pack_values
 from gateway.scheduling import RateLimited, keys
-from tests.support.reply_loss import ReplyLosingProxy
+from testkit.reply_loss import ReplyLosingProxy
 
 NOW = 1_767_225_600_000
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from config.processes import wait_until
+from ops.processes import wait_until
 from tests.gateway.conftest import CHAT, EMBED, World
 
 
@@ -94,7 +94,7 @@ def test_bodies_that_are_not_json_objects_are_400(world: World) -> None:
 
 
 def test_a_body_over_the_limit_is_413(valkey_client, start_simulator, start_gateway) -> None:
-    from tests.support.policy import PolicyBuilder
+    from testkit.policy import PolicyBuilder
 
     sim = start_simulator(CHAT, "--time-scale", "0")
     policy = PolicyBuilder().model(CHAT, [sim.base_url])

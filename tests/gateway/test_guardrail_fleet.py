@@ -17,7 +17,8 @@ import pytest
 from gateway.guardrails.fleet import FleetCaller, FleetCheckFailed, run_fleet_check
 from guardrails.catalogue import validate_selection
 from guardrails.engine import Check, Summary
-from tests.conftest import RunningSimulator, SimulatorFactory
+from testkit.stack import RunningSimulator
+from tests.conftest import SimulatorFactory
 
 GUARD = "llama-guard-sim"
 EMBEDDER = "minilm-sim"

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.guardrails.plan import StageChecks
+from gateway.guardrail_plan import StageChecks
 from gateway.guardrails.stream import GuardedStream
 from guardrails.protocol import CheckSpec
-from tests.support.guardrail_service import GuardrailServiceFactory
-from tests.support.guardrails import service_guardrails
+from testkit.guardrail_service import GuardrailServiceFactory
+from testkit.guardrails import service_guardrails
 
 CHECKS = StageChecks("response", (CheckSpec("words", "redact", {"words": ["secret"]}),), ())
 WORDS = st.sampled_from(["secret", "Secret", "secrets", "plan", "a", "the", "ünïcode", "42"])

@@ -16,11 +16,12 @@ import orjson
 import pytest
 import valkey
 
-from config.processes import wait_until
 from gateway.accounting import GUARDRAIL_FIELDS, GUARDRAILS_STREAM
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.guardrail_service import GuardrailServiceFactory, RunningGuardrailService
-from tests.support.policy import PolicyBuilder
+from ops.processes import wait_until
+from testkit.guardrail_service import GuardrailServiceFactory
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway, RunningGuardrailService
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 MODEL = "llama-guarded"
 EMBED = "embed-guarded"

@@ -15,8 +15,8 @@ from gateway.guardrails.client import FleetCaller, GuardrailUnavailable
 from gateway.policy_store import PolicyStore
 from gateway.scheduling import Scheduler, fleet_entry, wall_ms, write_fleet
 from gateway.upstream import Upstream
+from testkit.policy import PolicyBuilder
 from tests.conftest import SimulatorFactory
-from tests.support.policy import PolicyBuilder
 
 GUARD = "llama-guard-test"
 

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import valkey
 
+from testkit.guardrail_service import GuardrailServiceFactory
+from testkit.policy import PolicyBuilder
 from tests.conftest import GatewayFactory, SimulatorFactory
-from tests.support.guardrail_service import GuardrailServiceFactory
-from tests.support.policy import PolicyBuilder
 
 CHAT = "llama-fleet-guarded"
 GUARD = "llama-guard-sim"

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.policy import parse_snapshot
 from guardrails.protocol import CheckSpec
-from tests.support.policy import PolicyBuilder
+from testkit.policy import PolicyBuilder
 
 
 def _snapshot(policy: PolicyBuilder) -> bytes:

@@ -13,12 +13,12 @@ import httpx
 import orjson
 import valkey
 
-from config.processes import wait_until
 from gateway.accounting import GUARDRAILS_STREAM
 from guardrails.catalogue import validate_selection
+from ops.processes import wait_until
+from testkit.guardrail_service import GuardrailServiceFactory
+from testkit.policy import PolicyBuilder
 from tests.conftest import GatewayFactory, SimulatorFactory
-from tests.support.guardrail_service import GuardrailServiceFactory
-from tests.support.policy import PolicyBuilder
 
 MODEL = "llama-real-guarded"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from config.processes import PYTHON, REPO_ROOT
+from ops.processes import PYTHON, REPO_ROOT
 
 
 def test_importing_the_gateway_loads_neither_django_nor_celery() -> None:

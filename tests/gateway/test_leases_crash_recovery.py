@@ -15,11 +15,12 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.processes import wait_until
 from gateway.accounting import USAGE_STREAM
 from gateway.scheduling import keys
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.policy import PolicyBuilder
+from ops.processes import wait_until
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 MODEL = "llama-test"
 

@@ -8,8 +8,8 @@ import subprocess
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.processes import PYTHON, REPO_ROOT
 from gateway.metrics import GatewayMetrics
+from ops.processes import PYTHON, REPO_ROOT
 
 MODEL = "llama-test"
 REPLICA = "http://10.0.0.5:8000"

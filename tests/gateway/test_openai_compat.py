@@ -10,8 +10,8 @@ import openai
 import pytest
 import valkey
 
-from config.processes import wait_until
 from gateway.accounting import USAGE_STREAM
+from ops.processes import wait_until
 from tests.gateway.conftest import CHAT, EMBED, World
 
 
@@ -200,7 +200,7 @@ def test_a_shared_prompt_prefix_stays_on_one_replica(world: World) -> None:
 def test_upstream_model_name_is_rewritten_to_the_served_name(
     valkey_client, start_simulator, start_gateway, stream: bool
 ) -> None:
-    from tests.support.policy import PolicyBuilder
+    from testkit.policy import PolicyBuilder
 
     replica = start_simulator("served-internal-name", "--time-scale", "0")
     policy = PolicyBuilder().model(
@@ -237,7 +237,7 @@ def test_a_model_with_two_deployments_sends_each_replica_its_own_served_name(
     The first replica answers slowly, so it still holds a request when the next is placed:
     the least-in-flight choice must then pick the second (without it, fast answers can all
     land on the first replica, which wins ties)."""
-    from tests.support.policy import PolicyBuilder
+    from testkit.policy import PolicyBuilder
 
     first = start_simulator(
         "llama-h100", "--time-scale", "0.01", "--fault-slow-first-byte-ms", "1000"
@@ -320,7 +320,7 @@ def test_a_speech_model_with_two_deployments_sends_each_replica_its_own_served_n
     valkey_client: valkey.Valkey, start_simulator: Any, start_gateway: Any
 ) -> None:
     """The same for transcriptions: the multipart form is renamed for the granted replica."""
-    from tests.support.policy import PolicyBuilder
+    from testkit.policy import PolicyBuilder
 
     names = ["whisper-h100", "whisper-h200"]
     sims = [start_simulator(n, "--kind", "transcription", "--time-scale", "1") for n in names]

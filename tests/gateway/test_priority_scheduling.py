@@ -24,12 +24,13 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.processes import wait_until
 from gateway.accounting import USAGE_STREAM
 from gateway.fleet_watcher import ReplicaLoad
 from gateway.scheduling import keys
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.policy import PolicyBuilder
+from ops.processes import wait_until
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 MODEL = "llama-test"
 LONG = 4000  # tokens: at the simulator's 8 ms a token, a stream nobody waits out

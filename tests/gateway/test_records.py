@@ -21,7 +21,6 @@ import orjson
 import pytest
 import valkey
 
-from config.processes import wait_until
 from gateway.accounting import (
     DECISIONS_STREAM,
     RECORD_FIELDS,
@@ -29,8 +28,10 @@ from gateway.accounting import (
     USAGE_FIELDS,
     USAGE_STREAM,
 )
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.policy import PolicyBuilder
+from ops.processes import wait_until
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 CHAT = "llama-records"
 WHISPER = "whisper-records"

@@ -33,8 +33,8 @@ from gateway.accounting import (
     _XaddPacker,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.multipart import Form, Upload
 from gateway.records import Recorder, capped, file_digests, upload_description
+from runtime.multipart import Form, Upload
 
 
 def usage(n: int = 0, record: str = "full") -> Usage:

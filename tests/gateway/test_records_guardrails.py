@@ -20,10 +20,11 @@ import pytest
 import valkey
 
 from gateway.accounting import GUARDRAILS_STREAM, RECORDS_STREAM, USAGE_STREAM
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
+from testkit.guardrail_service import GuardrailServiceFactory
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 from tests.gateway.test_records import entries, entry_for
-from tests.support.guardrail_service import GuardrailServiceFactory
-from tests.support.policy import PolicyBuilder
 
 MODEL = "llama-recorded"
 SECRET: dict[str, object] = {"words": ["secret"]}

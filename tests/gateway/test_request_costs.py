@@ -19,10 +19,11 @@ import openai
 import pytest
 import valkey
 
-from config.processes import wait_until
 from gateway.accounting import USAGE_STREAM
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.policy import PolicyBuilder
+from ops.processes import wait_until
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 CHAT = "llama-test"
 WHISPER = "whisper"

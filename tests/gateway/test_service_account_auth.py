@@ -1,6 +1,6 @@
 """Keycloak service-account tokens on /v1, end to end: a real gateway process, a real fleet
 watcher and simulator replica, a real Valkey, and the real OIDC provider (Keycloak's URL
-layout, tests/support/oidc) minting client-credentials tokens.
+layout, testkit/oidc) minting client-credentials tokens.
 
 acme's use case "assistant" has alice's API key and is bound to the switchyard-automation
 client; switchyard-roleless is a client of the realm bound to no use case. Tokens the realm
@@ -23,11 +23,10 @@ import openai
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from config.processes import free_port, wait_until
 from gateway.accounting import DECISIONS_STREAM, USAGE_STREAM
 from gateway.scheduling import keys
-from tests.conftest import GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.oidc import (
+from ops.processes import free_port, wait_until
+from testkit.oidc import (
     API_AUDIENCE,
     AUTOMATION_CLIENT,
     OTHER_RESOURCE,
@@ -36,7 +35,9 @@ from tests.support.oidc import (
     Provider,
     start_provider,
 )
-from tests.support.policy import PolicyBuilder
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import GatewayFactory, SimulatorFactory
 
 MODEL = "llama-test"
 STRANGER = "switchyard-stranger"  # a client the gateway's allow-list does not name

@@ -19,7 +19,6 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from config.processes import free_port
 from gateway.service_accounts import (
     KeysUnavailable,
     TokenRefused,
@@ -28,6 +27,7 @@ from gateway.service_accounts import (
     signing_keys,
 )
 from gateway.settings import ServiceAccountSettings
+from ops.processes import free_port
 
 ISSUER = "http://127.0.0.1:9/realms/switchyard"
 CLIENT = "batch-worker"

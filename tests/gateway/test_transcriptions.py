@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.policy import PolicyBuilder
+from testkit.policy import PolicyBuilder
 
 AUDIO = b"RIFF" + bytes(range(256)) * 64  # any bytes will do for the simulator
 

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import uvloop
 
-from config.processes import free_port
 from gateway.upstream import (
     HIGH_WATER,
     MAX_HEAD_BYTES,
@@ -26,6 +25,7 @@ from gateway.upstream import (
     UpstreamMalformed,
     UpstreamResponse,
 )
+from ops.processes import free_port
 
 JSON_HEADERS = ((b"content-type", b"application/json"),)
 # (reader, writer, request head, request body) -> keep the connection open afterwards?

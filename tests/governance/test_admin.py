@@ -13,7 +13,7 @@ from gateway.policy import SNAPSHOT_KEY, parse_snapshot
 from governance.audit import audit_verify
 from governance.models import AuditEvent, GuardrailSelection, Tenant, UseCase
 from governance.roles import Role
-from tests.factories import (
+from testkit.factories import (
     PASSWORD,
     make_key,
     make_model,

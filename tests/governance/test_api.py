@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 from governance.keys import key_hash
 from governance.models import ApiKey
 from governance.roles import Role
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,8 @@ from rest_framework.test import APIClient
 
 from governance.models import AuditEvent, GuardrailSelection
 from governance.roles import Role
-from scheduler.models import GuardrailFinding, GuardrailHour
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from records.models import GuardrailFinding, GuardrailHour
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("company_guardrails")]
 

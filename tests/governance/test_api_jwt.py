@@ -21,8 +21,8 @@ from rest_framework.settings import api_settings
 from governance.audit import Actor, audit_record
 from governance.models import ApiKey, AuditEvent, GuardrailSelection, Model, RateLimitPolicy, Tenant
 from governance.roles import Role, roles_of, roles_set
-from tests.factories import make_key, make_tenant, make_use_case
-from tests.support.oidc import (
+from testkit.factories import make_key, make_tenant, make_use_case
+from testkit.oidc import (
     API_AUDIENCE,
     AUTOMATION_CLIENT,
     OTHER_RESOURCE,

@@ -33,10 +33,10 @@ from governance.models import (
     SlaClass,
 )
 from governance.roles import Role
-from scheduler.models import GuardrailFinding
-from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
-from tests.support.dead_letters import dead_letter
-from tests.support.records import make_record
+from records.models import GuardrailFinding
+from testkit.dead_letters import dead_letter
+from testkit.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from testkit.records import make_record
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from governance.models import AuditEvent, PriorityClass, PriorityRule, Tenant
 from governance.roles import Role
-from tests.factories import make_tenant, make_use_case, make_user
+from testkit.factories import make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -98,7 +98,7 @@ def test_a_time_filter_is_compared_in_utc(admin_client: APIClient) -> None:
     12:00 UTC is found by '>= 13:30+01:30' (12:00 UTC) and not by '>= 14:00+01:30'."""
     from datetime import UTC, datetime
 
-    from scheduler.models import AdmissionDecision
+    from records.models import AdmissionDecision
 
     acme = make_tenant("acme")
     AdmissionDecision.objects.create(

@@ -3,7 +3,7 @@ discard them; auditors and developers look; replays are atomic and audited.
 
 Personas: olivia is a governance officer, root an admin, audrey an auditor, alice a developer
 of tenant acme, bob a developer of tenant globex, mallory has an account and no role. The dead
-letters are written as the batcher writes them (tests/support/dead_letters.py), on real Valkey.
+letters are written as the batcher writes them (testkit/dead_letters.py), on real Valkey.
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ import pytest
 import valkey
 from django.test import Client
 
-from config.processes import free_port
 from gateway.async_tasks import layout
-from governance.async_tasks import dead_letter_replay, dead_letters_list, replay_lua_source
 from governance.audit import Actor
+from governance.dead_letters import dead_letter_replay, dead_letters_list, replay_lua_source
 from governance.errors import NotFound
 from governance.models import AuditEvent, UseCase
 from governance.roles import Role
-from tests.factories import make_tenant, make_use_case, make_user
-from tests.support.dead_letters import (
+from ops.processes import free_port
+from testkit.dead_letters import (
     RESULT_TTL_S,
     dead_letter,
     entry_of,
@@ -30,6 +29,7 @@ from tests.support.dead_letters import (
     pttl,
     status_of,
 )
+from testkit.factories import make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

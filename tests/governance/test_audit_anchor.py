@@ -150,7 +150,7 @@ def test_the_verify_endpoint_reports_the_checkpoints() -> None:
     from rest_framework.test import APIClient
 
     from governance.roles import Role
-    from tests.factories import make_user
+    from testkit.factories import make_user
 
     record(2)
     checkpoint()

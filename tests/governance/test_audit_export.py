@@ -15,7 +15,6 @@ import pytest
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
-from config.processes import PYTHON, REPO_ROOT
 from governance.audit import Actor, audit_record
 from governance.audit_export import (
     AuditExportRange,
@@ -27,7 +26,8 @@ from governance.audit_export import (
 )
 from governance.models import AuditEvent
 from governance.roles import Role
-from tests.factories import make_tenant, make_user
+from ops.processes import PYTHON, REPO_ROOT
+from testkit.factories import make_tenant, make_user
 from tests.governance.test_audit import _tamper
 
 pytestmark = pytest.mark.django_db

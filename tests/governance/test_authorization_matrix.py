@@ -24,8 +24,8 @@ from governance.models import (
     SlaClass,
 )
 from governance.roles import Role
-from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
-from tests.support.records import make_record
+from testkit.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from testkit.records import make_record
 
 pytestmark = pytest.mark.django_db
 

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from rest_framework.test import APIClient
 
-from config.processes import wait_until
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from ops.processes import wait_until
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,14 +14,14 @@ from gateway.policy import SNAPSHOT_KEY
 from governance.audit import Actor, audit_verify
 from governance.models import AuditEvent, GuardrailSelection
 from governance.roles import Role
-from governance.services import (
+from governance.services.guardrail_selections import (
     guardrail_add,
     guardrail_change,
     guardrail_remove,
     guardrail_reorder,
     use_case_set_guardrail_failure,
 )
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -280,7 +280,7 @@ def test_a_guard_model_in_use_keeps_its_name_capability_and_existence(world) -> 
     """GIVEN a guardrail that asks guard-1b for verdicts WHEN an officer would delete the
     model, rename it or drop its guard capability THEN each is refused naming the use case."""
     from governance.errors import Conflict
-    from governance.services import record_delete, record_update
+    from governance.services.generic_records import record_delete, record_update
 
     guard = make_model("guard-1b", capabilities=["guard"])
     GuardrailSelection.objects.create(

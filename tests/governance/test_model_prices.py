@@ -40,7 +40,7 @@ from governance.prices import (
     price_moment,
 )
 from governance.roles import Role
-from tests.factories import make_model, make_tenant, make_user
+from testkit.factories import make_model, make_tenant, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -22,7 +22,7 @@ from governance.job_keys import (
 )
 from governance.models import UseCase
 from governance.snapshot import snapshot_build
-from tests.factories import make_key, make_model, make_tenant, make_use_case
+from testkit.factories import make_key, make_model, make_tenant, make_use_case
 
 pytestmark = pytest.mark.django_db
 

@@ -39,10 +39,11 @@ from governance.policy_as_code.errors import PolicyApplyFailed, PolicyInvalid
 from governance.policy_as_code.plan import Action, plan_build
 from governance.policy_as_code.schema import policy_load, policy_parse
 from governance.policy_as_code.selectors import policy_current
-from governance.services import record_create, use_case_create
+from governance.services.generic_records import record_create
+from governance.services.use_cases import use_case_create
 from tests.governance.test_policy_as_code_validation import acme_policy
 
-# A company's own guardrails (tests/support/detectors.py), selected like the built-in ones.
+# A company's own guardrails (testkit/detectors.py), selected like the built-in ones.
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("company_guardrails")]
 
 PRIYA = Actor(username="priya", is_system=True)  # --actor priya

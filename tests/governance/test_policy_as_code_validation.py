@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from governance.policy_as_code.errors import PolicyInvalid
 from governance.policy_as_code.schema import policy_load, policy_parse
 
-# A company's own guardrails (tests/support/detectors.py), selected like the built-in ones.
+# A company's own guardrails (testkit/detectors.py), selected like the built-in ones.
 pytestmark = pytest.mark.usefixtures("company_guardrails")
 
 

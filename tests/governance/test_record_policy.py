@@ -16,16 +16,15 @@ from governance.audit import Actor, audit_verify
 from governance.models import AuditEvent, Tenant, UseCase
 from governance.roles import Role
 from governance.selectors import legal_hold_reason
-from governance.services import (
-    RETENTION_DAYS_MAX,
-    record_update,
+from governance.services.generic_records import record_update
+from governance.services.record_bounds import RETENTION_DAYS_MAX
+from governance.services.record_policy import (
     tenant_set_legal_hold,
-    use_case_create,
     use_case_set_legal_hold,
     use_case_set_records,
-    use_case_update,
 )
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from governance.services.use_cases import use_case_create, use_case_update
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from governance.policy_as_code.render import plan_text
 from governance.policy_as_code.schema import policy_load
 from governance.policy_as_code.selectors import policy_current
 from governance.selectors import legal_hold_reason
-from governance.services import use_case_set_legal_hold
+from governance.services.record_policy import use_case_set_legal_hold
 from tests.governance.test_policy_as_code import PRIYA, apply, plan
 from tests.governance.test_policy_as_code_validation import acme_policy, problems_of
 

@@ -24,21 +24,20 @@ from governance.policy_as_code.apply import policy_apply
 from governance.policy_as_code.errors import PolicyApplyFailed
 from governance.policy_as_code.schema import policy_parse
 from governance.roles import Role
-from governance.services import (
+from governance.services.api_keys import (
     api_key_decide,
     api_key_issue,
     api_key_request,
     api_key_reveal,
     api_key_revoke,
     api_key_rotate,
-    record_create,
-    use_case_create,
-    use_case_transition,
 )
-from tests.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
+from governance.services.generic_records import record_create
+from governance.services.use_cases import use_case_create, use_case_transition
+from testkit.factories import PASSWORD, make_model, make_tenant, make_use_case, make_user
 from tests.governance.test_policy_as_code_validation import acme_policy
 
-# acme_policy selects a company's own guardrail (tests/support/detectors.py).
+# acme_policy selects a company's own guardrail (testkit/detectors.py).
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("company_guardrails")]
 
 SELF_KEY = "You requested this key; another officer must approve it."

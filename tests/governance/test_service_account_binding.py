@@ -26,11 +26,11 @@ from governance.policy_as_code.plan import plan_build
 from governance.policy_as_code.schema import policy_load, policy_parse
 from governance.policy_as_code.selectors import policy_current
 from governance.roles import Role
-from governance.services import use_case_update
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from governance.services.use_cases import use_case_update
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 from tests.governance.test_policy_as_code_validation import acme_policy
 
-# acme_policy selects a company's own guardrail (tests/support/detectors.py).
+# acme_policy selects a company's own guardrail (testkit/detectors.py).
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("company_guardrails")]
 
 WORKER = "acme-chatbot-worker"

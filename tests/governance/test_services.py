@@ -17,18 +17,16 @@ from governance.errors import Conflict
 from governance.keys import key_hash
 from governance.models import ApiKey, AuditEvent, Tenant
 from governance.roles import Role
-from governance.services import (
+from governance.services.api_keys import (
     api_key_decide,
     api_key_request,
     api_key_reveal,
     api_key_revoke,
     api_key_rotate,
-    record_create,
-    use_case_create,
-    use_case_transition,
-    use_case_update,
 )
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from governance.services.generic_records import record_create
+from governance.services.use_cases import use_case_create, use_case_transition, use_case_update
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from governance.errors import Conflict
 from governance.models import AuditEvent, FileRegistration, PriorityClass, SlaClass
 from governance.roles import Role
 from governance.sla_classes import sla_class_create, sla_class_delete, sla_class_update
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

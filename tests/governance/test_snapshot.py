@@ -14,9 +14,9 @@ from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, parse_snapshot
 from governance.audit import Actor
 from governance.choices import ApiKeyStatus, Environment, RecordPolicy, UseCaseStatus
 from governance.models import ApiKey, Deployment, Model, UseCase
-from governance.services import api_key_revoke
+from governance.services.api_keys import api_key_revoke
 from governance.snapshot import snapshot_build, snapshot_publish
-from tests.factories import make_key, make_tenant, make_use_case
+from testkit.factories import make_key, make_tenant, make_use_case
 
 pytestmark = pytest.mark.django_db
 
@@ -144,7 +144,7 @@ def test_many_writes_in_one_transaction_republish_once(
 def test_a_publish_while_valkey_is_down_is_deferred_not_lost(
     acme_chatbot, settings, django_capture_on_commit_callbacks, caplog
 ) -> None:
-    from config.processes import free_port
+    from ops.processes import free_port
 
     settings.VALKEY_URL = f"valkey://127.0.0.1:{free_port()}/0"  # nothing listens
     with django_capture_on_commit_callbacks(execute=True):

@@ -15,11 +15,12 @@ from gateway.accounting import DECISION_FIELDS, DECISIONS_STREAM
 from governance.audit import GENESIS_HASH, Actor, audit_verify, event_hash
 from governance.models import AuditChainHead, AuditEvent, Tenant
 from governance.roles import Role
-from governance.selectors import admission_decisions_visible, audit_events_visible
-from governance.services import record_create, record_update
-from scheduler.models import AdmissionDecision
-from scheduler.usage import REFUSAL_ACTION, usage_persist
-from tests.factories import make_use_case, make_user
+from governance.selectors import audit_events_visible
+from governance.services.generic_records import record_create, record_update
+from records.models import AdmissionDecision
+from records.selectors import admission_decisions_visible
+from records.usage import REFUSAL_ACTION, usage_persist
+from testkit.factories import make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from governance.choices import UseCaseStatus
 from governance.models import AuditEvent, UseCase
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from guardrails.engine import Engine
-from tests.support.guardrail_service import start_guardrail_service
+from testkit.guardrail_service import start_guardrail_service
 
 __all__ = ["engine", "start_guardrail_service"]
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from config.processes import REPO_ROOT
+from ops.processes import REPO_ROOT
 
 PROGRAM = """
 import json

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.guardrails.quality import evaluate, load_prompts, load_published, load_settings
 from guardrails.catalogue import entries
 from guardrails.detectors.pii import DEFAULT_ENTITIES
+from testkit.guardrail_quality import evaluate, load_prompts, load_published, load_settings
 
 # The first test's setup runs every labelled prompt through every detector (~25 s on a quiet
 # 2-core machine, past the suite's 120 s limit when five test processes share the cores): a

@@ -8,7 +8,7 @@ import signal
 import httpx
 import psutil
 
-from tests.support.guardrail_service import GuardrailServiceFactory
+from testkit.guardrail_service import GuardrailServiceFactory
 
 
 def _workers(pid: int) -> list[psutil.Process]:

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 
 bash tests/live/install.sh
 
-port=$(.venv/bin/python -c "from config.processes import free_port; print(free_port())")
+port=$(.venv/bin/python -c "from ops.processes import free_port; print(free_port())")
 log=$(mktemp -t switchyard-live-vllm.XXXXXX.log)
 echo "--- starting real vLLM on 127.0.0.1:$port (log: $log)"
 # A prefill budget of 256 tokens: the chunked-prefill contract test needs prompts of several

@@ -3,7 +3,7 @@ replay or discard them with a button; auditors look; developers find no such pag
 
 Personas: olivia is a governance officer, audrey an auditor, alice a developer of tenant acme.
 The dead letters are written on real Valkey as the batcher writes them
-(tests/support/dead_letters.py).
+(testkit/dead_letters.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import valkey
 from django.test import Client
 from django.urls import reverse
 
-from config.processes import free_port
 from gateway.async_tasks import layout
 from governance.models import AuditEvent, UseCase
 from governance.roles import Role
-from tests.factories import make_tenant, make_use_case, make_user
-from tests.support.dead_letters import dead_letter, entry_of, status_of
+from ops.processes import free_port
+from testkit.dead_letters import dead_letter, entry_of, status_of
+from testkit.factories import make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,7 @@ from governance.audit_export import export_verify, signing_public_key
 from governance.models import AuditEvent, Tenant
 from governance.roles import Role
 from portal.audit import views as audit_views
-from tests.factories import make_tenant, make_user
+from testkit.factories import make_tenant, make_user
 from tests.governance.test_audit import _tamper
 
 pytestmark = pytest.mark.django_db

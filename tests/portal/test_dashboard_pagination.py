@@ -13,7 +13,7 @@ from django.test import Client
 
 from governance.roles import Role
 from portal import views
-from tests.factories import make_key, make_tenant, make_use_case, make_user
+from testkit.factories import make_key, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -20,9 +20,9 @@ from django.urls import reverse
 from gateway.accounting import DECISION_FIELDS, DECISIONS_STREAM
 from governance.models import UseCase
 from governance.roles import Role
-from scheduler.models import AdmissionDecision
-from scheduler.usage import REFUSAL_ACTION, usage_persist
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from records.models import AdmissionDecision
+from records.usage import REFUSAL_ACTION, usage_persist
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from django.urls import reverse
 from governance.choices import ApiKeyStatus, UseCaseStatus
 from governance.models import ApiKey, AuditEvent, Tenant, UseCase
 from governance.roles import Role
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -28,9 +28,9 @@ from governance.models import ApiKey, AuditEvent, GuardrailSelection, UseCase
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
 from simulator.tokens import VOCABULARY
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.guardrail_service import GuardrailServiceFactory, start_guardrail_service
 from tests.conftest import GatewayFactory, SimulatorFactory
-from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.support.guardrail_service import GuardrailServiceFactory, start_guardrail_service
 
 __all__ = ["start_guardrail_service"]
 
@@ -296,7 +296,7 @@ def test_a_suspended_use_case_has_no_playground(offline: World) -> None:
 
 
 def test_a_gateway_that_cannot_be_reached_is_said_so(offline: World, settings) -> None:
-    from config.processes import free_port
+    from ops.processes import free_port
 
     settings.PLAYGROUND_GATEWAY_URL = f"http://127.0.0.1:{free_port()}"  # nothing listens
     status, _, events = _play(offline.alice, offline.chatbot)

@@ -21,16 +21,16 @@ from django.urls import reverse
 from django.utils import timezone
 from openai import OpenAI
 
-from config.processes import free_port
-from gateway.async_tasks.client import AsyncTasks
+from gateway.async_tasks.client import AsyncTaskClient
 from governance.choices import FileKind, FileState
 from governance.models import FileRegistration, Model, UseCase
 from governance.roles import Role
+from ops.processes import free_port
 from portal.developer.work_tasks import SCAN_CALLS, tasks_page
+from testkit.async_tasks import submit
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.policy import PolicyBuilder
 from tests.conftest import BatcherFactory, GatewayFactory, SimulatorFactory
-from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.support.async_tasks import submit
-from tests.support.policy import PolicyBuilder
 
 pytestmark = pytest.mark.django_db
 
@@ -43,8 +43,8 @@ TASKS_URL = "/my-work/tasks/"
 class World:
     search: UseCase
     ledger: UseCase
-    alice_tasks: AsyncTasks
-    bob_tasks: AsyncTasks
+    alice_tasks: AsyncTaskClient
+    bob_tasks: AsyncTaskClient
     alice: Client
     bob: Client
     olivia: Client
@@ -57,8 +57,10 @@ def _client_for(user: object) -> Client:
     return client
 
 
-def _tasks(base_url: str, key: str) -> AsyncTasks:
-    return AsyncTasks(OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=30))
+def _tasks(base_url: str, key: str) -> AsyncTaskClient:
+    return AsyncTaskClient(
+        OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=30)
+    )
 
 
 @pytest.fixture

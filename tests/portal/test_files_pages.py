@@ -23,12 +23,11 @@ from rest_framework.test import APIClient
 
 from governance.audit import Actor
 from governance.choices import FileState
-from governance.files import file_register
 from governance.models import AuditEvent, FileRegistration, PriorityClass, SlaClass, UseCase
 from governance.roles import Role
-from tests.conftest import RecordsStore
-from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
-from tests.support.files import (
+from scheduler.files.registration import file_register
+from testkit.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from testkit.files import (
     files_bucket,
     finish,
     make_file,
@@ -37,6 +36,7 @@ from tests.support.files import (
     upload,
     wav_bytes,
 )
+from testkit.records_store import RecordsStore
 
 pytestmark = pytest.mark.django_db
 
@@ -462,8 +462,8 @@ def test_an_object_gone_from_the_bucket_is_404_and_not_audited(world: World) -> 
 
 
 def test_a_failed_file_says_why_and_stops_polling(world: World) -> None:
-    from governance.file_states import file_failed
     from governance.models import Model
+    from scheduler.files.states import file_failed
 
     running = start(
         upload(make_file(world.transcribe, Model.objects.get(public_id="whisper")), AUDIO), 2
@@ -481,7 +481,7 @@ def test_a_failed_file_says_why_and_stops_polling(world: World) -> None:
 
 
 def test_a_developer_without_files_is_told_so(world: World) -> None:
-    from tests.factories import make_tenant as tenant
+    from testkit.factories import make_tenant as tenant
 
     make_user("carol", Role.DEVELOPER, tenants=(tenant("initech"),))
     page = text(signed_in("carol").get("/files/"))

@@ -14,10 +14,10 @@ import valkey
 import valkey.asyncio as avalkey
 from channels_valkey.core import ValkeyChannelLayer
 
-from config.processes import PYTHON, ManagedProcess
+from ops.processes import PYTHON, ManagedProcess
 from portal.fleet.leader import LEADER_KEY, Leadership
 from portal.fleet.messages import GROUP
-from tests.support.policy import PolicyBuilder
+from testkit.policy import PolicyBuilder
 
 INTERVAL_S = 0.3
 

@@ -26,8 +26,8 @@ from gateway.fleet_watcher import ReplicaLoad
 from gateway.scheduling import fleet_entry, keys, saturated_entry, write_fleet
 from portal.fleet.messages import FleetSnapshot
 from portal.fleet.reader import FleetReader
+from testkit.policy import PolicyBuilder
 from tests.gateway.scheduling.conftest import Lua
-from tests.support.policy import PolicyBuilder
 
 MODEL = "llama"
 R1, R2, R3, R4, R5 = (f"http://10.0.0.{n}:8000" for n in (1, 2, 3, 4, 5))

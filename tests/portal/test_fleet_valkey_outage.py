@@ -24,11 +24,11 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from config.processes import wait_until
 from governance.roles import Role
-from tests.factories import make_user
-from tests.support.fleet import FleetWeb, fleet_web, session_cookie, web_password
-from tests.support.valkey_outage import MODEL, Outage
+from ops.processes import wait_until
+from testkit.factories import make_user
+from testkit.fleet import FleetWeb, fleet_web, session_cookie, web_password
+from testkit.valkey_outage import MODEL, Outage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

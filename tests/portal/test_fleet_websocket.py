@@ -25,9 +25,9 @@ from websockets.asyncio.client import ClientConnection
 
 from gateway.scheduling import fleet_entry, keys
 from governance.roles import Role, roles_set
-from tests.factories import make_tenant, make_user
-from tests.support.fleet import fleet_web, session_cookie, web_password
-from tests.support.policy import PolicyBuilder
+from testkit.factories import make_tenant, make_user
+from testkit.fleet import fleet_web, session_cookie, web_password
+from testkit.policy import PolicyBuilder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 from governance.choices import ApiKeyStatus, UseCaseStatus
 from governance.models import ApiKey, AuditEvent, UseCase
 from governance.roles import Role
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

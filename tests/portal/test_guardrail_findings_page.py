@@ -19,8 +19,8 @@ from django.test import Client
 from gateway.accounting import GUARDRAIL_FIELDS, GUARDRAILS_STREAM
 from governance.models import GuardrailSelection
 from governance.roles import Role
-from scheduler.usage import usage_persist
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from records.usage import usage_persist
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ import pytest
 
 from governance.models import AuditEvent, Deployment, Model, PriorityClass, SlaClass, Tenant
 from governance.roles import Role
-from tests.factories import make_model, make_tenant, make_use_case
+from testkit.factories import make_model, make_tenant, make_use_case
 from tests.portal.test_officer_models import deployment_data, model_data
 from tests.portal.test_officer_sla_classes import sla_data
 from tests.portal.test_officer_support import client_for, guardrail_rows, text, url

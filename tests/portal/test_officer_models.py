@@ -16,7 +16,7 @@ import pytest
 from gateway.policy import SNAPSHOT_KEY, VERSION_KEY, parse_snapshot
 from governance.models import AuditEvent, Deployment, Model
 from governance.roles import Role
-from tests.factories import make_model
+from testkit.factories import make_model
 from tests.portal.test_officer_support import apply, client_for, plan_cells, review, text, url
 
 pytestmark = pytest.mark.django_db

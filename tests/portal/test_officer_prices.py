@@ -21,7 +21,7 @@ from django.utils import timezone
 from governance.models import AuditEvent, Model, ModelPrice
 from governance.prices import moment_text, price_in_force
 from governance.roles import Role
-from tests.factories import make_model
+from testkit.factories import make_model
 from tests.portal.test_officer_support import apply, client_for, plan_cells, review, text, url
 
 pytestmark = pytest.mark.django_db

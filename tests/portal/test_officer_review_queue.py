@@ -16,8 +16,9 @@ from governance.audit import Actor
 from governance.choices import ApiKeyStatus, UseCaseStatus
 from governance.models import ApiKey, AuditEvent, UseCase
 from governance.roles import Role
-from governance.services import api_key_request, use_case_transition
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from governance.services.api_keys import api_key_request
+from governance.services.use_cases import use_case_transition
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 from tests.portal.test_officer_support import text, url
 
 pytestmark = pytest.mark.django_db

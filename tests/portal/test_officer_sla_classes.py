@@ -17,7 +17,7 @@ from django.utils import timezone
 from gateway.policy import VERSION_KEY
 from governance.models import AuditEvent, FileRegistration, PriorityClass, SlaClass
 from governance.roles import Role
-from tests.factories import make_model, make_tenant, make_use_case
+from testkit.factories import make_model, make_tenant, make_use_case
 from tests.portal.test_officer_support import apply, client_for, plan_cells, review, text, url
 
 pytestmark = pytest.mark.django_db

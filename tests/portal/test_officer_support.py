@@ -10,7 +10,7 @@ from typing import Any, cast
 from django.test import Client
 from django.urls import reverse
 
-from tests.factories import make_user
+from testkit.factories import make_user
 
 _FINGERPRINT = re.compile(r'name="fingerprint" value="([0-9a-f]{64})"')
 _ROW = re.compile(r'<tr class="plan-(\w+)"[^>]*>(.*?)</tr>', re.S)

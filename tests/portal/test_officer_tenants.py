@@ -12,7 +12,7 @@ from django.test import Client
 from gateway.policy import VERSION_KEY
 from governance.models import AuditEvent, Tenant
 from governance.roles import Role
-from tests.factories import make_tenant
+from testkit.factories import make_tenant
 from tests.portal.test_officer_support import (
     apply,
     client_for,

@@ -14,7 +14,7 @@ from gateway.policy import VERSION_KEY
 from governance.choices import UseCaseStatus
 from governance.models import AuditEvent, GuardrailSelection, Model, UseCase
 from governance.roles import Role
-from tests.factories import make_model, make_tenant, make_use_case
+from testkit.factories import make_model, make_tenant, make_use_case
 from tests.portal.test_officer_support import (
     apply,
     client_for,
@@ -236,7 +236,7 @@ def test_only_officers_may_use_the_use_case_forms(acme, username, role) -> None:
 
 def test_editing_a_use_case_on_legal_hold_keeps_the_hold_and_says_so(olivia, acme) -> None:
     from governance.audit import Actor
-    from governance.services import use_case_set_legal_hold
+    from governance.services.record_policy import use_case_set_legal_hold
 
     use_case = make_use_case(acme, "support-bot", models=(Model.objects.get(public_id="llama"),))
     use_case_set_legal_hold(

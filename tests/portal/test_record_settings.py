@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from governance.models import AuditEvent, Tenant, UseCase
 from governance.roles import Role
-from tests.factories import make_tenant, make_use_case, make_user
+from testkit.factories import make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -16,9 +16,9 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 
 from governance.roles import Role
-from scheduler.models import InteractionRecord
-from tests.factories import make_tenant, make_use_case, make_user
-from tests.support.records import make_record
+from records.models import InteractionRecord
+from testkit.factories import make_tenant, make_use_case, make_user
+from testkit.records import make_record
 
 pytestmark = pytest.mark.django_db
 

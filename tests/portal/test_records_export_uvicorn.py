@@ -21,19 +21,19 @@ import httpx
 import orjson
 import pytest
 
-from config.processes import PYTHON, REPO_ROOT, wait_until
-from tests.conftest import RecordsStore
-from tests.factories import PASSWORD
-from tests.support.records import chat_response
-from tests.support.web_process import running_web
+from ops.processes import PYTHON, REPO_ROOT, wait_until
+from testkit.factories import PASSWORD
+from testkit.records import chat_response
+from testkit.records_store import RecordsStore
+from testkit.web_process import running_web
 
 RECORDS = 30_000
 
 SEED = f"""
 from governance.roles import Role
-from scheduler.models import InteractionRecord
-from tests.factories import make_tenant, make_use_case, make_user
-from tests.support.records import chat_request, chat_response, make_record, store_content
+from records.models import InteractionRecord
+from testkit.factories import make_tenant, make_use_case, make_user
+from testkit.records import chat_request, chat_response, make_record, store_content
 
 chatbot = make_use_case(make_tenant("acme"), "chatbot", record_policy="full")
 template = make_record(chatbot)

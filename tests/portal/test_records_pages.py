@@ -22,18 +22,18 @@ from django.test.utils import override_settings
 from governance.audit import Actor
 from governance.models import AuditEvent, UseCase
 from governance.roles import Role
-from scheduler import record_reading
-from scheduler.models import AdmissionDecision, GuardrailFinding, InteractionRecord
-from scheduler.record_reading import exports as record_exports
-from tests.conftest import RecordsStore
-from tests.factories import make_key, make_tenant, make_use_case, make_user
-from tests.support.records import (
+from records import reading as record_reading
+from records.models import AdmissionDecision, GuardrailFinding, InteractionRecord
+from records.reading import exports as record_exports
+from testkit.factories import make_key, make_tenant, make_use_case, make_user
+from testkit.records import (
     chat_request,
     chat_response,
     make_record,
     sse_response,
     store_content,
 )
+from testkit.records_store import RecordsStore
 
 pytestmark = pytest.mark.django_db
 

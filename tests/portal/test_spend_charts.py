@@ -22,8 +22,8 @@ from governance.roles import Role
 from portal.charts import views as usage_views
 from portal.charts.series import RANGES, chart_named, use_case_charts
 from portal.charts.spend import usage_priced
-from scheduler.models import UsageMinute
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from records.models import UsageMinute
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

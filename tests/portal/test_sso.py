@@ -1,6 +1,6 @@
 """Single sign-on, end to end: a real OIDC provider process, a real Django server, real sockets.
 
-The provider (tests/support/oidc/provider.js) is laid out like a Keycloak realm and the portal
+The provider (testkit/oidc/provider.js) is laid out like a Keycloak realm and the portal
 is configured from SWITCHYARD_OIDC_* variables exactly as in production. Personas: alice a
 developer of acme, olivia an officer, audrey an auditor, root an admin, bob a developer of
 globex, mallory with no Switchyard role.
@@ -21,8 +21,8 @@ from django.test import Client
 from governance.identity import claim_values, roles_from_claims, tenant_slugs_from_claims
 from governance.models import AuditEvent, Tenant
 from governance.roles import Role, roles_of
-from tests.factories import make_tenant
-from tests.support.oidc import (
+from testkit.factories import make_tenant
+from testkit.oidc import (
     PORTAL_CLIENT,
     PORTAL_SECRET,
     Browser,

@@ -18,7 +18,6 @@ import valkey
 import valkey.asyncio as avalkey
 from django.test import Client
 
-from config.processes import free_port
 from gateway.admission import MINUTE_MS, limits_for
 from gateway.policy import Policy, Principal
 from gateway.scheduling import (
@@ -33,9 +32,10 @@ from governance.choices import RateLimitScope, UseCaseStatus
 from governance.models import Model, RateLimitPolicy, UseCase
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
+from ops.processes import free_port
 from portal.charts.budget import published_policy, use_case_budgets
-from scheduler.models import AdmissionDecision
-from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from records.models import AdmissionDecision
+from testkit.factories import make_key, make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,8 @@ from django.test import Client
 from governance.models import UseCase
 from governance.roles import Role
 from portal.charts import views as usage_views
-from scheduler.models import AdmissionDecision, GuardrailHour, UsageMinute
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from records.models import AdmissionDecision, GuardrailHour, UsageMinute
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -20,14 +20,14 @@ import pytest
 from botocore.config import Config
 from django.utils import timezone
 
-from config.processes import ManagedProcess, free_port, http_ready, s3_endpoint_command
-from config.seaweed import SeaweedServer
 from governance.audit import Actor
 from governance.models import FileRegistration, PriorityClass, SlaClass, UseCase
 from governance.roles import Role
-from governance.s3_credentials import s3_credential_issue
-from tests.conftest import database_url
-from tests.factories import make_model, make_tenant, make_use_case, make_user
+from ops.processes import ManagedProcess, free_port, http_ready, s3_endpoint_command
+from ops.seaweed import SeaweedServer
+from scheduler.files.s3_credentials import s3_credential_issue
+from testkit.database import database_url
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
 
 RECORDS_KEYS = "s3test:" + base64.b64encode(b"k" * 32).decode()
 PRESIGN_SECRET = "presign-secret-for-the-s3-endpoint-tests"

@@ -20,13 +20,13 @@ from botocore.exceptions import ClientError
 from valkey.cluster import ValkeyCluster
 from valkey.crc import key_slot
 
-from config.seaweed import SeaweedServer
-from config.valkey_urls import sync_client
+from ops.seaweed import SeaweedServer
+from runtime.valkey_urls import sync_client
 from s3endpoint.markers import DONE, marker_key, parts_key
-from scheduler.upload_events import UPLOADS_STREAM, UploadEvent
-from tests.conftest import database_url
+from scheduler.files.upload_events import UPLOADS_STREAM, UploadEvent
+from testkit.database import database_url
+from testkit.valkey_ha import ClusterSet
 from tests.s3endpoint.conftest import Endpoint, World, running_endpoint
-from tests.support.valkey_ha import ClusterSet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

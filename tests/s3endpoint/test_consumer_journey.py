@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 
 from governance.choices import FileState
 from governance.models import FileRegistration
-from scheduler.uploads import uploads_consume
+from scheduler.files.uploads import uploads_consume
 from tests.s3endpoint.conftest import World
 
 pytestmark = pytest.mark.django_db(transaction=True)

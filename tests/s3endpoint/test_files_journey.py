@@ -32,10 +32,10 @@ from governance.choices import FileState
 from governance.models import AuditEvent, FileRegistration, PriorityClass, SlaClass
 from governance.roles import Role
 from governance.snapshot import snapshot_publish
+from testkit.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from testkit.file_jobs_world import make_wav, run_in_process
 from tests.conftest import GatewayFactory, SimulatorFactory
-from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
 from tests.s3endpoint.conftest import Endpoint
-from tests.scheduler.file_jobs_world import make_wav, run_in_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from scheduler.upload_events import UPLOADS_STREAM, UploadEvent
+from scheduler.files.upload_events import UPLOADS_STREAM, UploadEvent
 from tests.s3endpoint.conftest import World
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,7 +70,7 @@ def test_an_unknown_access_key_is_refused(s3_world: World) -> None:
 def test_a_revoked_credential_is_refused(s3_world: World) -> None:
     from governance.audit import Actor
     from governance.models import S3Credential
-    from governance.s3_credentials import s3_credential_revoke
+    from scheduler.files.s3_credentials import s3_credential_revoke
 
     registration = s3_world.register()
     credential = S3Credential.objects.get(access_key_id=s3_world.access_key_id)
@@ -86,10 +86,10 @@ def test_a_revoked_credential_is_refused(s3_world: World) -> None:
 def test_a_credential_revoked_after_use_stops_working_once_the_cache_lets_go(
     s3_world: World,
 ) -> None:
-    from config.processes import wait_until
     from governance.audit import Actor
     from governance.models import S3Credential
-    from governance.s3_credentials import s3_credential_revoke
+    from ops.processes import wait_until
+    from scheduler.files.s3_credentials import s3_credential_revoke
 
     client = s3_world.client()
     client.head_bucket(Bucket=s3_world.bucket)  # looked up and cached
@@ -134,7 +134,7 @@ def test_presigned_put_from_the_registration_answer_uploads_with_plain_requests(
 ) -> None:
     import requests
 
-    from governance.s3_credentials import presigned_put_url
+    from scheduler.files.s3_credentials import presigned_put_url
 
     body = b"RIFF" + os.urandom(5000)
     registration = s3_world.register("call.wav", declared_bytes=len(body))
@@ -150,7 +150,7 @@ def test_presigned_put_from_the_registration_answer_uploads_with_plain_requests(
 def test_a_presigned_url_is_bound_to_its_key(s3_world: World) -> None:
     import requests
 
-    from governance.s3_credentials import presigned_put_url
+    from scheduler.files.s3_credentials import presigned_put_url
 
     first, second = s3_world.register("a.wav"), s3_world.register("b.wav")
     url = presigned_put_url(first).replace(f"/{first.pk}/a.wav", f"/{second.pk}/b.wav")

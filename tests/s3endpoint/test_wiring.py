@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from config.processes import free_port
-from config.stack import StackConfig, StackError, check_ports
-from tests.scheduler.test_ensure_buckets import ensure_buckets
+from ops.processes import free_port
+from ops.stack import StackConfig, StackError, check_ports
+from tests.records.test_ensure_buckets import ensure_buckets
 
 
 def test_a_taken_s3_endpoint_port_is_named_with_its_setting(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures for the scale-out tests: hosts as network namespaces (tests/support/netns.py),
+"""Fixtures for the scale-out tests: hosts as network namespaces (testkit/netns.py),
 a Valkey Cluster on loopback, and the batchers a test starts."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from config.processes import ManagedProcess
-from tests.support.netns import NetnsUnavailable, Network
-from tests.support.valkey_ha import ClusterSet, SentinelSet
+from ops.processes import ManagedProcess
+from testkit.netns import NetnsUnavailable, Network
+from testkit.valkey_ha import ClusterSet, SentinelSet
 
 NetworkFactory = Callable[[Sequence[str]], Network]
 

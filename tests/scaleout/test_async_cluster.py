@@ -16,11 +16,11 @@ import httpx
 import valkey
 from valkey.cluster import ValkeyCluster
 
-from config.valkey_urls import sync_client
 from gateway.async_tasks import layout
 from gateway.scheduling import keys
-from tests.support.policy import PolicyBuilder
-from tests.support.valkey_ha import ClusterSet, start_batcher_on
+from runtime.valkey_urls import sync_client
+from testkit.policy import PolicyBuilder
+from testkit.valkey_ha import ClusterSet, start_batcher_on
 
 CHAT = "llama-async-cluster"
 

@@ -21,11 +21,11 @@ from typing import Any, cast
 import httpx
 import valkey
 
-from config.processes import ManagedProcess, wait_until
-from config.valkey_urls import sync_client
-from tests.support.client_threads import ClientThreads
-from tests.support.policy import PolicyBuilder
-from tests.support.valkey_ha import SentinelSet, start_batcher_on
+from ops.processes import ManagedProcess, wait_until
+from runtime.valkey_urls import sync_client
+from testkit.client_threads import ClientThreads
+from testkit.policy import PolicyBuilder
+from testkit.valkey_ha import SentinelSet, start_batcher_on
 
 CHAT = "llama-async-ha"
 

@@ -12,13 +12,13 @@ import pytest
 import valkey
 from valkey.cluster import ValkeyCluster
 
-from config.env import ConfigurationError
-from config.processes import wait_until
-from config.valkey_urls import for_channels, for_kombu, sync_client
 from gateway.accounting import USAGE_STREAM
 from gateway.scheduling import keys
-from tests.support.policy import PolicyBuilder
-from tests.support.valkey_ha import ClusterSet
+from ops.processes import wait_until
+from runtime.env import ConfigurationError
+from runtime.valkey_urls import for_channels, for_kombu, sync_client
+from testkit.policy import PolicyBuilder
+from testkit.valkey_ha import ClusterSet
 
 CHAT = "llama-cluster"
 

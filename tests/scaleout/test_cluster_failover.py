@@ -16,12 +16,12 @@ import pytest
 import valkey
 from valkey.asyncio.cluster import ValkeyCluster
 
-from config.processes import wait_until
-from config.valkey_urls import async_client, sync_client
 from gateway.autopipeline import ClusterAutoPipeline, auto_pipeline
 from gateway.policy_store import PolicyStore
-from tests.support.policy import PolicyBuilder
-from tests.support.valkey_ha import ClusterSet
+from ops.processes import wait_until
+from runtime.valkey_urls import async_client, sync_client
+from testkit.policy import PolicyBuilder
+from testkit.valkey_ha import ClusterSet
 
 INCR = "return redis.call('INCR', KEYS[1])"
 

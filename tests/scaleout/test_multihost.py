@@ -1,4 +1,4 @@
-"""The stack across four hosts (network namespaces, tests/support/netns.py): Valkey on A, a
+"""The stack across four hosts (network namespaces, testkit/netns.py): Valkey on A, a
 gateway (with its fleet watcher) on B whose wall clock is 90 s ahead, a simulator on C, a
 client on D. The client gets a completion; the gateway's host is then cut off from Valkey:
 it fails closed (a 503, never a forwarded request nor a hang) and, past its policy staleness
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import valkey
 
-from config.processes import PYTHON, fleet_is_written, gateway_command, http_ready, wait_until
+from ops.processes import PYTHON, fleet_is_written, gateway_command, http_ready, wait_until
+from testkit.netns import Host, skewed
+from testkit.policy import PolicyBuilder
+from testkit.valkey_ha import VALKEY_SERVER
 from tests.scaleout.conftest import NetworkFactory
-from tests.support.netns import Host, skewed
-from tests.support.policy import PolicyBuilder
-from tests.support.valkey_ha import VALKEY_SERVER
 
 CHAT = "llama-hosts"
 STALENESS_S = 3

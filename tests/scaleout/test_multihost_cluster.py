@@ -1,4 +1,4 @@
-"""Limits across gateways on several hosts (network namespaces, tests/support/netns.py): a
+"""Limits across gateways on several hosts (network namespaces, testkit/netns.py): a
 Valkey Cluster of three primaries on three hosts, three gateways on three more (one with its
 wall clock 45 s ahead), two simulators on two more. Sixty requests sent at once, spread over
 the three gateways and two model pools on different primaries, against a use case allowed 30
@@ -18,13 +18,13 @@ import httpx
 import valkey
 from valkey.crc import key_slot
 
-from config.processes import PYTHON, gateway_command, http_ready, wait_until
-from config.valkey_urls import sync_client
 from gateway.scheduling import keys
+from ops.processes import PYTHON, gateway_command, http_ready, wait_until
+from runtime.valkey_urls import sync_client
+from testkit.netns import Host, skewed
+from testkit.policy import PolicyBuilder
+from testkit.valkey_ha import VALKEY_SERVER, names_on_nodes
 from tests.scaleout.conftest import NetworkFactory
-from tests.support.netns import Host, skewed
-from tests.support.policy import PolicyBuilder
-from tests.support.valkey_ha import VALKEY_SERVER, names_on_nodes
 
 CHAT = "llama-hosts"
 PORT, BUS = 7000, 17000

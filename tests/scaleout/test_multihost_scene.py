@@ -1,4 +1,4 @@
-"""The whole stack across hosts (network namespaces, tests/support/netns.py), as issue 16 asks:
+"""The whole stack across hosts (network namespaces, testkit/netns.py), as issue 16 asks:
 a Valkey Cluster of three primaries and three replicas on three hosts (each replica on
 another host than its primary), three gateways on three hosts (one with its wall clock 45 s
 ahead), two simulators on two hosts, PostgreSQL on its own host, a Celery worker (the usage
@@ -32,7 +32,9 @@ import pytest
 import valkey
 from celery import Celery
 
-from config.processes import (
+from gateway.accounting import USAGE_STREAM
+from gateway.scheduling import keys
+from ops.processes import (
     PYTHON,
     ManagedProcess,
     gateway_command,
@@ -40,14 +42,12 @@ from config.processes import (
     port_open,
     wait_until,
 )
-from config.valkey_urls import for_kombu, sync_client
-from gateway.accounting import USAGE_STREAM
-from gateway.scheduling import keys
-from tests.support.client_threads import ClientThreads
-from tests.support.netns import NetnsUnavailable, Network, skewed
-from tests.support.policy import PolicyBuilder
-from tests.support.postgres_host import PostgresHost
-from tests.support.valkey_ha import VALKEY_SERVER, ClusterSet, names_on_nodes
+from runtime.valkey_urls import for_kombu, sync_client
+from testkit.client_threads import ClientThreads
+from testkit.netns import NetnsUnavailable, Network, skewed
+from testkit.policy import PolicyBuilder
+from testkit.postgres_host import PostgresHost
+from testkit.valkey_ha import VALKEY_SERVER, ClusterSet, names_on_nodes
 
 # The stack's start (PostgreSQL, migrations, eleven processes on two cores) is in the first
 # test's time.

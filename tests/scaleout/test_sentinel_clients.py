@@ -1,4 +1,4 @@
-"""Celery and the Channels layer by a Sentinel URL (config/valkey_urls.py): a task round
+"""Celery and the Channels layer by a Sentinel URL (runtime/valkey_urls.py): a task round
 trip through a real worker whose broker and result backend are found through the sentinels,
 a Channels message through channels-valkey's Sentinel pool; and with a Cluster as
 SWITCHYARD_VALKEY_URL, Django's settings refuse to start unless Celery and Channels get a
@@ -15,9 +15,9 @@ import pytest
 from celery import Celery, current_app
 from channels_valkey.core import ValkeyChannelLayer
 
-from config.processes import PYTHON, ManagedProcess
-from config.valkey_urls import celery_broker, for_channels
-from tests.support.valkey_ha import SentinelSet
+from ops.processes import PYTHON, ManagedProcess
+from runtime.valkey_urls import celery_broker, for_channels
+from testkit.valkey_ha import SentinelSet
 
 
 @pytest.fixture(scope="module")

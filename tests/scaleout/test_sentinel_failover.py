@@ -17,14 +17,14 @@ import pytest
 import valkey
 from django.db.models import F, Sum
 
-from config.processes import wait_until
-from config.valkey_urls import sync_client
 from gateway.accounting import USAGE_STREAM
-from scheduler.models import UsageMinute
-from scheduler.usage import usage_persist
-from tests.support.client_threads import ClientThreads
-from tests.support.policy import PolicyBuilder
-from tests.support.valkey_ha import SentinelSet
+from ops.processes import wait_until
+from records.models import UsageMinute
+from records.usage import usage_persist
+from runtime.valkey_urls import sync_client
+from testkit.client_threads import ClientThreads
+from testkit.policy import PolicyBuilder
+from testkit.valkey_ha import SentinelSet
 
 CHAT = "llama-ha"
 pytestmark = pytest.mark.django_db

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from config.processes import PYTHON, ManagedProcess
-from config.valkey_urls import for_kombu
+from ops.processes import PYTHON, ManagedProcess
+from runtime.valkey_urls import for_kombu
 
 
 @pytest.fixture

@@ -19,12 +19,13 @@ import orjson
 import pytest
 import valkey
 
-from config.processes import wait_until
 from gateway.accounting import GUARDRAILS_STREAM, RECORDS_STREAM, USAGE_STREAM
 from gateway.async_tasks import layout
-from tests.conftest import BatcherFactory, GatewayFactory, RunningGateway, SimulatorFactory
-from tests.support.guardrail_service import GuardrailServiceFactory, start_guardrail_service
-from tests.support.policy import PolicyBuilder
+from ops.processes import wait_until
+from testkit.guardrail_service import GuardrailServiceFactory, start_guardrail_service
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway
+from tests.conftest import BatcherFactory, GatewayFactory, SimulatorFactory
 
 __all__ = ["start_guardrail_service"]
 

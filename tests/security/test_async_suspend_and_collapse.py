@@ -18,17 +18,12 @@ import httpx
 import pytest
 import valkey
 
-from config.processes import wait_until
 from gateway.accounting import USAGE_STREAM
-from tests.conftest import (
-    BatcherFactory,
-    GatewayFactory,
-    RunningGateway,
-    RunningSimulator,
-    SimulatorFactory,
-)
-from tests.support.async_tasks import view, wait_ended
-from tests.support.policy import PolicyBuilder
+from ops.processes import wait_until
+from testkit.async_tasks import view, wait_ended
+from testkit.policy import PolicyBuilder
+from testkit.stack import RunningGateway, RunningSimulator
+from tests.conftest import BatcherFactory, GatewayFactory, SimulatorFactory
 
 EMBED = "embed-governed"
 # One read, one batch: a window long enough that every queued task is in the first flush.

@@ -7,7 +7,7 @@ Two parts:
   them), every cell this module runs must be in the table as enforced by it, and an ``n/a``
   cell must say why.
 - ``test_control_at_door[<door>-<control>]`` runs the cells this module owns — the gateway's
-  doors — against real processes started once for the module (tests/support/module_stack.py):
+  doors — against real processes started once for the module (testkit/module_stack.py):
   Valkey, the vLLM simulator (a chat, an embedding and a speech model), the guardrail service
   with the test detectors, a fleet watcher, a gateway and a batcher. One request (two for a
   rate limit: one that passes, one that does not) per cell.
@@ -40,18 +40,18 @@ import orjson
 import pytest
 import valkey
 
-from config.processes import PYTHON, wait_until
 from gateway.accounting import RECORDS_STREAM, USAGE_STREAM
 from gateway.policy import RecordPolicy
 from governance.audit import Actor
 from governance.models import PriorityClass, SlaClass
 from governance.roles import Role
-from governance.services import use_case_transition
+from governance.services.use_cases import use_case_transition
 from governance.snapshot import snapshot_build
+from ops.processes import PYTHON, wait_until
 from simulator.transcriptions import audio_duration, transcript
-from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
-from tests.support.module_stack import ModuleStack, module_stack
-from tests.support.policy import PolicyBuilder
+from testkit.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from testkit.module_stack import ModuleStack, module_stack
+from testkit.policy import PolicyBuilder
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "security.md"

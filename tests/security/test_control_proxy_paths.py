@@ -25,9 +25,10 @@ import orjson
 import pytest
 import valkey
 
-from tests.conftest import GatewayFactory, database_url
-from tests.support.policy import PolicyBuilder
-from tests.support.web_process import running_web
+from testkit.database import database_url
+from testkit.policy import PolicyBuilder
+from testkit.web_process import running_web
+from tests.conftest import GatewayFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,8 +1,8 @@
 """A file job's work is bounded by what was registered, and one bad file cannot stall the rest
 (issue 24, defect 7).
 
-GIVEN acme's ``transcribe`` use case (tests/scheduler/test_file_jobs.py's world: a real gateway
-in front of real simulators, real Valkey, the files bucket on SeaweedFS)
+GIVEN acme's ``transcribe`` use case (tests/scheduler/files/test_file_jobs.py's world: a real
+gateway in front of real simulators, real Valkey, the files bucket on SeaweedFS)
 WHEN it uploads a small file that decodes to far more than it registered (an hour of FLAC
 silence registered as five seconds, a PDF whose one page inflates to 40 MiB, a PDF of many
 more pages than declared), or a file whose pipeline's plan raises
@@ -28,9 +28,9 @@ from pypdf.generic import DictionaryObject, EncodedStreamObject, NameObject
 
 from governance.choices import FileState
 from governance.models import FileRegistration
-from scheduler import feasibility
-from scheduler.pipelines.audio import decode
-from scheduler.pipelines.base import (
+from scheduler.files import feasibility
+from scheduler.files.pipelines.audio import decode
+from scheduler.files.pipelines.base import (
     PIPELINES,
     GatewayCaller,
     JobContext,
@@ -38,13 +38,13 @@ from scheduler.pipelines.base import (
     PartFailed,
     PartResult,
 )
-from tests.scheduler import conftest as scheduler_conftest
-from tests.scheduler import test_file_jobs
-from tests.scheduler.file_jobs_world import make_pdf, make_wav, register, run_in_process, upload
+from testkit.file_jobs_world import make_pdf, make_wav, register, run_in_process, upload
+from tests.scheduler.files import conftest as scheduler_conftest
+from tests.scheduler.files import test_file_jobs
 
 pytestmark = pytest.mark.django_db
 
-# The file-job world of tests/scheduler/, reused as it is.
+# The file-job world of tests/scheduler/files/, reused as it is.
 files_bucket = scheduler_conftest.files_bucket
 world = test_file_jobs.world
 

@@ -2,7 +2,7 @@
 OpenAPI document (gateway/openapi.yaml, served at /v1/openapi.json), with generated input,
 against a live gateway.
 
-Against real processes, started once for the module (tests/support/module_stack.py): Valkey,
+Against real processes, started once for the module (testkit/module_stack.py): Valkey,
 vLLM simulators for chat, embeddings and transcription, the fleet watcher, the guardrail
 service (the ``words`` test detector) and a gateway. Each case is sent with two real keys:
 "guarded", whose use case blocks the word ``MARKER`` on requests, and "plain", which has no
@@ -15,7 +15,7 @@ the blocked word is never answered 2xx for the guarded key.
 
 Files and batches are described in the document but served by the web process (the gateway
 only forwards them, gateway/control_proxy.py): they are not fuzzed here; their routes and the
-proxy's path checks have tests of their own (tests/governance/test_openai_batch_sdk.py,
+proxy's path checks have tests of their own (tests/scheduler/files/test_openai_batch_sdk.py,
 tests/security/test_control_proxy_paths.py).
 
 Deterministic for CI: a fixed seed, derandomized, no example database, no deadlines.
@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from schemathesis import checks
 
 from gateway import openapi
-from tests.support.module_stack import module_stack
-from tests.support.policy import PolicyBuilder
+from testkit.module_stack import module_stack
+from testkit.policy import PolicyBuilder
 
 # Cases per operation; each is sent once per key. Keeps the whole run to about a minute.
 MAX_EXAMPLES = 20

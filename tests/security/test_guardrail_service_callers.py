@@ -16,10 +16,10 @@ import subprocess
 
 import httpx
 
-from config.processes import PYTHON, REPO_ROOT
-from tests.support.guardrail_service import GuardrailServiceFactory, start_guardrail_service
-from tests.support.module_stack import module_stack
-from tests.support.policy import PolicyBuilder
+from ops.processes import PYTHON, REPO_ROOT
+from testkit.guardrail_service import GuardrailServiceFactory, start_guardrail_service
+from testkit.module_stack import module_stack
+from testkit.policy import PolicyBuilder
 
 __all__ = ["start_guardrail_service"]  # the fixture, for this module
 

@@ -4,7 +4,7 @@ reads "100000" or 5.0 as numbers, while the gateway's cap on a model's completio
 token estimate read only integers: given as a string or a float, a bound went to the replica
 uncapped and unestimated.
 
-Against real processes, started once for the module (tests/support/module_stack.py): a
+Against real processes, started once for the module (testkit/module_stack.py): a
 gateway, its fleet watcher, the vLLM simulator and Valkey. The model's cap (the officer's
 ``max_tokens``) is 8.
 """
@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.module_stack import module_stack
-from tests.support.policy import PolicyBuilder
+from testkit.module_stack import module_stack
+from testkit.policy import PolicyBuilder
 
 MODEL = "llama-integers"
 CAP = 8

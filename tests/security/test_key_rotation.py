@@ -28,25 +28,26 @@ from botocore.config import Config
 from django.core.management import call_command
 from django.utils import timezone
 
-from config.seaweed import SeaweedServer
 from governance.audit import Actor
 from governance.models import FileRegistration, PriorityClass, S3Credential, SlaClass, UseCase
 from governance.roles import Role
-from governance.s3_credentials import s3_credential_issue, secret_of
-from governance.webhooks import webhook_set
-from scheduler.models import InteractionRecord, RecordObject
-from scheduler.records import records_persist, records_verify
-from scheduler.sealing import SealError
-from scheduler.webhooks import webhook_deliver
-from tests.conftest import RecordsStore, database_url
-from tests.factories import make_model, make_tenant, make_use_case, make_user
-from tests.s3endpoint.conftest import running_endpoint
-from tests.scheduler.file_jobs_world import (
+from ops.seaweed import SeaweedServer
+from records.interactions import records_persist, records_verify
+from records.models import InteractionRecord, RecordObject
+from records.sealing import SealError
+from scheduler.files.s3_credentials import s3_credential_issue, secret_of
+from scheduler.files.webhook_settings import webhook_set
+from scheduler.files.webhooks import webhook_deliver
+from testkit.database import database_url
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.file_jobs_world import (
     WebhookReceiver,
     allow_receivers,
     verify_standard_webhook,
 )
-from tests.scheduler.test_records import add_record, transcript
+from testkit.records_store import RecordsStore
+from tests.records.test_records import add_record, transcript
+from tests.s3endpoint.conftest import running_endpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,14 +17,14 @@ import valkey
 from governance.audit import Actor
 from governance.models import Tenant, UseCase
 from governance.roles import Role
-from governance.services import tenant_set_legal_hold, use_case_set_legal_hold
-from scheduler.models import InteractionRecord, RecordObject
-from scheduler.record_retention import record_retention_apply
-from tests.conftest import RecordsStore
-from tests.factories import make_tenant, make_use_case, make_user
-from tests.scheduler.test_record_retention import NOW, OLD, at_ms, bucket_keys, persist
-from tests.scheduler.test_records import add_record, records_keys  # noqa: F401
-from tests.scheduler.test_usage import add_usage
+from governance.services.record_policy import tenant_set_legal_hold, use_case_set_legal_hold
+from records.interaction_retention import record_retention_apply
+from records.models import InteractionRecord, RecordObject
+from testkit.factories import make_tenant, make_use_case, make_user
+from testkit.records_store import RecordsStore
+from tests.records.test_record_retention import NOW, OLD, at_ms, bucket_keys, persist
+from tests.records.test_records import add_record, records_keys  # noqa: F401
+from tests.records.test_usage import add_usage
 
 pytestmark = pytest.mark.django_db
 

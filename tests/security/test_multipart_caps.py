@@ -22,12 +22,13 @@ import valkey
 from botocore.exceptions import ClientError
 
 from config.celery import app
-from config.processes import wait_until
-from config.valkey_urls import for_kombu
+from ops.processes import wait_until
+from runtime.valkey_urls import for_kombu
 from s3endpoint.registrations import size_limit
+from scheduler.files.upload_expiry import multipart_uploads_expire
 from scheduler.schedules import BEAT_SCHEDULE
-from scheduler.upload_expiry import multipart_uploads_expire
-from tests.conftest import CeleryWorkerFactory, database_url
+from testkit.database import database_url
+from tests.conftest import CeleryWorkerFactory
 from tests.s3endpoint import conftest as s3endpoint_conftest
 from tests.s3endpoint.conftest import World
 from tests.s3endpoint.test_uploads import events

@@ -5,7 +5,7 @@ spelling. The host is resolved once, every address checked, and the connection m
 address that was checked, with the URL's own Host; redirects are not followed. An operator
 who needs an internal receiver names its network in SWITCHYARD_WEBHOOK_ALLOWED_NETWORKS.
 
-The rule (config/outbound_urls.py) is tested over many spellings; then end to end: a use
+The rule (runtime/outbound_urls.py) is tested over many spellings; then end to end: a use
 case's webhook and a task's callback to a loopback receiver are refused where they are
 registered (the web API, a real gateway) and where they are sent (a real Celery worker),
 and reach the receiver once the allow-list names it.
@@ -29,8 +29,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from rest_framework.test import APIClient
 
-from config.env import ConfigurationError
-from config.outbound_urls import (
+from governance.audit import Actor
+from governance.choices import FileState
+from governance.models import FileRegistration, UseCase
+from governance.roles import Role
+from governance.webhook_urls import WebhookRefused
+from ops.processes import wait_until
+from runtime.env import ConfigurationError
+from runtime.outbound_urls import (
     HostUnresolved,
     OutboundRefused,
     Resolved,
@@ -41,23 +47,18 @@ from config.outbound_urls import (
     post,
     resolve,
 )
-from config.processes import wait_until
-from governance.audit import Actor
-from governance.choices import FileState
-from governance.models import FileRegistration, UseCase
-from governance.roles import Role
-from governance.webhooks import webhook_set
 from scheduler.batcher.callbacks import Callbacks
 from scheduler.batcher.payloads import parse_entry
-from scheduler.webhooks import WebhookRefused, post_signed, webhook_deliver
+from scheduler.files.webhook_settings import webhook_set
+from scheduler.files.webhooks import post_signed, webhook_deliver
+from testkit.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.file_jobs_world import WebhookReceiver, verify_standard_webhook
 from tests.conftest import CeleryWorkerFactory
-from tests.factories import make_model, make_tenant, make_use_case, make_user
 from tests.gateway.test_async_api import (
     EMBED,
     _async_settings,
     async_world,  # noqa: F401 — a fixture
 )
-from tests.scheduler.file_jobs_world import WebhookReceiver, verify_standard_webhook
 
 ALLOW = "SWITCHYARD_WEBHOOK_ALLOWED_NETWORKS"
 

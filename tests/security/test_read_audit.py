@@ -26,13 +26,13 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from gateway.async_tasks import layout
-from governance.api_files import batch_result_file
 from governance.models import ApiFile, AuditEvent, FileRegistration, PriorityClass, SlaClass
 from governance.roles import Role
-from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
-from tests.support.async_tasks import now_ms, submit
-from tests.support.openai_batch import chat_line, jsonl
-from tests.support.records import make_record
+from scheduler.files.openai_files import batch_result_file
+from testkit.async_tasks import now_ms, submit
+from testkit.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from testkit.openai_batch import chat_line, jsonl
+from testkit.records import make_record
 
 pytestmark = pytest.mark.django_db
 

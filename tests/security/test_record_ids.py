@@ -19,8 +19,8 @@ import httpx
 import valkey
 
 from gateway.front_door import minted_id
+from testkit.policy import PolicyBuilder
 from tests.conftest import GatewayFactory, SimulatorFactory
-from tests.support.policy import PolicyBuilder
 
 MODEL = "llama-test"
 HEX32 = re.compile(r"[0-9a-f]{32}")

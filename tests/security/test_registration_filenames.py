@@ -20,12 +20,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from governance.choices import FileState
-from governance.filenames import MAX_FILENAME_BYTES, filename_problem, object_segment
 from governance.models import AuditEvent, FileRegistration
 from s3endpoint.principals import Principal
 from s3endpoint.registrations import _target
-from scheduler.upload_events import upload_object_name
-from tests.governance.test_file_registration import (
+from scheduler.files.filenames import MAX_FILENAME_BYTES, filename_problem, object_segment
+from scheduler.files.upload_events import upload_object_name
+from tests.scheduler.files.test_file_registration import (
     as_key,
     as_user,
     audio,

@@ -5,7 +5,7 @@ arguments are text for the response guardrails too.
 
 Against real processes: a gateway, its fleet watcher, the vLLM simulator, Valkey and the
 guardrail service (the ``words`` test detector), started once for the module
-(tests/support/module_stack.py). "guarded" blocks the word "secret" on requests,
+(testkit/module_stack.py). "guarded" blocks the word "secret" on requests,
 "redacting" redacts it, "plain" has no guardrail.
 """
 
@@ -22,13 +22,13 @@ import orjson
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.guardrails.plan import GuardPlan, StageChecks
+from gateway.guardrail_plan import GuardPlan, StageChecks
 from gateway.guardrails.stream import GuardedStream
 from gateway.response_stage import check_answer
 from guardrails.protocol import CheckSpec
-from tests.support.guardrails import Subject, service_guardrails
-from tests.support.module_stack import module_stack
-from tests.support.policy import PolicyBuilder
+from testkit.guardrails import Subject, service_guardrails
+from testkit.module_stack import module_stack
+from testkit.policy import PolicyBuilder
 
 MODEL = "llama-shapes"
 EMBED = "embed-shapes"

@@ -27,18 +27,19 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from governance.api_files import batch_result_file
 from governance.audit import Actor
 from governance.models import ApiFile, ApiKey, FileRegistration, PriorityClass, SlaClass, UseCase
 from governance.roles import Role
-from governance.services import api_key_revoke, use_case_transition
-from tests.factories import make_key, make_model, make_tenant, make_use_case, make_user
-from tests.support.oidc import (
+from governance.services.api_keys import api_key_revoke
+from governance.services.use_cases import use_case_transition
+from scheduler.files.openai_files import batch_result_file
+from testkit.factories import make_key, make_model, make_tenant, make_use_case, make_user
+from testkit.oidc import (
     AUTOMATION_CLIENT,
     Provider,
     settings_from_environment,
 )
-from tests.support.openai_batch import chat_line, jsonl
+from testkit.openai_batch import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db
 

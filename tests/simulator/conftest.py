@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from config.processes import PYTHON, ManagedProcess, free_port, http_ready
+from ops.processes import PYTHON, ManagedProcess, free_port, http_ready
 from tests.simulator.client import get
 
 LIVE_URL = os.environ.get("SWITCHYARD_LIVE_VLLM_URL")

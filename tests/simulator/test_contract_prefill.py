@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from config.processes import PYTHON, ManagedProcess, free_port, http_ready
+from ops.processes import PYTHON, ManagedProcess, free_port, http_ready
 from tests.simulator.conftest import LIVE_MODEL, LIVE_URL, SIMULATED_MODEL
 
 BUDGET = 256  # max_num_batched_tokens on both servers

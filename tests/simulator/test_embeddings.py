@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import RunningSimulator, SimulatorFactory
+from testkit.stack import RunningSimulator
+from tests.conftest import SimulatorFactory
 from tests.simulator.client import Reply, get, post
 
 EMBEDDINGS = "/v1/embeddings"

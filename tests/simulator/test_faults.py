@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from config.processes import wait_until
+from ops.processes import wait_until
 from tests.conftest import SimulatorFactory
 from tests.simulator.client import Reply, get, post
 

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from simulator.guard import category_keywords, parse_prompt, verdict
-from tests.conftest import RunningSimulator, SimulatorFactory
+from testkit.stack import RunningSimulator
+from tests.conftest import SimulatorFactory
 
 GUARD = "sim-guard"
 

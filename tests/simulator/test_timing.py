@@ -7,8 +7,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from config.processes import wait_until
-from tests.conftest import RunningSimulator, SimulatorFactory
+from ops.processes import wait_until
+from testkit.stack import RunningSimulator
+from tests.conftest import SimulatorFactory
 from tests.simulator.client import OpenStream, get, post
 
 COMPLETIONS = "/v1/completions"

@@ -16,11 +16,12 @@ import pytest
 import valkey
 import valkey.asyncio as avalkey
 
+from gateway.fleet_settings import FleetSettings
 from gateway.fleet_watcher import FleetWatcher, WatcherSettings
 from gateway.scheduling import Scheduler, Ticket, fleet_entry, keys, write_fleet
+from testkit.policy import PolicyBuilder
 from tests.conftest import SimulatorFactory
 from tests.gateway.scheduling.conftest import MODEL, R1, running_schedulers
-from tests.support.policy import PolicyBuilder
 
 SKEW_S = 2.0
 STALE_MS = 1_000  # the gateway's default staleness bound: 2 s of skew is twice over it
@@ -87,7 +88,8 @@ async def test_a_watcher_whose_clock_runs_behind_writes_entries_gateways_find_fr
     replica = start_simulator(MODEL)
     PolicyBuilder().model(MODEL, [replica.base_url]).publish(valkey_client)
     watcher_client = avalkey.Valkey.from_url(valkey_url)
-    watcher = FleetWatcher(watcher_client, WatcherSettings(valkey_url=valkey_url))
+    settings = WatcherSettings(fleet=FleetSettings(valkey_url=valkey_url))
+    watcher = FleetWatcher(watcher_client, settings)
     await watcher.start()
     try:
         await watcher.policy.refresh()

@@ -7,8 +7,8 @@ import sys
 
 import orjson
 
-from config.processes import REPO_ROOT
 from gateway.scheduling import fleet_entry, keys, wall_ms
+from ops.processes import REPO_ROOT
 from tests.gateway.scheduling.conftest import MODEL, R1, R2
 
 CAPS = {R1: 2, R2: 3}
