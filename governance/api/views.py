@@ -248,6 +248,16 @@ class RateLimitPolicyViewSet(GovernedViewSet):
         return rate_limits_visible(self.request.user).select_related("model", "tenant")
 
 
+def visible_use_case_or_404(user: Any, pk: str) -> UseCase:
+    """The use case ``pk`` names, if the user may see it; else a JSON 404. For views under
+    ``/api/use-cases/<id>/`` outside the viewset: any segment reaches them, as with the
+    router's own routes."""
+    found = use_cases_visible(user).filter(pk=int(pk)).first() if pk.isdigit() else None
+    if found is None:
+        raise NotFound("No such use case.")
+    return found
+
+
 class UseCaseViewSet(
     ScopedRelations,
     mixins.CreateModelMixin,

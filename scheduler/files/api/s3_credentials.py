@@ -11,15 +11,14 @@ from typing import Any
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import exceptions, mixins, serializers, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from governance.api.views import HasSwitchyardRole, actor_of
+from governance.api.views import HasSwitchyardRole, actor_of, visible_use_case_or_404
 from governance.models import S3Credential
-from governance.selectors import use_cases_visible
 from scheduler.files.s3_credentials import (
     s3_credential_issue,
     s3_credential_revoke,
@@ -97,20 +96,13 @@ class UseCaseS3CredentialsView(APIView):
 
     permission_classes = (HasSwitchyardRole,)
 
-    def _use_case(self, request: Request, pk: str) -> Any:
-        # Any segment reaches here (as with the router's routes), so a JSON 404 answers it.
-        found = use_cases_visible(request.user).filter(pk=int(pk)).first() if pk.isdigit() else None
-        if found is None:
-            raise exceptions.NotFound("No such use case.")
-        return found
-
     @extend_schema(
         parameters=[USE_CASE_ID],
         responses=S3CredentialSerializer(many=True),
         summary="A use case's credentials",
     )
     def get(self, request: Request, pk: str) -> Response:
-        use_case = self._use_case(request, pk)
+        use_case = visible_use_case_or_404(request.user, pk)
         credentials = s3_credentials_visible(request.user).filter(use_case=use_case)
         return Response(S3CredentialSerializer(credentials, many=True).data)
 
@@ -125,7 +117,7 @@ class UseCaseS3CredentialsView(APIView):
         body.is_valid(raise_exception=True)
         credential, secret = s3_credential_issue(
             actor=actor_of(request),
-            use_case=self._use_case(request, pk),
+            use_case=visible_use_case_or_404(request.user, pk),
             name=body.validated_data["name"],
             expires_at=body.validated_data["expires_at"],
         )

@@ -11,15 +11,13 @@ from typing import Any, cast
 
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import exceptions, serializers
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from governance.api.views import HasSwitchyardRole
+from governance.api.views import HasSwitchyardRole, visible_use_case_or_404
 from governance.audit import Actor
-from governance.models import UseCase
-from governance.selectors import use_cases_visible
 from scheduler.files.webhook_settings import MAX_URL_CHARS, webhook_set
 
 
@@ -55,11 +53,7 @@ class UseCaseWebhookView(APIView):
         summary="Set or clear a use case's webhook; the new secret is in this answer only",
     )
     def post(self, request: Request, pk: str) -> Response:
-        # Any segment reaches here (as with the router's routes), so a JSON 404 answers it.
-        found = use_cases_visible(request.user).filter(pk=int(pk)).first() if pk.isdigit() else None
-        if found is None:
-            raise exceptions.NotFound("No such use case.")
-        use_case: UseCase = found
+        use_case = visible_use_case_or_404(request.user, pk)
         body = WebhookSetSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         secret = webhook_set(
