@@ -97,7 +97,12 @@ def test_a_stuck_detector_is_killed_and_replaced(
     """GIVEN one worker and a 0.5 s check timeout WHEN a detector sleeps for a minute
     THEN the caller gets 504 guardrail_timeout, the worker process is gone, and a fresh
     worker answers the next check."""
-    service = start_guardrail_service(SWITCHYARD_GUARDRAIL_CHECK_TIMEOUT_SECONDS="0.5")
+    # The queue timeout is long so the next check waits for the replacement to load, however
+    # slow the machine; the 0.5 s check timeout is what is under test.
+    service = start_guardrail_service(
+        SWITCHYARD_GUARDRAIL_CHECK_TIMEOUT_SECONDS="0.5",
+        SWITCHYARD_GUARDRAIL_QUEUE_TIMEOUT_SECONDS="25",
+    )
     before = {p.pid for p in _workers(service.process.pid)}
     assert len(before) == 1
     response = _check(

@@ -28,6 +28,8 @@ def _as_a_background_job() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+# A whole stack's start-up may take its full 150 s on a busy machine, then the stop.
+@pytest.mark.timeout(300)
 def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, ports) -> None:
     """The demo answers; Ctrl-C (SIGINT) stops every process, even when the stack was started
     with SIGINT ignored, as a shell starts a background job."""
@@ -144,6 +146,8 @@ def test_a_port_in_use_is_reported_with_the_variable_to_change(tmp_path, ports) 
     assert time.monotonic() - started < 30
 
 
+# A whole stack's start-up may take its full 150 s on a busy machine, then the stop.
+@pytest.mark.timeout(300)
 def test_seaweedfs_dying_stops_the_stack_with_its_log(tmp_path, ports) -> None:
     """Object storage is a child like the others: if it dies, the stack says which, shows the
     end of its log, and stops everything else rather than limping on without a bucket."""
