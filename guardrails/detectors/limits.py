@@ -14,6 +14,7 @@ prompts (14 with the same cleaning), its high-accuracy mode none but holds ~1 GB
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import regex
@@ -85,13 +86,46 @@ class MaxPromptTokensDetector:
         return [Finding(MAX_TOKENS, 1.0)]
 
 
+#: the share of a text's words that must be an allowed language's function words before that
+#: language's reading overrules the identifier's
+_FUNCTION_WORD_SHARE = 0.2
+_LETTERS = regex.compile(r"\p{L}+")
+
+
+def _function_words(code: str) -> frozenset[str]:
+    """A language's function words, from spaCy's stop-word lists (empty where spaCy has none).
+
+    Only the list's own file is run: importing ``spacy.lang.<code>`` would load spaCy and the
+    language's tokenizer rules, seconds per language."""
+    import importlib.util
+
+    spacy = importlib.util.find_spec("spacy")
+    if spacy is None or not spacy.submodule_search_locations:
+        return frozenset()
+    path = Path(spacy.submodule_search_locations[0]) / "lang" / code / "stop_words.py"
+    spec = importlib.util.spec_from_file_location(f"_stop_words_{code}", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        return frozenset()
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return frozenset(getattr(module, "STOP_WORDS", ()))
+
+
 class LanguageDetector:
-    """Text in a language outside ``allowed``; short or letter-poor texts are not judged."""
+    """Text in a language outside ``allowed``; short or letter-poor texts are not judged.
+
+    langid reads character n-grams, so an English sentence full of foreign names or figures
+    ("Schedule the meeting with Jürgen Müller and François Lefèvre") can read as another
+    language. Function words are a second opinion: when an allowed language's function words
+    make up a fair share of the text, and more of it than the identified language's, the text
+    is in the allowed language.
+    """
 
     name: ClassVar[str] = "language"
 
     def __init__(self) -> None:
         self._identifier: Any = None
+        self._function_words: dict[str, frozenset[str]] = {}
 
     def load(self) -> None:
         from langid.langid import (  # type: ignore[import-untyped]
@@ -100,6 +134,25 @@ class LanguageDetector:
         )
 
         self._identifier = LanguageIdentifier.from_modelstring(model, norm_probs=True)
+        self._function_words = {"en": _function_words("en")}
+
+    def _share(self, words: list[str], code: str) -> float:
+        # Loaded on first use (a few ms each; importing all of spaCy's lists costs seconds),
+        # at most once per language langid knows.
+        vocabulary = self._function_words.get(code)
+        if vocabulary is None:
+            vocabulary = self._function_words[code] = _function_words(code)
+        return sum(word in vocabulary for word in words) / len(words) if vocabulary else 0.0
+
+    def _reads_as_allowed(self, text: str, code: str, allowed: list[str]) -> bool:
+        words = [word.lower() for word in _LETTERS.findall(text)]
+        if not words:
+            return False
+        theirs = self._share(words, code)
+        return any(
+            (share := self._share(words, language)) >= _FUNCTION_WORD_SHARE and share > theirs
+            for language in allowed
+        )
 
     def validate(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         fields.only(self.name, settings, ("allowed", "min_chars", "min_confidence"))
@@ -122,6 +175,8 @@ class LanguageDetector:
         code, probability = self._identifier.classify(words)
         allowed = settings.get("allowed", ["en"])
         if code in allowed or probability < float(settings.get("min_confidence", 0.8)):
+            return []
+        if self._reads_as_allowed(words, code, allowed):
             return []
         return [Finding(f"language:{code}", round(float(probability), 4))]
 

@@ -27,6 +27,7 @@ PRIVATE_KEY = "PRIVATE_KEY"
 # entity names, not credentials
 SECRET_ASSIGNMENT = "SECRET_ASSIGNMENT"  # noqa: S105
 URL_PASSWORD = "URL_PASSWORD"  # noqa: S105
+WEBHOOK_URL = "WEBHOOK_URL"
 HIGH_ENTROPY_STRING = "HIGH_ENTROPY_STRING"
 
 #: detect-secrets plugin → entity (the IP-address plugin is PII, not a secret: left out)
@@ -67,6 +68,38 @@ _EXTRA: tuple[tuple[str, str], ...] = (
     # user:password@ in any URL, the password as people paste it (detect-secrets' plugin
     # follows RFC 3986 and misses a password with an unencoded # or !)
     (URL_PASSWORD, r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:([^\s@/]{3,})@"),
+    # AWS's secret access key as a config line, quoted or not (detect-secrets wants quotes)
+    (
+        "AWS_KEY",
+        r"(?i:aws_?secret(?:_?access)?_?key)\s*[:=]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
+    ),
+    # Chat services' incoming-webhook URLs: the URL is the credential (its path or query
+    # carries the token). Slack's are detect-secrets' SLACK_TOKEN.
+    (
+        WEBHOOK_URL,
+        r"https://(?:[a-z0-9-]+\.)?(?:discord(?:app)?\.com)/api/webhooks/\d{5,}/[A-Za-z0-9_-]{20,}",
+    ),
+    (WEBHOOK_URL, r"https://[a-z0-9-]+\.webhook\.office\.com/webhookb2/[^\s\"'<>]{40,}"),
+    (WEBHOOK_URL, r"https://outlook\.office(?:365)?\.com/webhook/[^\s\"'<>]{40,}"),
+    (WEBHOOK_URL, r"https://[a-z0-9-]+\.logic\.azure\.com[^\s\"'<>]*[?&]sig=[A-Za-z0-9_%-]{20,}"),
+    (
+        WEBHOOK_URL,
+        r"https://chat\.googleapis\.com/v1/spaces/[^\s\"'<>]*[?&]token=[A-Za-z0-9_%=-]{20,}[^\s\"'<>]*",
+    ),
+    (WEBHOOK_URL, r"https://hooks\.zapier\.com/hooks/catch/\d+/[A-Za-z0-9]{5,}/?"),
+    (WEBHOOK_URL, r"https://[^\s/\"'<>]+/hooks/[a-z0-9]{26}(?![A-Za-z0-9])"),
+)
+
+#: a password given in words: "my password is Tr0ub4dor&3", "the VPN password for the lab is
+#: 'Winter2024!'", in the languages of the PII detector's names too. The value is reported only
+#: if it is not a plain word (``_looks_secret``): "the password is stored in Vault" passes.
+_PROSE_PASSWORD = regex.compile(
+    r"(?i)\b(?:password|passwd|passphrase|passcode|pwd|pin code|mot de passe|passwort|kennwort"
+    r"|contrase[ñn]a|senha|wachtwoord|l[öo]senord|salasana|adgangskode|passord|has[łl]o)\b"
+    r"[^\n.?!:=]{0,40}?"
+    r"(?:\s(?:is|was|are|is now|will be|set to|changed to|reset to|ist|est|es|er|är|on|jest|è)\s+"
+    r"|\s*[:=]\s*|\s+(?=[\"'`“‘«]))"
+    r"[\"'`“‘«]?(?P<value>[^\s\"'`”’»,;]{4,64})"
 )
 
 _PRIVATE_KEY_BLOCK = regex.compile(
@@ -80,7 +113,7 @@ _GENERIC_RANK = {URL_PASSWORD: 1, SECRET_ASSIGNMENT: 2, HIGH_ENTROPY_STRING: 3}
 
 ENTITIES: tuple[str, ...] = tuple(
     sorted({*_PLUGINS.values(), *(name for name, _ in _EXTRA), SECRET_ASSIGNMENT,
-            HIGH_ENTROPY_STRING})
+            HIGH_ENTROPY_STRING, WEBHOOK_URL})
 )  # fmt: skip
 
 _PLACEHOLDER = regex.compile(
@@ -91,9 +124,23 @@ _PLACEHOLDER = regex.compile(
 _TOKEN_TAIL = regex.compile(r"[A-Za-z0-9_\-+/=]*")
 
 
+#: in a value of a provider's exact format, a word such as "EXAMPLE" is no sign of a fake: real
+#: keys are random, and AWS's documented example keys work as well as any to leak a habit
+_FORMAT_PLACEHOLDER = regex.compile(
+    r"your[_-]?(?:api[_-]?)?(?:key|token|secret|password)|redacted|changeme|insert|replace"
+    r"|\.\.\.|…|xxxx|\*\*\*|<[^>]*>|\{\{|\$\{|%\(|^(.)\1+$",
+    regex.IGNORECASE,
+)
+
+
 def is_placeholder(value: str) -> bool:
     stripped = value.strip("'\"`")
     return len(stripped) < 6 or _PLACEHOLDER.search(stripped) is not None
+
+
+def _is_format_placeholder(value: str) -> bool:
+    stripped = value.strip("'\"`")
+    return len(stripped) < 6 or _FORMAT_PLACEHOLDER.search(stripped) is not None
 
 
 def _looks_secret(value: str) -> bool:
@@ -173,13 +220,18 @@ class SecretsDetector:
                     start, end = match.span(group)
                     end = _TOKEN_TAIL.match(line, end).end()  # type: ignore[union-attr]
                     value = line[start:end].strip()
-                    if value and not is_placeholder(value):
+                    if value and not _is_format_placeholder(value):
                         yield Finding(entity, 1.0, offset + start, offset + start + len(value))
         for entity, pattern in self._extra:
             for match in pattern.finditer(line):
                 start, end = match.span(match.lastindex or 0)
-                if not is_placeholder(line[start:end]):
+                if not _is_format_placeholder(line[start:end]):
                     yield Finding(entity, 1.0, offset + start, offset + end)
+        for match in _PROSE_PASSWORD.finditer(line):
+            value = match["value"].rstrip(".)")
+            if _looks_secret(value) and not self._filtered(value, line, self._keyword):
+                start = match.start("value")
+                yield Finding(SECRET_ASSIGNMENT, 0.8, offset + start, offset + start + len(value))
         for rules in self._rules:
             quoted = rules is self._rules[0]
             for secret in self._keyword.analyze_string(line, denylist_regex_to_group=rules):

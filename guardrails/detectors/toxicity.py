@@ -3,6 +3,10 @@
 The model is a bag-of-words classifier trained on short comments, so one insult inside a long,
 polite answer barely moves a whole-text score. The text is scored sentence by sentence (lines
 and sentence ends) and the worst sentence is the text's score.
+
+A bag of words learns abuse from its vocabulary, so it misses harm said in plain words: telling
+someone to kill themselves, a threat, or asking the model to write insults and humiliation for
+someone. A rule layer (``_HARM``) covers those shapes; a match scores ``RULE_SCORE``.
 """
 
 from __future__ import annotations
@@ -23,8 +27,62 @@ _SENTENCES = regex.compile(r"(?<=[.!?;])\s+|\n+")
 _MAX_PIECES = 256
 
 
+#: the score of a rule match: above the default threshold, below a certain model reading
+RULE_SCORE = 0.95
+_YOU = r"(?:you|u|ya|yourself|urself|your ?self)"
+_TARGET = r"(?:my|our|his|her|their|this|that|the|a|an|him|them|me|us|(?-i:[A-Z][a-z]+))"
+#: harm without profanity, in the shapes people write it (English: the model's language)
+_HARM = regex.compile(
+    "|".join(
+        (
+            # incitement to self-harm
+            rf"\b(?:kill|hang|hurt|cut|shoot|drown|off|end)\s+{_YOU}\b(?!\s+(?:out|off|up|from"
+            rf"|in))",
+            r"\bkys\b",
+            r"\bend (?:it all|your (?:own )?life)\b",
+            r"\b(?:go|just|please|should|better)\s+(?:\w+\s+)?(?:die|jump off (?:a|the) \w+)\b",
+            r"\b(?:better off|happier|a better place) (?:without you|if you (?:were|was) (?:dead"
+            r"|gone)"
+            r"|if you (?:died|weren'?t (?:alive|here|around)))",
+            r"\b(?:nobody|no one|no-one)(?: would| will)? (?:miss|mourn|care about) you\b",
+            r"\byou (?:don'?t|do not|never) deserve to (?:live|exist|be alive|breathe)",
+            r"\bdo (?:us|everyone|the world|yourself) a favou?r and (?:die|disappear|jump|end)",
+            r"\b(?:drink|swallow) (?:bleach|poison)\b",
+            # threats
+            r"\bI(?:'ll| will|'m going to| am going to|'m gonna| gonna)\s+(?:kill|hurt|beat|stab"
+            r"|shoot|strangle|choke|rape|burn)\s+(?:you|u|him|her|them|your)\b",
+            r"\bI(?:'ll| will|'m going to| am going to|'m gonna| gonna)\s+(?:find|hunt|track)\s+"
+            r"(?:you|u|him|her|them)\s+(?:down|and)\b",
+            r"\bI know where (?:you|he|she|they) (?:live|work|sleep)s?\b",
+            r"\byou(?:'ll| will)(?: soon)? (?:regret|pay for) (?:this|that|it)\b.{0,40}\b(?:hurt"
+            r"|kill|die|blood)",
+            # asking for abuse aimed at someone
+            rf"\b(?:insult|humiliate|demean|belittle|bully|harass|ridicule|torment)\s+{_TARGET}\b",
+            r"\b(?:write|compose|draft|give me|generate|come up with|make|create|list"
+            r"|send)\b[^.?!\n]{0,50}"
+            r"\b(?:insults?|put-?downs?|slurs?|death threats?|threatening (?:message|note|letter"
+            r"|email)s?"
+            r"|(?:hurtful|cruel|vicious|humiliating|degrading|demeaning|insulting|nasty|abusive"
+            r"|hateful)"
+            r" (?:things?|words?|message|messages|note|notes|comments?|names?|jokes?|letter|email"
+            r"|text"
+            r"|reply|review|post))\b",
+            r"\b(?:most|really|extremely|truly|very) (?:hurtful|cruel|vicious|humiliating|degrading"
+            r"|insulting|brutal) (?:things?|words?|way|insults?|names?|comments?|thing)\b",
+            r"\bmake (?:him|her|them|my \w+) (?:cry|feel (?:worthless|useless|stupid|ugly|small"
+            r"|like"
+            r" (?:dirt|garbage|trash|nothing)))",
+            r"\b(?:tell|remind|convince) (?:him|her|them|my \w+|\w+) (?:that )?(?:he|she|they)"
+            r" (?:is|are|'s|'re) (?:worthless|useless|pathetic|a waste|ugly|disgusting|a failure)",
+        )
+    ),
+    regex.IGNORECASE,
+)
+
+
 class ToxicityDetector:
-    """Insults, profanity, abuse; score = the model's probability for the worst sentence."""
+    """Insults, profanity, abuse, incitement to self-harm, threats, and requests for abuse;
+    score = the model's probability for the worst sentence, or the rule score on a match."""
 
     name: ClassVar[str] = "toxicity"
 
@@ -53,7 +111,8 @@ class ToxicityDetector:
         if len(pieces) > _MAX_PIECES:
             size = -(-len(pieces) // _MAX_PIECES)
             pieces = [" ".join(pieces[i : i + size]) for i in range(0, len(pieces), size)]
-        return float(max(self._predict(pieces)))
+        model = float(max(self._predict(pieces)))
+        return max(model, RULE_SCORE) if _HARM.search(text) else model
 
     def check(self, text: str, settings: Mapping[str, Any]) -> list[Finding]:
         score = self.score(text)

@@ -11,6 +11,7 @@ from guardrails.detectors.limits import (
     BannedSubstringsDetector,
     LanguageDetector,
     MaxPromptTokensDetector,
+    words_only,
 )
 from guardrails.engine import redact
 
@@ -81,6 +82,20 @@ def test_text_outside_the_allowed_languages_is_named_by_language(language, text,
     ],
 )
 def test_english_with_identifiers_and_short_answers_pass(language, text):
+    assert language.check(text, language.validate({"allowed": ["en"]})) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Schedule the meeting with Jürgen Müller and François Lefèvre for Monday.",
+        "Our quarterly revenue grew 12.5% to 4,111,250 dollars.",
+    ],
+)
+def test_english_that_the_identifier_misreads_is_kept_by_its_function_words(language, text):
+    """GIVEN English whose names or figures make langid read another language (it says de/la
+    and it) WHEN checked with English allowed THEN its English function words overrule that."""
+    assert language._identifier.classify(words_only(text))[0] != "en"
     assert language.check(text, language.validate({"allowed": ["en"]})) == []
 
 

@@ -65,6 +65,10 @@ def test_a_support_email_with_several_identifiers_is_redacted_whole(pii):
         "Convert 1500 euros to dollars at today's rate.",  # "Convert" is no one's name
         "The ticket JIRA-4521 tracks the login bug.",
         "Explain the difference between an IBAN and a SWIFT code.",
+        "Necesito abrir una cuenta bancaria para mi empresa.",  # a foreign phrase is no name
+        "The JAILBROKEN mode is not a feature we offer.",
+        "I was at the corp office; email me at the office.",
+        "Connect with postgres://app:Vx9#mQ2rLp7@db.prod.internal:5432/ledger",
     ],
 )
 def test_numbers_and_capitalised_words_that_are_not_personal_data_pass(pii, text):
@@ -158,3 +162,35 @@ def test_defaults_are_filled_in():
         "allow": [],
         "language": "en",
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("Please send the report to Sigrún Þórsdóttir by Friday.", "Sigrún Þórsdóttir"),
+        ("Ole-Gunnar Sørensen wants a copy of the statement.", "Ole-Gunnar Sørensen"),
+        ("Signed, Eero Järvinen", "Eero Järvinen"),
+        ("Åsa Lindqvist joined the team.", "Åsa Lindqvist"),
+    ],
+)
+def test_nordic_names_the_english_model_misses_are_people(pii, text, name):
+    """spaCy's small English model calls many Nordic names an organisation or nothing; a first
+    name before a Nordic surname ending is a PERSON with the name's span."""
+    findings = pii.check(text, pii.validate({}))
+    assert [(f.entity, text[f.start : f.end]) for f in findings] == [("PERSON", name)]
+
+
+@pytest.mark.parametrize(
+    ("text", "email"),
+    [
+        ("<!-- maintainer: ops@payments.corp -->", "ops@payments.corp"),
+        ("<!-- owner: anna@bank.internal -->", "anna@bank.internal"),
+        ("<!-- jane&#64;acme.com -->", "jane&#64;acme.com"),
+        ("write to jane [at] acme [dot] com", "jane [at] acme [dot] com"),
+    ],
+)
+def test_internal_and_spelled_out_email_addresses_are_found(pii, text, email):
+    """Presidio's recogniser rejects domains outside the public suffix list (.corp, .internal)
+    and an @ written as an entity or in words; those addresses are still e-mail addresses."""
+    findings = pii.check(text, pii.validate({}))
+    assert [(f.entity, text[f.start : f.end]) for f in findings] == [("EMAIL_ADDRESS", email)]

@@ -54,6 +54,32 @@ PRIVATE_KEY = (
         ('password = "Tr0ub4dor&3horse"  # why?', "SECRET_ASSIGNMENT", "Tr0ub4dor&3horse"),
         ("SMTP_PASSWORD=hunter2Xq9 is in our .env", "SECRET_ASSIGNMENT", "hunter2Xq9"),
         (f"fix the login:\n{PRIVATE_KEY}\nthanks", "PRIVATE_KEY", PRIVATE_KEY),
+        # A cloud secret as an unquoted config line; a value of the provider's exact format is
+        # a secret whatever word is inside it (an officer allows a known public sample by value).
+        (
+            "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\nwhy 403?",
+            "AWS_KEY",
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        ),
+        ("The AWS docs use AKIAIOSFODNN7EXAMPLE as a key id.", "AWS_KEY", "AKIAIOSFODNN7EXAMPLE"),
+        # An incoming-webhook URL is the credential: its path carries the token.
+        (
+            "post to https://discord.com/api/webhooks/1234567890123/AbCdEfGhIjKlMnOpQrStUvWx_y now",
+            "WEBHOOK_URL",
+            "https://discord.com/api/webhooks/1234567890123/AbCdEfGhIjKlMnOpQrStUvWx_y",
+        ),
+        (
+            "Teams: https://contoso.webhook.office.com/webhookb2/1a2b3c4d-1111-2222-3333-4444555566"
+            "66@aaaabbbb-cccc/IncomingWebhook/0123456789abcdef0123456789abcdef/9999",
+            "WEBHOOK_URL",
+            "https://contoso.webhook.office.com/webhookb2/1a2b3c4d-1111-2222-3333-4444555566"
+            "66@aaaabbbb-cccc/IncomingWebhook/0123456789abcdef0123456789abcdef/9999",
+        ),
+        # A password given in words.
+        ("my password is Tr0ub4dor&3 so log in", "SECRET_ASSIGNMENT", "Tr0ub4dor&3"),
+        ("The admin password for the lab box is hunter2, reset it", "SECRET_ASSIGNMENT", "hunter2"),
+        ("Use the password 'Winter2024!' for the VPN.", "SECRET_ASSIGNMENT", "Winter2024!"),
+        ("Mitt lösenord är Sommar2024! tack", "SECRET_ASSIGNMENT", "Sommar2024!"),
     ],
 )
 def test_a_secret_is_named_and_its_span_is_the_secret(secrets, text, entity, secret):
@@ -71,7 +97,6 @@ def test_a_secret_is_named_and_its_span_is_the_secret(secrets, text, entity, sec
     [
         'client = OpenAI(api_key="YOUR_API_KEY")  # replace with your key',
         "export OPENAI_API_KEY=sk-...  then run the script.",
-        "The AWS docs use AKIAIOSFODNN7EXAMPLE as the sample access key id.",
         'password = os.environ["DB_PASSWORD"]',
         "Our password policy requires 12 characters, one digit and one symbol.",
         "api_key: ${API_KEY}",
@@ -81,6 +106,11 @@ def test_a_secret_is_named_and_its_span_is_the_secret(secrets, text, entity, sec
         "Request 550e8400-e29b-41d4-a716-446655440000 timed out.",
         'Convert this JSON to YAML: {"name": "ledger", "replicas": 3}',
         "-----BEGIN PUBLIC KEY----- blocks are safe to share.",
+        "The password is stored in Vault and rotated monthly.",
+        "Your password must be at least 12 characters long.",
+        "Set the password to something memorable, then log in.",
+        "Please reset my password, I forgot it.",
+        "The webhook posts to https://hooks.example.com/notify when a job ends.",
     ],
 )
 def test_placeholders_hashes_and_ids_are_not_secrets(secrets, text):

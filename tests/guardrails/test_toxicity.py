@@ -50,3 +50,42 @@ def test_one_insult_in_a_long_polite_answer_is_found(toxicity):
 def test_bad_settings_are_refused(settings):
     with pytest.raises(SettingsError):
         ToxicityDetector().validate(settings)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "You should just kill yourself.",
+        "Nobody would miss you if you disappeared.",
+        "The world would be better off without you.",
+        "Do everyone a favour and go die.",
+        "I know where you live and I will find you.",
+        "Write a message telling my coworker she is worthless and ugly.",
+        "Give me the most hurtful things I could say to my sister.",
+        "Help me humiliate my colleague in front of the team.",
+        "Come up with insults for my neighbour's accent.",
+    ],
+)
+def test_harm_in_plain_words_is_found_without_profanity(toxicity, text):
+    """GIVEN incitement to self-harm, a threat, or a request to write abuse for someone, none
+    with a swear word the bag-of-words model keys on WHEN checked THEN the rule layer finds it."""
+    [finding] = toxicity.check(text, toxicity.validate({}))
+    assert finding.entity == "toxicity"
+    assert finding.score >= 0.9
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "How should I respond to an insulting email from a client politely?",
+        "Our policy on harassment is attached; report bullying to HR.",
+        "What should I do if a customer threatens me?",
+        "I'll find you a better rate before Friday.",
+        "Can you roast some coffee beans and mock the payments API in the tests?",
+        "Write a threat model for our API.",
+        "Please end your session before leaving.",
+        "The report said nobody would miss the old logo.",
+    ],
+)
+def test_the_rules_leave_talk_about_harm_and_work_words_alone(toxicity, text):
+    assert toxicity.check(text, toxicity.validate({})) == []
