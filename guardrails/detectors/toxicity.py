@@ -80,6 +80,49 @@ _HARM = regex.compile(
 )
 
 
+#: insults and profanity in the languages the platform's users write besides English (the
+#: model knows English only), written for Switchyard: common strong terms whose spelling is no
+#: English word ("con", "skit", "fan", "hora" and "kanker" are left out for that reason)
+_INSULTS: dict[str, tuple[str, ...]] = {
+    "de": ("arschloch", "arschlöcher", "wichser", "fotze", "hurensohn", "scheiße", "scheisse",
+           "scheißkerl", "verpiss dich", "fick dich", "missgeburt", "schlampe", "miststück",
+           "drecksau", "vollidiot", "trottel", "halt die fresse", "leck mich", "pisser",
+           "schwuchtel", "dreckskerl", "wixer", "hure"),
+    "fr": ("connard", "connasse", "salope", "putain", "enculé", "enfoiré", "ta gueule",
+           "va te faire foutre", "nique ta mère", "fils de pute", "abruti", "pétasse",
+           "trou du cul", "couillon", "pédé", "salaud", "merde", "conne", "grosse pute"),
+    "es": ("gilipollas", "cabrón", "hijo de puta", "hija de puta", "mierda", "joder", "coño",
+           "pendejo", "pendeja", "maricón", "zorra", "capullo", "jódete", "vete a la mierda",
+           "malparido", "culero", "chinga tu madre", "subnormal", "imbécil", "puta", "puto"),
+    "it": ("stronzo", "stronza", "vaffanculo", "cazzo", "coglione", "puttana", "troia",
+           "figlio di puttana", "testa di cazzo", "frocio", "zoccola", "minchia", "fottiti",
+           "cretino", "deficiente", "merda", "bastardo"),
+    "pt": ("porra", "caralho", "foda-se", "filho da puta", "otário", "babaca", "cuzão",
+           "vai tomar no cu", "desgraçado", "vagabunda", "arrombado", "cala a boca", "merda",
+           "puta"),
+    "nl": ("klootzak", "kutwijf", "godverdomme", "tering", "sukkel", "mongool", "flikker",
+           "rot op", "debiel", "kankerlijer", "hoer", "eikel", "trut", "kut"),
+    "sv": ("jävla", "jävel", "fitta", "kuksugare", "fittjävel", "dra åt helvete", "håll käften",
+           "idiotjävel", "hora jävel", "satmara"),
+    "da": ("kraftidiot", "kælling", "røvhul", "fisse", "pikhoved", "hold kæft", "luder",
+           "fuck dig"),
+    "no": ("drittsekk", "faen", "jævla", "fitte", "rasshøl", "hold kjeft", "hore"),
+    "fi": ("vittu", "perkele", "saatana", "kusipää", "mulkku", "huora", "idiootti",
+           "haista vittu", "runkkari", "paska"),
+    "pl": ("kurwa", "chuj", "spierdalaj", "pierdolony", "pierdol", "jebać", "jebany",
+           "skurwysyn", "cipa", "pizda", "zamknij mordę", "dupek", "kutas", "szmata", "ciota"),
+}  # fmt: skip
+_INSULT = regex.compile(
+    r"(?<!\w)(?:"
+    + "|".join(
+        regex.escape(word)
+        for word in sorted({w for words in _INSULTS.values() for w in words}, key=len, reverse=True)
+    )
+    + r")(?!\w)",
+    regex.IGNORECASE | regex.V1 | regex.FULLCASE,
+)
+
+
 class ToxicityDetector:
     """Insults, profanity, abuse, incitement to self-harm, threats, and requests for abuse;
     score = the model's probability for the worst sentence, or the rule score on a match."""
@@ -112,7 +155,8 @@ class ToxicityDetector:
             size = -(-len(pieces) // _MAX_PIECES)
             pieces = [" ".join(pieces[i : i + size]) for i in range(0, len(pieces), size)]
         model = float(max(self._predict(pieces)))
-        return max(model, RULE_SCORE) if _HARM.search(text) else model
+        harm = _HARM.search(text) is not None or _INSULT.search(text) is not None
+        return max(model, RULE_SCORE) if harm else model
 
     def check(self, text: str, settings: Mapping[str, Any]) -> list[Finding]:
         score = self.score(text)

@@ -89,3 +89,33 @@ def test_harm_in_plain_words_is_found_without_profanity(toxicity, text):
 )
 def test_the_rules_leave_talk_about_harm_and_work_words_alone(toxicity, text):
     assert toxicity.check(text, toxicity.validate({})) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Du bist ein Arschloch.",
+        "Tu es un connard.",
+        "Eres un gilipollas.",
+        "Sei uno stronzo.",
+        "Je bent een klootzak.",
+        "Ty jesteś kurwa.",
+        "Haista vittu.",
+    ],
+)
+def test_insults_in_other_languages_are_found(toxicity, text):
+    """The model knows English only; the insult lexicon covers the users' other languages."""
+    [finding] = toxicity.check(text, toxicity.validate({}))
+    assert finding.score >= 0.9
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "La hora de la reunión es a las diez, con el equipo de riesgos.",
+        "Ich möchte ein Konto eröffnen und eine Karte bestellen.",
+        "The con artist wrote a skit about a fan of hora dancing.",
+    ],
+)
+def test_ordinary_words_that_share_a_spelling_with_insults_pass(toxicity, text):
+    assert toxicity.check(text, toxicity.validate({})) == []
