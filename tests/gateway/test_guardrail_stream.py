@@ -112,3 +112,146 @@ def test_any_cut_of_a_stream_reads_as_the_whole_text_redacted(
     assert text == re.sub(r"\bsecret\b", "<WORD>", "".join(pieces), flags=re.IGNORECASE)
     assert finishes == ["stop"]
     assert len(usage) == (0 if strip else 1)
+
+
+# --- an entity across the cut (the real detectors) -----------------------------------------
+# The plan's window for PII and banned substrings (gateway/guardrail_plan.py WINDOW_CHARS).
+WINDOW = 128
+FILLER = (
+    "the weather stayed mild all week and the river ran slowly past the mill while we "
+    "walked along the path talking about nothing much at all "
+)
+
+
+@pytest.fixture
+def real_service(start_guardrail_service: GuardrailServiceFactory):
+    return start_guardrail_service(
+        SWITCHYARD_GUARDRAIL_PRELOAD="pii,banned_substrings",
+        SWITCHYARD_GUARDRAIL_CHECK_TIMEOUT_SECONDS="30",
+        SWITCHYARD_GUARDRAIL_QUEUE_TIMEOUT_SECONDS="30",
+    )
+
+
+def _old_cut(text: str, window: int) -> int:
+    """Where a window was cut before the probe: after the last word break before
+    ``len - window``."""
+    return max((m.end() for m in re.finditer(r"\s", text[: len(text) - window])), default=0)
+
+
+def _straddling(entity: str, before: str = "then I wrote to ") -> tuple[str, str]:
+    """A first piece of answer that reaches twice the window with its cut inside ``entity``,
+    and the rest of the answer."""
+    head = FILLER + before
+    rest = " about it and " + FILLER * 6
+    for extra in range(len(rest)):
+        first = head + entity + rest[:extra]
+        cut = _old_cut(first, WINDOW)
+        if len(first) >= 2 * WINDOW and len(head) < cut < len(head) + len(entity):
+            return first, rest[extra:]
+    raise AssertionError(f"no cut inside {entity!r}")
+
+
+def _words(text: str) -> list[str]:
+    """The text as a model streams it: a word (and its space) an event."""
+    return re.findall(r"\S+\s*|\s+", text)
+
+
+async def _run_stream(
+    url: str, checks: StageChecks, pieces: list[str]
+) -> tuple[GuardedStream, bytes]:
+    """The stream's answer to a chat stream of ``pieces`` in one chunk, and the stream."""
+    async with service_guardrails(url) as guardrails:
+        stream = GuardedStream(
+            path="/v1/chat/completions",
+            checks=checks,
+            guardrails=guardrails,
+            window_chars=WINDOW,
+            failure="closed",
+            strip_usage=False,
+            document={},
+        )
+        out = await stream.feed(_stream(pieces))
+        out += await stream.finish()
+    return stream, out
+
+
+def _response(name: str, action: str, **settings: Any) -> StageChecks:
+    return StageChecks("response", (CheckSpec(name, action, settings),), ())
+
+
+@pytest.mark.parametrize(
+    ("check", "entity", "marker"),
+    [
+        (_response("pii", "redact"), "John Smith", "<PERSON>"),
+        (_response("pii", "redact"), "5555 5555 5555 4444", "<CREDIT_CARD>"),
+        (
+            _response("banned_substrings", "redact", substrings=["launch the rockets"]),
+            "launch the rockets",
+            "<banned_substring>",
+        ),
+    ],
+    ids=["name", "card", "phrase"],
+)
+def test_an_entity_across_the_window_cut_is_redacted_whole(
+    real_service, check: StageChecks, entity: str, marker: str
+):
+    """GIVEN an answer whose first window would be cut inside a name, a card number written in
+    groups, or a banned phrase (each half alone is clean) THEN the client reads the answer
+    with the entity redacted whole, and one finding for it."""
+    first, rest = _straddling(entity)
+    stream, out = asyncio.run(_run_stream(real_service.url, check, [first, *_words(rest)]))
+    text, _ = _read(out)
+    assert text == (first + rest).replace(entity, marker), text
+    [summary] = stream.summaries()
+    assert sum(summary["entities"].values()) == 1, summary
+
+
+def test_a_banned_phrase_across_the_window_cut_blocks_the_stream(real_service):
+    """GIVEN response block on a phrase that the first window's cut would split THEN the
+    stream ends with the block's error event, and nothing of the phrase went out before."""
+    check = _response("banned_substrings", "block", substrings=["launch the rockets"])
+    first, rest = _straddling("launch the rockets")
+    stream, out = asyncio.run(_run_stream(real_service.url, check, [first, *_words(rest)]))
+    events = [e for e in out.split(b"\n\n") if e]
+    error = orjson.loads(events[-1].removeprefix(b"data: "))["error"]
+    assert error["code"] == "guardrail_blocked"
+    assert b"launch" not in out
+    assert b"rockets" not in out
+    assert stream.summaries()[0]["action"] == "blocked"
+
+
+def test_entities_at_the_window_cut_are_recorded_once(real_service):
+    """GIVEN response flag WHEN one card number lies just before the cut (inside the probed
+    region) and another across it THEN the answer goes out unchanged and the stream's record
+    counts two cards: the probe's findings are not counted."""
+    near = "4111 1111 1111 1111 and then "
+    first, rest = _straddling("5555 5555 5555 4444", before="my cards are " + near)
+    assert _old_cut(first, WINDOW) - first.index(near) < WINDOW // 2  # in the probed region
+    stream, out = asyncio.run(
+        _run_stream(real_service.url, _response("pii", "flag"), [first, *_words(rest)])
+    )
+    text, _ = _read(out)
+    assert text == first + rest
+    [summary] = stream.summaries()
+    assert (summary["action"], summary["entities"]) == ("flagged", {"CREDIT_CARD": 2})
+
+
+def test_a_long_clean_answer_streams_unchanged_window_by_window(real_service):
+    """GIVEN PII redaction WHEN a long answer with nothing to find streams word by word THEN
+    it reads unchanged, released in windows as it arrives (not held to the end)."""
+    answer = FILLER * 20
+    check = StageChecks(
+        "response",
+        (
+            CheckSpec("pii", "redact", {}),
+            CheckSpec("banned_substrings", "block", {"substrings": ["launch the rockets"]}),
+        ),
+        (),
+    )
+    stream, out = asyncio.run(_run_stream(real_service.url, check, _words(answer)))
+    text, (finishes, _) = _read(out)
+    assert text == answer
+    assert finishes == ["stop"]
+    windows = [e for e in out.split(b"\n\n") if b'"content":"' in e and b'"content":""' not in e]
+    assert len(windows) >= len(answer) // (2 * WINDOW), len(windows)
+    assert not stream.summaries()
