@@ -8,12 +8,19 @@ tokenizer, however, is a pickled ``tiktoken.Encoding`` that the package opens wi
 ``NanoGuard()``: it unpickles the tokenizer with an unpickler that admits only that one class,
 and loads the weights itself through the package's own ``Classifier.from_checkpoint``.
 
-Inference differs from the package's ``scan`` in one way: the package pads every text to 512
+Inference differs from the package's ``scan`` in two ways. The package pads every text to 512
 tokens, and its attention does not mask padding, so pad tokens leak into every score and each
-call costs ~0.5 s on one core. Scoring the tokens alone is ~40 ms and is what the evaluation
-set measures. A long text is also read passage by passage (see ``_windows``): the model
-averages over its tokens, and an instruction buried in a long document would otherwise be
-diluted away. The text's score is the highest of its readings.
+call costs ~0.5 s on one core; this module reads the tokens alone, which is what the
+evaluation set measures. A long text is also read passage by passage (see ``_windows``): the
+model averages over its tokens, and an instruction buried in a long document would otherwise
+be diluted away. The text's score is the highest of its readings.
+
+All readings of a text go through the model in one pass (``injection_model.readings_logits``:
+packed rows for the linear layers, a key-padding mask in attention), the same arithmetic as
+one unpadded ``Classifier.forward`` per reading, which ``_reference_score`` still runs and
+the tests compare against. The model is kept in float32: int8 dynamic quantisation was
+measured ~1.5x faster but moved scores by up to 0.28 and flipped two decisions on the
+evaluation set (docs/guardrails-catalogue.md).
 """
 
 from __future__ import annotations
@@ -21,13 +28,13 @@ from __future__ import annotations
 import importlib.resources
 import io
 import pickle  # nosec B403: restricted to one class below
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import regex
 
 from guardrails.base import Finding
-from guardrails.detectors import fields
+from guardrails.detectors import fields, injection_rules
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +44,7 @@ _T = TypeVar("_T")
 INJECTION = "injection"
 DEFAULT_THRESHOLD = 0.999
 _OVERLAP = 64
-#: 512-token windows read per text at most (the first and the last: each costs ~0.3 s on one
+#: 512-token windows read per text at most (the first and the last: each costs ~0.2 s on one
 #: core; the passages cover what lies between)
 _MAX_WINDOWS = 2
 #: tokens in a passage read on its own, and passages read per text at most
@@ -94,8 +101,13 @@ class PromptInjectionDetector:
         self.score("warm up")
 
     def validate(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        fields.only(self.name, settings, ("threshold",))
-        return {"threshold": fields.number(settings, "threshold", DEFAULT_THRESHOLD)}
+        fields.only(self.name, settings, ("threshold", "classifier"))
+        return {
+            "threshold": fields.number(settings, "threshold", DEFAULT_THRESHOLD),
+            # false: the rules alone (a fraction of a millisecond instead of the classifier's
+            # hundreds on a long prompt), for a use case that trades recall for speed
+            "classifier": fields.flag(settings, "classifier", True),
+        }
 
     def _windows(self, text: str) -> list[list[int]]:
         """What the model reads: the text itself (in 512-token windows if longer), and, for a
@@ -124,25 +136,52 @@ class PromptInjectionDetector:
         return [[bos, *window] for window in windows]
 
     def score(self, text: str) -> float:
+        """The highest injection probability over the text's readings, all in one pass."""
+        from guardrails.detectors.injection_model import readings_logits
+
+        return self._highest(text, readings_logits)
+
+    def _reference_score(self, text: str) -> float:
+        """``score`` the plain way: one unpadded ``Classifier.forward`` per reading (padding
+        would leak into the attention, see above). The fast path is checked against it."""
+        import torch
+
+        def one_by_one(model: torch.nn.Module, readings: list[list[int]]) -> torch.Tensor:
+            return torch.cat(
+                [
+                    model(torch.tensor([r]), torch.ones(1, len(r), dtype=torch.bool))
+                    for r in readings
+                ]
+            )
+
+        return self._highest(text, one_by_one)
+
+    def _highest(
+        self, text: str, logits: Callable[[torch.nn.Module, list[list[int]]], torch.Tensor]
+    ) -> float:
         if self._model is None:
             self.load()
         assert self._model is not None
         import torch
 
         with torch.inference_mode():
-            # Each window alone, unpadded: padding would leak into the attention (see above).
-            logits = torch.cat(
-                [
-                    self._model(
-                        torch.tensor([window]), torch.ones(1, len(window), dtype=torch.bool)
-                    )
-                    for window in self._windows(text)
-                ]
-            )
-            probabilities = torch.softmax(logits.float(), dim=-1)[:, 1]
-        return float(probabilities.max())
+            probabilities = torch.softmax(logits(self._model, self._windows(text)).float(), -1)
+        return float(probabilities[:, 1].max())
 
     def check(self, text: str, settings: Mapping[str, Any]) -> list[Finding]:
+        """The rules first (guardrails/detectors/injection_rules.py: an attack's shape is a
+        finding at 1.0, whatever the threshold); then the classifier, only where its reading
+        means something: a text that addresses a model or its instructions, and is not an
+        office "ignore my previous e-mail". Off-topic texts (config lines, greetings in other
+        languages, emoji) are where it raises false alarms, and skipping them saves its cost."""
+        if injection_rules.attack(text) is not None:
+            return [Finding(INJECTION, 1.0)]
+        if (
+            not settings.get("classifier", True)
+            or not injection_rules.addresses_the_model(text)
+            or injection_rules.benign_ignore(text)
+        ):
+            return []
         score = self.score(text)
         if score < float(settings.get("threshold", DEFAULT_THRESHOLD)):
             return []
