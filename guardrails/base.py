@@ -48,3 +48,13 @@ class Detector(Protocol):
 
     def check(self, text: str, settings: Mapping[str, Any]) -> list[Finding]:
         """What this detector finds in ``text`` under ``settings`` (already validated)."""
+
+
+class BatchDetector(Detector, Protocol):
+    """A detector that can also read many texts in one call, cheaper than one by one (a model
+    scoring a batch in one forward pass). Optional: the engine uses ``check_many`` when a
+    detector has it (guardrails/engine.py ``Engine.run_many``, for the guardrail service's
+    batches) and calls ``check`` text by text otherwise."""
+
+    def check_many(self, texts: list[str], settings: Mapping[str, Any]) -> list[list[Finding]]:
+        """``check(text, settings)`` for each text, in order: exactly what it would find."""

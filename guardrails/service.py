@@ -6,8 +6,14 @@ detectors loaded once at start (guardrails/workers.py). Detectors are CPU-bound,
 run on a gateway's event loop; any number of gateway processes share one service. The HTTP
 side is aiohttp; the protocol is guardrails/protocol.py.
 
+Concurrent checks arriving within ``SWITCHYARD_GUARDRAIL_BATCH_WINDOW_MS`` of each other (up
+to ``SWITCHYARD_GUARDRAIL_BATCH_MAX``) go to one worker as one job, each answered as alone; a
+batch shares its fate (guardrails/batching.py). A request refused (400, 401, 413) never joins
+one.
+
 ``GET /healthz``: 200 while at least one worker is ready. ``GET /metrics``: Prometheus, the
-checks answered (by stage and outcome), their latency, workers ready and replaced.
+checks answered (by stage and outcome), their latency, the requests per job sent to a worker
+(batch sizes), workers ready and replaced.
 
 Callers authenticate with a shared secret (``SWITCHYARD_GUARDRAIL_TOKEN``, or ``…_FILE``) as
 ``Authorization: Bearer …`` on ``/v1/check``; the probes stay open. Without a token the
@@ -30,6 +36,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from guardrails.batching import Batcher
 from guardrails.catalogue import entries
 from guardrails.protocol import (
     CHECK_PATH,
@@ -50,6 +57,7 @@ logger = logging.getLogger("guardrails.service")
 PREFIX = "switchyard_guardrail_service_"
 # Seconds: a regex check takes microseconds, a spaCy pass a few hundred milliseconds.
 CHECK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,8 @@ class ServiceSettings:
     max_body_bytes: int
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     token: str = ""  # the callers' shared secret; empty: loopback only
+    batch_window_s: float = 0.0  # 0: one job per request
+    batch_max: int = 8  # requests in one batch
 
     @classmethod
     def from_env(cls) -> ServiceSettings:
@@ -90,6 +100,11 @@ class ServiceSettings:
                 "SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS", DEFAULT_MAX_TEXT_CHARS, minimum=1
             ),
             token=env_str("SWITCHYARD_GUARDRAIL_TOKEN", ""),
+            # A few ms: a light load pays at most this; under load a batch also grows while
+            # it waits for a free worker (guardrails/batching.py).
+            batch_window_s=env_float("SWITCHYARD_GUARDRAIL_BATCH_WINDOW_MS", 0.0, minimum=0.0)
+            / 1000,
+            batch_max=env_int("SWITCHYARD_GUARDRAIL_BATCH_MAX", 8, minimum=1),
         ).checked()
 
     def checked(self) -> ServiceSettings:
@@ -130,6 +145,12 @@ class _Metrics:
             registry=r,
         )
         self.ready = Gauge(PREFIX + "workers_ready", "Workers loaded and alive.", registry=r)
+        self.batch_size = Histogram(
+            PREFIX + "batch_size",
+            "Check requests sent to a worker as one job (1: not batched).",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
 
 
 def _loopback(host: str) -> bool:
@@ -142,6 +163,7 @@ def _loopback(host: str) -> bool:
 
 
 _POOL = web.AppKey("pool", WorkerPool)
+_BATCHER = web.AppKey("batcher", Batcher)
 _METRICS = web.AppKey("metrics", _Metrics)
 _SETTINGS = web.AppKey("settings", ServiceSettings)
 _STATUS = {PoolBusy: 503, CheckTimeout: 504}
@@ -163,7 +185,7 @@ async def check(request: web.Request) -> web.Response:
         metrics.checks.labels("unknown", "invalid").inc()
         return _json(400, error_body(str(exc), "invalid_check"))
     try:
-        outcome = await request.app[_POOL].run(
+        outcome = await request.app[_BATCHER].run(
             parsed.texts, [spec.as_json() for spec in parsed.checks]
         )
     except CheckFailed as exc:
@@ -211,13 +233,21 @@ def create_app(settings: ServiceSettings) -> web.Application:
         on_replaced=lambda why: metrics.replaced.labels(why).inc(),
     )
     app[_METRICS] = metrics
+    batcher = Batcher(
+        pool,
+        window_s=settings.batch_window_s,
+        max_size=settings.batch_max,
+        on_batch=metrics.batch_size.observe,
+    )
     app[_POOL] = pool
+    app[_BATCHER] = batcher
     app[_SETTINGS] = settings
 
     async def lifecycle(app: web.Application) -> object:
         await pool.start(settings.load_timeout_s)
         logger.info("guardrail_service_ready workers=%d port=%d", pool.ready, settings.port)
         yield
+        await batcher.close()
         await pool.close()
 
     app.cleanup_ctx.append(lifecycle)  # type: ignore[arg-type]

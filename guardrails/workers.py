@@ -6,6 +6,11 @@ survive one dying (it breaks the whole pool). Here each worker is a process with
 loop sends it a job and awaits its reply on the pipe's file descriptor, so nothing blocks;
 a worker that overruns is killed (SIGKILL), a fresh one loads its models in the background
 and joins the pool when ready, and the caller gets ``CheckTimeout`` at once.
+
+A job is a list of requests (``Job``: texts and checks each), one or a batch
+(guardrails/batching.py); the worker answers each request on its own (``Engine.run_many``),
+but the job shares one fate: it has ``check_timeout_s`` per request, and past that the worker
+is killed and every request in it gets ``CheckTimeout``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from typing import Any
 
 logger = logging.getLogger("guardrails.workers")
 
-Job = tuple[list[str], list[dict[str, Any]]]  # texts, checks (CheckSpec.as_json())
+Job = tuple[list[str], list[dict[str, Any]]]  # one request: texts, checks (CheckSpec.as_json())
+Outcome = dict[str, Any]  # Outcome.as_json()
 
 
 class CheckFailed(Exception):
@@ -41,7 +47,9 @@ class PoolBusy(CheckFailed):
 
 
 def _worker_main(conn: Connection, preload: list[str]) -> None:
-    """One worker process: load the detectors once, then run jobs until told to stop."""
+    """One worker process: load the detectors once, then run jobs until told to stop. A job
+    is a list of requests; the answer has one ``("ok", outcome)`` or ``("error", class)``
+    per request, in order."""
     # The service handles Ctrl-C and SIGTERM and stops its workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from guardrails.engine import Check, Engine
@@ -64,16 +72,28 @@ def _worker_main(conn: Connection, preload: list[str]) -> None:
             return
         if job is None:
             return
-        texts, checks = job
         try:
-            outcome = engine.run(
-                texts, [Check(c["guardrail"], c["action"], c["settings"]) for c in checks]
+            results = engine.run_many(
+                [
+                    (texts, [Check(c["guardrail"], c["action"], c["settings"]) for c in checks])
+                    for texts, checks in job
+                ]
             )
         except Exception as exc:
             # The class only: a detector's message may quote the text it was checking.
             conn.send(("error", exc.__class__.__name__))
-        else:
-            conn.send(("ok", outcome.as_json()))
+            continue
+        conn.send(
+            (
+                "ok",
+                [
+                    ("error", result.__class__.__name__)
+                    if isinstance(result, Exception)
+                    else ("ok", result.as_json())
+                    for result in results
+                ],
+            )
+        )
 
 
 @dataclass(eq=False)
@@ -168,8 +188,23 @@ class WorkerPool:
         self._idle.put_nowait(worker)
         logger.info("guardrail_worker_ready pid=%s", worker.process.pid)
 
-    async def run(self, texts: list[str], checks: list[dict[str, Any]]) -> dict[str, Any]:
+    async def run(self, texts: list[str], checks: list[dict[str, Any]]) -> Outcome:
         """The engine's outcome (``Outcome.as_json()``) from the next free worker."""
+        result = (await self.run_many([(texts, checks)]))[0]
+        if isinstance(result, CheckFailed):
+            raise result
+        return result
+
+    async def run_many(
+        self, jobs: Sequence[Job] | Callable[[], Sequence[Job]]
+    ) -> list[Outcome | CheckFailed]:
+        """Each request's outcome, or the ``CheckFailed`` its detector raised, from one job on
+        the next free worker. ``jobs`` may be a function, called once a worker is free: a
+        batch then takes in the requests that came while it waited for one.
+
+        Raises (for every request alike) ``PoolBusy`` when no worker is free within the
+        queue timeout, ``CheckTimeout`` when the job overruns ``check_timeout_s`` per request
+        (the worker is replaced), ``CheckFailed`` when the worker dies."""
         try:
             worker = await asyncio.wait_for(self._idle.get(), self._queue_timeout_s)
         except TimeoutError:
@@ -177,14 +212,22 @@ class WorkerPool:
                 f"No guardrail worker was free within {self._queue_timeout_s:g}s."
             ) from None
         try:
-            worker.conn.send((texts, checks))
-            async with asyncio.timeout(self._check_timeout_s):
+            batch = list(jobs() if callable(jobs) else jobs)
+        except BaseException:
+            self._idle.put_nowait(worker)
+            raise
+        budget_s = self._check_timeout_s * max(1, len(batch))
+        try:
+            worker.conn.send(batch)
+            async with asyncio.timeout(budget_s):
                 await _readable(worker.conn)
             status, payload = worker.conn.recv()
         except TimeoutError:
             self._replace(worker, "timeout")
+            shared = f" (a batch of {len(batch)} checks, which shares its fate)"
             raise CheckTimeout(
-                f"The guardrail check did not finish within {self._check_timeout_s:g}s."
+                f"The guardrail check did not finish within {budget_s:g}s"
+                f"{shared if len(batch) > 1 else ''}."
             ) from None
         except (EOFError, OSError):
             self._replace(worker, "crashed")
@@ -196,9 +239,11 @@ class WorkerPool:
             raise
         self._idle.put_nowait(worker)
         if status != "ok":
-            raise CheckFailed(f"A guardrail detector raised {payload}.")
-        result: dict[str, Any] = payload
-        return result
+            return [CheckFailed(f"A guardrail detector raised {payload}.") for _ in batch]
+        return [
+            result if answer == "ok" else CheckFailed(f"A guardrail detector raised {result}.")
+            for answer, result in payload
+        ]
 
     def _replace(self, worker: _Worker, why: str) -> None:
         logger.warning("guardrail_worker_replaced pid=%s why=%s", worker.process.pid, why)
