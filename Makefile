@@ -98,6 +98,8 @@ bench: $(STAMP) system-packages
 	$(PY) -m bench.scheduling.overload
 	$(PY) -m bench.scheduling.flood
 	$(PY) -m bench.guardrails.quality
+	$(PY) -m bench.guardrails.injection_speed
+	$(PY) -m bench.guardrails.service_load
 	$(PY) -m bench.guardrails.latency
 	$(PY) -m bench.records.persist
 	$(PY) -m bench.async_tasks.submit

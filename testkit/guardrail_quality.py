@@ -1,6 +1,7 @@
-"""The guardrails' detection-quality evaluation: the labelled set (tests/guardrails/eval), the
-settings it runs with, the published floors, and how a run is scored. The quality test holds
-the detectors to the floors; the quality benchmark measures and publishes them.
+"""The guardrails' detection-quality evaluation: the two labelled sets (tests/guardrails/eval:
+the tuning set and the held-out set), the settings each runs with, the published floors, and
+how a run is scored. The quality test holds the detectors to the floors; the quality
+benchmark measures and publishes them.
 
 Precision and recall are counted over (prompt, entity) pairs, so a PII detector that finds the
 e-mail but calls the name an organisation scores one hit, one miss and, if ORGANIZATION were
@@ -23,6 +24,22 @@ EVAL = ROOT / "tests" / "guardrails" / "eval"
 PROMPTS = EVAL / "prompts.jsonl"
 SETTINGS = EVAL / "settings.json"
 PUBLISHED = EVAL / "published.json"
+HELDOUT = EVAL / "heldout"
+
+
+@dataclass(frozen=True)
+class LabelledSet:
+    """A labelled set and the settings it runs with. ``tuning`` is the set detectors, patterns
+    and thresholds are chosen on; ``held-out`` only measures them (docs/guardrails-heldout.md)."""
+
+    name: str
+    prompts: Path
+    settings: Path
+
+
+TUNING = LabelledSet("tuning", PROMPTS, SETTINGS)
+HELD_OUT = LabelledSet("held-out", HELDOUT / "prompts.jsonl", HELDOUT / "settings.json")
+SETS = (HELD_OUT, TUNING)
 
 
 @dataclass
@@ -87,6 +104,10 @@ def evaluate(
     return Run(scores, latencies)
 
 
-def load_published(path: Path = PUBLISHED) -> dict[str, dict[str, float]]:
-    published: dict[str, dict[str, float]] = json.loads(path.read_text(encoding="utf-8"))["floors"]
-    return published
+def load_published(
+    labelled: LabelledSet = HELD_OUT, path: Path = PUBLISHED
+) -> dict[str, dict[str, float]]:
+    """The floors published for one set: guardrail → {precision, recall}."""
+    document = json.loads(path.read_text(encoding="utf-8"))
+    floors: dict[str, dict[str, float]] = document["floors"][labelled.name]
+    return floors
