@@ -72,17 +72,22 @@ def _read(out: bytes) -> tuple[str, list[Any]]:
     return "".join(text), [finishes, [e for e in parsed if not e["choices"]]]
 
 
+def _guarded(guardrails: Any, checks: StageChecks, window: int, strip: bool) -> GuardedStream:
+    """A chat stream under ``checks``, failing closed, as the gateway makes one."""
+    return GuardedStream(
+        path="/v1/chat/completions",
+        checks=checks,
+        guardrails=guardrails,
+        window_chars=window,
+        failure="closed",
+        strip_usage=strip,
+        document={},
+    )
+
+
 async def _relay(url: str, raw: bytes, cuts: list[int], window: int, strip: bool) -> bytes:
     async with service_guardrails(url) as guardrails:
-        stream = GuardedStream(
-            path="/v1/chat/completions",
-            checks=CHECKS,
-            guardrails=guardrails,
-            window_chars=window,
-            failure="closed",
-            strip_usage=strip,
-            document={},
-        )
+        stream = _guarded(guardrails, CHECKS, window, strip)
         out = []
         at = 0
         for cut in [*sorted(cuts), len(raw)]:
@@ -161,15 +166,7 @@ async def _run_stream(
 ) -> tuple[GuardedStream, bytes]:
     """The stream's answer to a chat stream of ``pieces`` in one chunk, and the stream."""
     async with service_guardrails(url) as guardrails:
-        stream = GuardedStream(
-            path="/v1/chat/completions",
-            checks=checks,
-            guardrails=guardrails,
-            window_chars=WINDOW,
-            failure="closed",
-            strip_usage=False,
-            document={},
-        )
+        stream = _guarded(guardrails, checks, WINDOW, False)
         out = await stream.feed(_stream(pieces))
         out += await stream.finish()
     return stream, out
