@@ -348,9 +348,11 @@ async def check_request(door: FrontDoor, call: Call, guard: GuardPlan, policy: P
     if not slots:
         return
     texts = [container[key] for container, key, _ in slots]
-    if checks.service and (over := door.guardrails.service.over_budget(texts)) is not None:
+    if (checks.service or checks.scoped) and (
+        over := door.guardrails.service.over_budget(texts)
+    ) is not None:
         raise over
-    result = await door.guardrails.run(checks, texts, document)
+    result = await door.guardrails.run(checks, texts, document, [role for _, _, role in slots])
     door.guardrails.record(
         call,
         stage="request",

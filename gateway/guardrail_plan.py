@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from guardrails.catalogue import entries
+from guardrails.catalogue import ROLES_SETTING, entries
 from guardrails.engine import Check
 from guardrails.protocol import CheckSpec
 
@@ -25,6 +25,7 @@ logger = logging.getLogger("gateway.guardrails")
 FAILURE_MODES = ("closed", "open")
 _SIDES = {"request": ("request",), "response": ("response",), "both": ("request", "response")}
 _ACTIONS = frozenset({"block", "redact", "flag"})
+ANSWER_ROLE = "assistant"
 
 # How much of a streamed answer a check needs to see at once (characters): a span detector
 # needs its longest entity, a classifier a sentence or two. A stream holds back the largest
@@ -60,14 +61,32 @@ class Selection(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ScopedChecks:
+    """Checks an officer scoped to some message roles (the ``roles`` setting): they read only
+    the texts those roles said, run after the stage's other checks."""
+
+    roles: frozenset[str]
+    service: tuple[CheckSpec, ...]
+    fleet: tuple[Check, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StageChecks:
     stage: str
     service: tuple[CheckSpec, ...]  # run by the guardrail service, in one call
     fleet: tuple[Check, ...]  # answered by a model on the fleet, one call each
+    #: checks scoped to some roles, one group per scope (request stage: an answer is the
+    #: assistant's, so a response check either reads it whole or is not in the stage)
+    scoped: tuple[ScopedChecks, ...] = ()
 
     @property
     def names(self) -> list[str]:
-        return [c.guardrail for c in self.service] + [c.guardrail for c in self.fleet]
+        return (
+            [c.guardrail for c in self.service]
+            + [c.guardrail for c in self.fleet]
+            + [c.guardrail for group in self.scoped for c in group.service]
+            + [c.guardrail for group in self.scoped for c in group.fleet]
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +108,8 @@ def plan_guardrails(selections: Sequence[Selection], failure: str) -> GuardPlan:
         # built-in entries say which run on the fleet; the rest go to the service.
         logger.error("guardrail_catalogue_unavailable error=%r", exc)
         catalogue = {}
-    staged: dict[str, tuple[list[CheckSpec], list[Check]]] = {
-        "request": ([], []),
-        "response": ([], []),
-    }
+    # (stage, scope) → (service checks, fleet checks); scope None: every text
+    staged: dict[tuple[str, frozenset[str] | None], tuple[list[CheckSpec], list[Check]]] = {}
     for selection in selections:
         stages = _SIDES.get(selection.side)
         if stages is None or selection.action not in _ACTIONS:
@@ -101,20 +118,30 @@ def plan_guardrails(selections: Sequence[Selection], failure: str) -> GuardPlan:
                 f"{selection.action!r} is not valid"
             )
         entry = catalogue.get(selection.guardrail)
+        config = dict(selection.config)
+        roles = config.pop(ROLES_SETTING, None)
         for stage in stages:
-            service, fleet = staged[stage]
+            scope = frozenset(str(r) for r in roles) if isinstance(roles, list) and roles else None
+            if stage == "response" and scope is not None:
+                if ANSWER_ROLE not in scope:
+                    continue  # an answer is the assistant's: nothing here for this check
+                scope = None
+            service, fleet = staged.setdefault((stage, scope), ([], []))
             if entry is not None and entry.runs_on == "fleet":
-                fleet.append(Check(selection.guardrail, selection.action, selection.config))
+                fleet.append(Check(selection.guardrail, selection.action, config))
             else:
-                service.append(
-                    CheckSpec(selection.guardrail, selection.action, dict(selection.config))
-                )
+                service.append(CheckSpec(selection.guardrail, selection.action, dict(config)))
 
     def stage_checks(stage: str) -> StageChecks | None:
-        service, fleet = staged[stage]
-        if not service and not fleet:
+        service, fleet = staged.get((stage, None), ([], []))
+        scoped = tuple(
+            ScopedChecks(scope, tuple(s), tuple(f))
+            for (at, scope), (s, f) in staged.items()
+            if at == stage and scope is not None
+        )
+        if not service and not fleet and not scoped:
             return None
-        return StageChecks(stage, tuple(service), tuple(fleet))
+        return StageChecks(stage, tuple(service), tuple(fleet), scoped)
 
     response = stage_checks("response")
     window = (

@@ -205,4 +205,29 @@ def validate_selection(
         raise SettingsError(f"Guardrail '{name}' cannot redact; choose block or flag.")
     if settings is not None and not isinstance(settings, Mapping):
         raise SettingsError("Settings must be an object.")
-    return detector_for(name).validate(settings or {})
+    settings = dict(settings or {})
+    roles = settings.pop(ROLES_SETTING, None)
+    validated = detector_for(name).validate(settings)
+    if roles is not None:
+        validated[ROLES_SETTING] = _roles(roles)
+    return validated
+
+
+#: The one setting every guardrail takes besides its detector's own: the message roles whose
+#: texts it reads ("tool": where an agent's untrusted text enters), absent for all of them.
+ROLES_SETTING = "roles"
+#: what said a text (guardrails/texts.py): a chat message's role; a prompt is the user's, an
+#: answer the assistant's
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def _roles(value: Any) -> list[str]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(role, str) and role in ROLES for role in value)
+    ):
+        raise SettingsError(
+            f"'{ROLES_SETTING}' must be a non-empty list of message roles ({', '.join(ROLES)})."
+        )
+    return sorted(set(value), key=ROLES.index)

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from gateway import errors
 from gateway.accounting import Accounting
 from gateway.errors import GatewayError
-from gateway.guardrail_plan import StageChecks
+from gateway.guardrail_plan import ScopedChecks, StageChecks
 from gateway.guardrails.client import FleetCaller, GuardrailUnavailable, ServiceClient
 from gateway.guardrails.fleet import run_fleet_check
 from gateway.policy import Model, Principal
@@ -36,6 +36,7 @@ from gateway.settings import GuardrailClientSettings
 from gateway.upstream import Upstream
 from guardrails import texts
 from guardrails.engine import Check
+from guardrails.protocol import CheckSpec
 from guardrails.texts import Slot
 
 logger = logging.getLogger("gateway.guardrails")
@@ -144,40 +145,83 @@ class Guardrails:
             retry_after_s=settings.retry_after_s,
         )
 
-    async def run(self, checks: StageChecks, texts: list[str], document: Any) -> StageResult:
+    async def run(
+        self,
+        checks: StageChecks,
+        texts: list[str],
+        document: Any,
+        roles: Sequence[str] | None = None,
+    ) -> StageResult:
         """Every check of the stage; a block stops the run. Never raises for a check that
-        cannot run: it is listed in ``failed`` for the caller's failure mode."""
+        cannot run: it is listed in ``failed`` for the caller's failure mode. ``roles``: who
+        said each text (guardrails/texts.py); checks scoped to some roles read only theirs."""
         started = time.monotonic()
         result = StageResult(list(texts))
         try:
-            if checks.service and any(result.texts):
-                try:
-                    outcome = await self.service.run(checks.stage, result.texts, checks.service)
-                except GuardrailUnavailable as exc:
-                    logger.warning("guardrail_unavailable stage=%s reason=%s", checks.stage, exc)
-                    result.failed += [c.guardrail for c in checks.service]
-                else:
-                    self._merge(result, outcome)
-            for check in checks.fleet:
+            await self._run_checks(checks.stage, checks.service, checks.fleet, result, document)
+            for group in checks.scoped:
                 if result.blocked is not None:
                     break
-                try:
-                    outcome = await _fleet_check(
-                        self.fleet, check, checks.stage, result.texts, document
-                    )
-                except Exception as exc:  # whatever stops a check, the failure mode decides
-                    logger.warning(
-                        "guardrail_unavailable stage=%s guardrail=%s reason=%r",
-                        checks.stage,
-                        check.guardrail,
-                        exc,
-                    )
-                    result.failed.append(check.guardrail)
-                else:
-                    self._merge(result, outcome)
+                await self._run_scoped(checks.stage, group, result, document, roles)
         finally:
             self._metrics.guardrail_checked(checks.stage, time.monotonic() - started)
         return result
+
+    async def _run_scoped(
+        self,
+        stage: str,
+        group: ScopedChecks,
+        result: StageResult,
+        document: Any,
+        roles: Sequence[str] | None,
+    ) -> None:
+        """A scoped group on the texts its roles said; its redactions go back in place."""
+        if roles is None or len(roles) != len(result.texts):
+            at = list(range(len(result.texts)))  # roles unknown: read everything, fail safe
+        else:
+            at = [i for i, role in enumerate(roles) if role in group.roles]
+        if not at:
+            return
+        part = StageResult([result.texts[i] for i in at])
+        await self._run_checks(stage, group.service, group.fleet, part, document)
+        for i, text in zip(at, part.texts, strict=True):
+            result.texts[i] = text
+        result.findings += part.findings
+        result.failed += [name for name in part.failed if name not in result.failed]
+        if part.blocked is not None:
+            result.blocked = part.blocked
+
+    async def _run_checks(
+        self,
+        stage: str,
+        service: Sequence[CheckSpec],
+        fleet: Sequence[Check],
+        result: StageResult,
+        document: Any,
+    ) -> None:
+        if service and any(result.texts):
+            try:
+                outcome = await self.service.run(stage, result.texts, service)
+            except GuardrailUnavailable as exc:
+                logger.warning("guardrail_unavailable stage=%s reason=%s", stage, exc)
+                result.failed += [c.guardrail for c in service]
+            else:
+                self._merge(result, outcome)
+        for check in fleet:
+            if result.blocked is not None:
+                break
+            try:
+                outcome = await _fleet_check(self.fleet, check, stage, result.texts, document)
+            except Exception as exc:  # whatever stops a check, the failure mode decides
+                logger.warning(
+                    "guardrail_unavailable stage=%s guardrail=%s reason=%r",
+                    stage,
+                    check.guardrail,
+                    exc,
+                )
+                result.failed.append(check.guardrail)
+            else:
+                self._merge(result, outcome)
 
     @staticmethod
     def _merge(result: StageResult, outcome: Any) -> None:

@@ -79,3 +79,36 @@ def test_a_malformed_selection_makes_the_snapshot_unusable(field, value):
         use_case["guardrails"][0][field] = value  # type: ignore[literal-required]
     with pytest.raises(ValueError, match=value):
         parse_snapshot(_snapshot(policy))
+
+
+def test_a_check_scoped_to_roles_reads_only_their_texts_and_an_answer_is_the_assistants():
+    """GIVEN injection scoped to tool messages (where an agent's untrusted text enters) and
+    PII scoped to users and the assistant, both on both sides
+    WHEN the snapshot is parsed
+    THEN the request stage holds one scoped group per scope, without the ``roles`` setting in
+    what the service is sent; the response stage (the assistant's text) keeps PII whole and
+    drops the tool-only check."""
+    policy = PolicyBuilder().model("m", ["http://r1"])
+    alice = policy.key()
+    policy.guardrail(alice, "secrets", side="both", action="block")
+    policy.guardrail(
+        alice, "prompt_injection", side="both", action="block", config={"roles": ["tool"]}
+    )
+    policy.guardrail(
+        alice, "pii", side="both", action="redact", config={"roles": ["user", "assistant"]}
+    )
+    plan = parse_snapshot(_snapshot(policy)).guarded[policy.use_case_id(alice)]
+    assert plan.request is not None
+    assert plan.request.service == (CheckSpec("secrets", "block", {}),)
+    scopes = {group.roles: group.service for group in plan.request.scoped}
+    assert scopes == {
+        frozenset({"tool"}): (CheckSpec("prompt_injection", "block", {}),),
+        frozenset({"user", "assistant"}): (CheckSpec("pii", "redact", {}),),
+    }
+    assert plan.response is not None
+    assert plan.response.service == (
+        CheckSpec("secrets", "block", {}),
+        CheckSpec("pii", "redact", {}),
+    )
+    assert plan.response.scoped == ()
+    assert plan.request.names == ["secrets", "prompt_injection", "pii"]

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from guardrails.base import SettingsError
 from guardrails.catalogue import entries, validate_selection
 
 WORKERS = sorted(name for name, entry in entries().items() if entry.runs_on == "worker")
@@ -44,3 +45,25 @@ def test_redact_is_offered_only_where_findings_carry_spans():
     redacting = {name for name in WORKERS if entries()[name].redacts}
     assert redacting == {"pii", "secrets", "invisible_text", "banned_substrings"}
     validate_selection("pii", "request", "redact", {})
+
+
+def test_any_guardrail_may_be_scoped_to_message_roles():
+    """``roles`` is the one setting every guardrail takes besides its detector's: checked
+    here, kept in the selection (sorted by the roles' order, once each), never passed to the
+    detector's own validation."""
+    settings = validate_selection(
+        "prompt_injection", "request", "block", {"roles": ["tool", "user", "tool"]}
+    )
+    assert settings["roles"] == ["user", "tool"]
+    assert settings["threshold"] == 0.999
+    fleet = validate_selection(
+        "banned_topics", "request", "block", {"model": "guard", "roles": ["tool"]}
+    )
+    assert fleet["roles"] == ["tool"]
+    assert "roles" not in validate_selection("secrets", "both", "redact", {})
+
+
+@pytest.mark.parametrize("roles", [[], "tool", ["tools"], [1]])
+def test_a_scope_that_is_not_a_list_of_roles_is_refused(roles):
+    with pytest.raises(SettingsError, match="'roles' must be a non-empty list of message roles"):
+        validate_selection("secrets", "request", "block", {"roles": roles})
