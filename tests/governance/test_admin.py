@@ -232,7 +232,7 @@ def test_a_bad_guardrail_setting_in_the_admin_is_an_error_beside_its_field(
     assert response.status_code == 200
     assert "words: give a non-empty list of words." in response.content.decode()
     assert not GuardrailSelection.objects.exists()
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_a_guardrail_deleted_in_the_admin_inline_is_audited(admin_client: Client) -> None:

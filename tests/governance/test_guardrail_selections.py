@@ -144,7 +144,7 @@ def test_each_bad_selection_is_refused_naming_its_field(world, kwargs, field, wo
         add(world, **kwargs)
     assert words in " ".join(refused.value.message_dict[field])
     assert not GuardrailSelection.objects.exists()
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_a_guardrail_is_selected_once_per_stage(world) -> None:

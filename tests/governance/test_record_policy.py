@@ -139,7 +139,7 @@ def test_bad_record_settings_are_refused_with_the_field_named(
     with pytest.raises(ValidationError) as refused:
         use_case_set_records(actor=world["olivia"], use_case=world["chatbot"], **settings_)
     assert message in " ".join(refused.value.message_dict[field])
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_a_legal_hold_placed_and_lifted_is_audited_with_each_reason(world) -> None:

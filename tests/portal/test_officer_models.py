@@ -114,7 +114,7 @@ def test_an_invalid_model_shows_the_error_on_its_field_and_writes_nothing(
     assert message in " ".join(errors[field])
     assert f'id="id_{field}_errors"' in response.content.decode()
     assert Model.objects.count() == 1
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_editing_a_model_changes_only_its_fields_and_keeps_its_deployments(
@@ -195,7 +195,7 @@ def test_an_invalid_deployment_shows_the_error_on_its_field_and_writes_nothing(
     assert field in errors, errors
     assert message in " ".join(errors[field])
     assert llama.deployments.count() == 1
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_a_deployment_switched_off_leaves_the_snapshot(olivia, llama, published) -> None:
@@ -265,4 +265,4 @@ def test_only_officers_may_change_models(llama, username, role) -> None:
         assert client.post(f"{target}?validate=public_id", data).status_code == 403
     assert Model.objects.count() == 1
     assert Deployment.objects.count() == 1
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))

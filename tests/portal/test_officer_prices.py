@@ -240,7 +240,7 @@ def test_an_invalid_new_price_shows_the_rule_on_its_field_and_writes_nothing(
     assert any(message in error for error in errors), errors
     assert f'id="id_{field}_errors"' in response.content.decode()
     assert stored(llama) == [(LAST_MONTH, "0.200000", "0.600000")]
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 # --- a price in force is history ---------------------------------------------------------------
@@ -265,7 +265,7 @@ def test_changing_a_price_in_force_is_refused_on_its_start_with_the_rule(
     ]
     in_force.refresh_from_db()
     assert in_force.input_per_mtok == Decimal("0.2")
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_withdrawing_a_price_in_force_is_refused(olivia, llama, priced) -> None:
@@ -279,7 +279,7 @@ def test_withdrawing_a_price_in_force_is_refused(olivia, llama, priced) -> None:
         "deleted (add a new price from now on)."
     ]
     assert ModelPrice.objects.filter(pk=in_force.pk).exists()
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 # --- a future price can be corrected or withdrawn ----------------------------------------------
@@ -356,7 +356,7 @@ def test_each_price_field_is_checked_as_it_is_left_and_saves_nothing(olivia, lla
     assert validate(olivia, new_url, "input_per_mtok", price_data()) == []
     assert olivia.post(f"{new_url}?validate=nope", price_data()).status_code == 400
     assert stored(llama) == [(LAST_MONTH, "0.200000", "0.600000")]
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
     html = olivia.get(new_url).content.decode()
     for name in ("effective_from", "input_per_mtok", "output_per_mtok"):
@@ -385,4 +385,4 @@ def test_only_officers_may_set_prices(llama, priced, username, role) -> None:
         assert client.post(target, {**data, "step": "apply"}).status_code == 403
         assert client.post(f"{target}?validate=input_per_mtok", data).status_code == 403
     assert stored(llama) == before
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))

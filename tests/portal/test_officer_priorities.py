@@ -77,7 +77,7 @@ def test_invalid_priority_class_shows_the_fields_error_and_writes_nothing(
     assert field in errors, errors
     assert message in " ".join(errors[field])
     assert not PriorityClass.objects.filter(rank=5).exists()
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_editing_a_class_shows_before_and_after(olivia) -> None:
@@ -144,4 +144,4 @@ def test_only_officers_may_change_priorities(username, role) -> None:
         assert client.get(target).status_code == 403
         assert client.post(target, {**INTERACTIVE, "step": "apply"}).status_code == 403
     assert PriorityClass.objects.count() == 5
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))

@@ -127,7 +127,7 @@ def test_an_invalid_sla_class_shows_the_error_on_its_field_and_writes_nothing(
     assert field in errors, errors
     assert message in " ".join(errors[field])
     assert list(SlaClass.objects.values_list("name", flat=True)) == ["express"]
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_editing_a_class_shows_before_and_after(olivia, chatbot, express) -> None:
@@ -201,7 +201,7 @@ def test_a_class_files_use_cannot_be_deleted_and_the_page_says_why(
         response.content.decode()
     )
     assert SlaClass.objects.filter(pk=express.pk).exists()
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_editing_the_use_case_keeps_its_sla_classes(olivia, chatbot, express) -> None:
@@ -253,4 +253,4 @@ def test_only_officers_may_change_sla_classes(chatbot, express, username, role) 
         assert client.post(target, {**sla_data(), "step": "apply"}).status_code == 403
         assert client.post(f"{target}?validate=name", sla_data()).status_code == 403
     assert list(SlaClass.objects.values_list("name", "turnaround_seconds")) == [("express", 600)]
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))

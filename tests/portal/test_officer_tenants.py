@@ -108,7 +108,7 @@ def test_invalid_input_shows_the_fields_error_and_writes_nothing(
     assert message in " ".join(form.errors[field]).lower()
     assert 'id="plan"' not in response.content.decode()
     assert not Tenant.objects.filter(slug=NEWCO["slug"]).exists()
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_apply_with_invalid_input_writes_nothing(olivia) -> None:
@@ -158,7 +158,7 @@ def test_a_plan_that_changed_since_review_is_not_applied(olivia) -> None:
     assert response.status_code == 200
     assert "changed since you reviewed" in text(response.content.decode())
     assert Tenant.objects.get(slug="acme").name == "Acme Renamed Meanwhile"
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
     # … and the page shows the new plan, from what the records say now.
     assert ("name", '"Acme Renamed Meanwhile"', '"Acme Retail"') in [
         (c.field, c.before, c.after) for c in plan_cells(response.content.decode())
@@ -186,7 +186,7 @@ def test_only_officers_may_use_the_tenant_forms(username, role, method) -> None:
         response = getattr(client, method)(target, data)
         assert response.status_code == 403, target
     assert Tenant.objects.count() == 1
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_signed_out_people_are_sent_to_sign_in(client) -> None:

@@ -81,7 +81,7 @@ def test_review_lists_the_use_case_its_limits_and_its_guardrail(olivia) -> None:
     config = json.loads(cells[("use_cases[acme/support-bot].guardrails[request:pii]", "config")])
     assert "EMAIL_ADDRESS" in config["entities"]
     assert not UseCase.objects.exists()
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_apply_creates_it_with_guardrail_and_limits_through_the_services(
@@ -143,7 +143,7 @@ def test_invalid_input_shows_the_fields_error_and_writes_nothing(
     assert message in " ".join(errors[field]).lower()
     assert 'id="plan"' not in response.content.decode()
     assert not UseCase.objects.exists()
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def test_a_guardrail_the_services_refuse_is_shown_and_nothing_is_written(
     assert message in problems, problems
     assert "guardrails[" in problems
     assert not UseCase.objects.exists()
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_bad_json_settings_are_refused_on_the_row(olivia) -> None:
@@ -231,7 +231,7 @@ def test_only_officers_may_use_the_use_case_forms(acme, username, role) -> None:
         response = client.post(target, {**use_case_data(slug="chatbot"), "step": "apply"})
         assert response.status_code == 403
     assert UseCase.objects.count() == 1
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_editing_a_use_case_on_legal_hold_keeps_the_hold_and_says_so(olivia, acme) -> None:

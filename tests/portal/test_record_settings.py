@@ -121,7 +121,7 @@ def test_a_bad_setting_is_refused_with_a_message_and_nothing_changes(
     shown = [str(m) for m in get_messages(response.wsgi_request)]
     assert any(message in text for text in shown), shown
     assert UseCase.objects.get(pk=world.chatbot.pk).record_policy == "metadata"
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 @pytest.mark.parametrize("who", ["alice", "audrey"])

@@ -138,7 +138,7 @@ def test_queue_waits_alone_write_no_audit_event(valkey_client: valkey.Valkey) ->
 
     assert report.decisions == 4
     assert report.refusal_summaries == 0
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
 
 
 def test_a_flood_of_refusals_is_one_event_with_the_first_request_ids(
@@ -215,7 +215,7 @@ def test_a_run_that_dies_before_commit_leaves_no_summary_and_the_next_writes_it_
     monkeypatch.setattr(StreamCursor, "save", crash)
     with pytest.raises(RuntimeError):
         usage_persist(client=valkey_client, consumer="dying")
-    assert not AuditEvent.objects.exists()
+    assert not AuditEvent.objects.exists(), list(AuditEvent.objects.values_list("actor", "action"))
     assert not AdmissionDecision.objects.exists()
     assert pending(valkey_client, DECISIONS_STREAM) == 2
     monkeypatch.setattr(StreamCursor, "save", original_save)
