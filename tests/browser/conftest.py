@@ -7,6 +7,8 @@ The server is Django's own threaded live server bound to 127.0.0.1, sharing the 
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,6 +56,20 @@ def portal_server(transactional_db: None) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+        _join_request_threads()
+
+
+def _join_request_threads(timeout: float = 10.0) -> None:
+    """Wait for the requests the browser still had in flight when the test ended. Django's
+    threaded live server does not join its handler threads (they are daemons), so a request
+    that audits (a sign-in, a record read) could otherwise commit after this test's database
+    was flushed: an audit event no later test wrote, or two writers of one chain sequence."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and "process_request_thread" in thread.name:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                raise AssertionError(f"{thread.name} still serves a request after {timeout}s")
 
 
 @pytest.fixture
