@@ -174,13 +174,10 @@ class PromptInjectionDetector:
         means something: a text that addresses a model or its instructions, and is not an
         office "ignore my previous e-mail". Off-topic texts (config lines, greetings in other
         languages, emoji) are where it raises false alarms, and skipping them saves its cost."""
-        if injection_rules.attack(text) is not None:
+        shape, worth_reading = injection_rules.screen(text)
+        if shape is not None:
             return [Finding(INJECTION, 1.0)]
-        if (
-            not settings.get("classifier", True)
-            or not injection_rules.addresses_the_model(text)
-            or injection_rules.benign_ignore(text)
-        ):
+        if not worth_reading or not settings.get("classifier", True):
             return []
         score = self.score(text)
         if score < float(settings.get("threshold", DEFAULT_THRESHOLD)):

@@ -4,9 +4,9 @@ The classifier reads meaning but is easily moved by surface: it misses persona j
 written as a story, instructions spelled with digits for letters ("1gn0r3"), requests to print
 "the text above", and someone posing as an administrator to approve an action; and it fires on
 ordinary office uses of "ignore … previous" ("please ignore my previous e-mail"). The rules
-here name those shapes. ``attack`` finds an attack by its shape, on the text and on the text
-with look-alike spelling undone; ``benign_ignore`` says a text is only an office "ignore my
-previous message" with no attack in it, so the detector can overrule the classifier there.
+here name those shapes. ``screen`` finds an attack by its shape, on the text and on the text
+with look-alike spelling undone, and otherwise says whether the classifier's reading of the
+text would mean anything (not for an office "ignore my previous message").
 """
 
 from __future__ import annotations
@@ -142,20 +142,19 @@ def _readings(text: str) -> list[str]:
     return readings
 
 
-def attack(text: str) -> str | None:
-    """The name of the first attack shape found, or None."""
+def _attack(text: str, readings: list[str]) -> str | None:
     if regex.search(r"[A-Za-z]{2,}", smuggled(text)):
         return "smuggled"  # words hidden from the reader are instructions for the model
-    for reading in _readings(text):
+    for reading in readings:
         for name, pattern in _ATTACKS:
             if pattern.search(reading):
                 return name
     return None
 
 
-def benign_ignore(text: str) -> bool:
-    """The text says "ignore my previous e-mail" and shows no attack shape."""
-    return _BENIGN_IGNORE.search(text) is not None and attack(text) is None
+def attack(text: str) -> str | None:
+    """The name of the first attack shape found, or None."""
+    return _attack(text, _readings(text))
 
 
 #: words by which a text addresses a model or its instructions. An injection has to: a text
@@ -173,6 +172,14 @@ _ADDRESSES_THE_MODEL = regex.compile(
 )
 
 
-def addresses_the_model(text: str) -> bool:
-    """The text speaks to a model or about its instructions (see ``_ADDRESSES_THE_MODEL``)."""
-    return any(_ADDRESSES_THE_MODEL.search(reading) for reading in _readings(text))
+def screen(text: str) -> tuple[str | None, bool]:
+    """The rules' verdict on a text, its readings made once: the attack shape found (or None),
+    and whether the classifier should read it — only a text that addresses a model or its
+    instructions (``_ADDRESSES_THE_MODEL``) and is not an office "ignore my previous e-mail"
+    (``_BENIGN_IGNORE``)."""
+    readings = _readings(text)
+    shape = _attack(text, readings)
+    if shape is not None:
+        return shape, False
+    addressed = any(_ADDRESSES_THE_MODEL.search(reading) for reading in readings)
+    return None, addressed and _BENIGN_IGNORE.search(text) is None

@@ -116,31 +116,21 @@ ENTITIES: tuple[str, ...] = tuple(
             HIGH_ENTROPY_STRING, WEBHOOK_URL})
 )  # fmt: skip
 
-_PLACEHOLDER = regex.compile(
-    r"example|placeholder|your[_-]?(?:api[_-]?)?(?:key|token|secret|password)|dummy|redacted"
-    r"|sample|changeme|insert|replace|\.\.\.|…|xxxx|\*\*\*|<[^>]*>|\{\{|\$\{|%\(|^(.)\1+$",
-    regex.IGNORECASE,
+#: what marks a value written for the reader to fill in, in any shape
+_FILL_IN = (
+    r"your[_-]?(?:api[_-]?)?(?:key|token|secret|password)|redacted|changeme|insert|replace"
+    r"|\.\.\.|…|xxxx|\*\*\*|<[^>]*>|\{\{|\$\{|%\(|^(.)\1+$"
 )
+_PLACEHOLDER = regex.compile(r"example|placeholder|dummy|sample|" + _FILL_IN, regex.IGNORECASE)
+#: in a value of a provider's exact format, a word such as "EXAMPLE" is no sign of a fake: real
+#: keys are random, and AWS's documented example keys work as well as any to leak a habit
+_FORMAT_PLACEHOLDER = regex.compile(_FILL_IN, regex.IGNORECASE)
 _TOKEN_TAIL = regex.compile(r"[A-Za-z0-9_\-+/=]*")
 
 
-#: in a value of a provider's exact format, a word such as "EXAMPLE" is no sign of a fake: real
-#: keys are random, and AWS's documented example keys work as well as any to leak a habit
-_FORMAT_PLACEHOLDER = regex.compile(
-    r"your[_-]?(?:api[_-]?)?(?:key|token|secret|password)|redacted|changeme|insert|replace"
-    r"|\.\.\.|…|xxxx|\*\*\*|<[^>]*>|\{\{|\$\{|%\(|^(.)\1+$",
-    regex.IGNORECASE,
-)
-
-
-def is_placeholder(value: str) -> bool:
+def is_placeholder(value: str, marks: regex.Pattern[str] = _PLACEHOLDER) -> bool:
     stripped = value.strip("'\"`")
-    return len(stripped) < 6 or _PLACEHOLDER.search(stripped) is not None
-
-
-def _is_format_placeholder(value: str) -> bool:
-    stripped = value.strip("'\"`")
-    return len(stripped) < 6 or _FORMAT_PLACEHOLDER.search(stripped) is not None
+    return len(stripped) < 6 or marks.search(stripped) is not None
 
 
 def _looks_secret(value: str) -> bool:
@@ -220,12 +210,12 @@ class SecretsDetector:
                     start, end = match.span(group)
                     end = _TOKEN_TAIL.match(line, end).end()  # type: ignore[union-attr]
                     value = line[start:end].strip()
-                    if value and not _is_format_placeholder(value):
+                    if value and not is_placeholder(value, _FORMAT_PLACEHOLDER):
                         yield Finding(entity, 1.0, offset + start, offset + start + len(value))
         for entity, pattern in self._extra:
             for match in pattern.finditer(line):
                 start, end = match.span(match.lastindex or 0)
-                if not _is_format_placeholder(line[start:end]):
+                if not is_placeholder(line[start:end], _FORMAT_PLACEHOLDER):
                     yield Finding(entity, 1.0, offset + start, offset + end)
         for match in _PROSE_PASSWORD.finditer(line):
             value = match["value"].rstrip(".)")
