@@ -126,20 +126,25 @@ def test_the_stack_serves_the_demo_and_stops_every_process_on_ctrl_c(tmp_path, p
         assert not port_is_listening(port), f"SeaweedFS port {port} still open after shutdown"
 
 
+def _refused_start(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m ops.stack`` that is expected to refuse to start: its exit and its words."""
+    return subprocess.run(
+        [PYTHON, "-m", "ops.stack"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_a_port_in_use_is_reported_with_the_variable_to_change(tmp_path, ports) -> None:
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", ports["gateway"]))
         blocker.listen()
         started = time.monotonic()
-        result = subprocess.run(
-            [PYTHON, "-m", "ops.stack"],
-            cwd=REPO_ROOT,
-            env=stack_env(tmp_path, ports),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = _refused_start(stack_env(tmp_path, ports))
     assert result.returncode == 1
     assert f"port {ports['gateway']}" in result.stderr
     assert "SWITCHYARD_GATEWAY_PORT" in result.stderr
@@ -195,15 +200,7 @@ def test_a_clash_on_a_seaweedfs_grpc_port_names_the_s3_port_variable(tmp_path, p
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", filer_grpc))
         blocker.listen()
-        result = subprocess.run(
-            [PYTHON, "-m", "ops.stack"],
-            cwd=REPO_ROOT,
-            env=stack_env(tmp_path, ports),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = _refused_start(stack_env(tmp_path, ports))
     assert result.returncode == 1
     assert f"port {filer_grpc}" in result.stderr
     assert "SWITCHYARD_S3_PORT" in result.stderr
@@ -211,14 +208,6 @@ def test_a_clash_on_a_seaweedfs_grpc_port_names_the_s3_port_variable(tmp_path, p
 
 def test_an_s3_port_without_room_for_its_neighbours_is_refused(tmp_path, ports) -> None:
     env = {**stack_env(tmp_path, ports), "SWITCHYARD_S3_PORT": "60000"}
-    result = subprocess.run(
-        [PYTHON, "-m", "ops.stack"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = _refused_start(env)
     assert result.returncode == 2
     assert "SWITCHYARD_S3_PORT=60000 must be at most 55531" in result.stderr
