@@ -40,6 +40,7 @@ from gateway.front_door import (
     request_id_of,
 )
 from gateway.guardrail_plan import GuardPlan
+from gateway.guardrails.fleet import ask_logprobs
 from gateway.guardrails.run import Guardrails
 from gateway.guardrails.stream import GuardedStream
 from gateway.logcontext import REQUEST_ID
@@ -473,6 +474,8 @@ class Gateway:
             # The class's priority, for replicas running vLLM's priority scheduler (others
             # accept and ignore it); clients cannot set it (validate_request refuses).
             body = with_priority(body, grant.vllm_priority)
+            if call.guard is not None and call.guard.logprobs:
+                body = ask_logprobs(call.path, body, call.document)
         # vLLM makes its request id (and the completion's ``id``) from X-Request-Id: it gets
         # the lease's id, unique per attempt, never the client's own, which may repeat (some
         # vLLM versions refuse a duplicate of a running id) or be chosen to collide with
@@ -624,6 +627,7 @@ class Gateway:
             failure=guard.failure,
             strip_usage=call.strip_usage,
             document=call.document,
+            logprobs=guard.logprobs,
         )
         call.started = True
         await send({"type": "http.response.start", "status": 200, "headers": headers})

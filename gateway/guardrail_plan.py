@@ -18,6 +18,7 @@ from typing import Protocol
 
 from guardrails.catalogue import ROLES_SETTING, entries
 from guardrails.engine import Check
+from guardrails.grounding import needs_logprobs
 from guardrails.protocol import CheckSpec
 
 logger = logging.getLogger("gateway.guardrails")
@@ -95,6 +96,9 @@ class GuardPlan:
     response: StageChecks | None
     failure: str  # "closed" | "open"
     window_chars: int  # what a stream's response checks hold back
+    #: a response check reads the answer's token logprobs: the gateway asks the model for
+    #: them (gateway/guardrails/fleet.py ``ask_logprobs``); no other use case pays anything
+    logprobs: bool = False
 
 
 def plan_guardrails(selections: Sequence[Selection], failure: str) -> GuardPlan:
@@ -152,4 +156,8 @@ def plan_guardrails(selections: Sequence[Selection], failure: str) -> GuardPlan:
         if response
         else DEFAULT_WINDOW_CHARS
     )
-    return GuardPlan(stage_checks("request"), response, failure, window)
+    logprobs = response is not None and any(
+        needs_logprobs(check.settings)
+        for check in (*response.fleet, *(c for group in response.scoped for c in group.fleet))
+    )
+    return GuardPlan(stage_checks("request"), response, failure, window, logprobs)

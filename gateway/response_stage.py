@@ -17,7 +17,9 @@ import orjson
 from gateway.accounting import Accounting, Content, Usage
 from gateway.errors import GatewayError
 from gateway.guardrail_plan import GuardPlan
+from gateway.guardrails.fleet import Answered
 from gateway.guardrails.run import Guardrails, Subject, blocked_message
+from guardrails import confidence
 from guardrails.texts import answer_slots
 
 
@@ -49,10 +51,16 @@ async def check_answer(
     else:
         slots = answer_slots(path, answer)
         plain = False
+    # Logprobs the gateway asked for (gateway/app.py) are read here, then taken out again.
+    stripped = guard.logprobs and not plain and not confidence.client_asked(path, document)
     if not slots:
+        if stripped:
+            confidence.strip(answer)
+            return orjson.dumps(answer)
         return body
     texts = [container[key] for container, key, _ in slots]
-    result = await guardrails.run(checks, texts, document)
+    read = Answered(document, answer=answer) if guard.logprobs else document
+    result = await guardrails.run(checks, texts, read)
     guardrails.record(
         subject,
         stage="response",
@@ -67,7 +75,9 @@ async def check_answer(
         )
     if result.failed and guard.failure == "closed":
         raise guardrails.unavailable("response", result.failed)
-    if result.texts == texts:
+    if stripped:
+        confidence.strip(answer)
+    elif result.texts == texts:
         return body
     for (container, key, _), text in zip(slots, result.texts, strict=True):
         container[key] = text

@@ -8,6 +8,10 @@ claim whose best cosine similarity to any context chunk is below the threshold i
 ``ungrounded`` finding, scored 1 − similarity. The gateway asks the embedding model
 (gateway/guardrails/fleet.py); this module says what to embed and what the vectors mean.
 Similarity is evidence of support, not proof of it: docs/guardrails-fleet.md lists the limits.
+
+``method`` chooses the evidence: "embedding" (the default, above), "logprobs" (spans the model
+generated with low confidence, read from the answer's own token logprobs:
+guardrails/confidence.py; no embedding model, so ``model`` may be left out) or "both".
 """
 
 from __future__ import annotations
@@ -21,8 +25,15 @@ from guardrails.base import Finding, SettingsError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 DEFAULT_THRESHOLD = 0.5
+METHODS = ("embedding", "logprobs", "both")
+#: a token below e^-2.3 ≈ 0.1 probability is unsure
+DEFAULT_MIN_LOGPROB = -2.3
+DEFAULT_MIN_SPAN_TOKENS = 3
 _KNOWN = frozenset(
     {
+        "method",
+        "min_logprob",
+        "min_span_tokens",
         "threshold",
         "context_roles",
         "documents_field",
@@ -47,7 +58,22 @@ class GroundednessCheck:
         """Nothing to load: the embedding model lives on the fleet."""
 
     def validate(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        done = fleet_settings.common(settings, _KNOWN)
+        if not isinstance(settings, Mapping):
+            raise SettingsError("Settings must be an object.")
+        method = settings.get("method", "embedding")
+        if method not in METHODS:
+            raise SettingsError(f"'method' must be one of {', '.join(METHODS)}.")
+        if method == "logprobs" and not settings.get("model"):
+            # Nothing is asked of an embedding model: the answer brings its own evidence.
+            done = fleet_settings.common({**settings, "model": "-"}, _KNOWN)
+            done["model"] = None
+        else:
+            done = fleet_settings.common(settings, _KNOWN)
+        min_logprob = fleet_settings.number(
+            settings, "min_logprob", DEFAULT_MIN_LOGPROB, low=-100.0, high=0.0
+        )
+        if min_logprob >= 0:
+            raise SettingsError("'min_logprob' must be below 0 (a log probability).")
         threshold = fleet_settings.number(
             settings, "threshold", DEFAULT_THRESHOLD, low=0.0, high=1.0
         )
@@ -78,6 +104,11 @@ class GroundednessCheck:
         if not isinstance(require, bool):
             raise SettingsError("'require_context' must be true or false.")
         done.update(
+            method=method,
+            min_logprob=min_logprob,
+            min_span_tokens=fleet_settings.integer(
+                settings, "min_span_tokens", DEFAULT_MIN_SPAN_TOKENS, low=1, high=256
+            ),
             threshold=threshold,
             context_roles=list(dict.fromkeys(roles)),
             documents_field=field,
@@ -141,6 +172,12 @@ class GroundednessCheck:
         return [
             Finding("ungrounded", score=round(1.0 - float(s), 4)) for s in best if s < threshold
         ]
+
+
+def needs_logprobs(settings: Mapping[str, Any]) -> bool:
+    """Whether a selection's settings (validated or not) read the answer's token logprobs:
+    what makes the gateway ask the model for them (gateway/guardrail_plan.py)."""
+    return settings.get("method") in ("logprobs", "both")
 
 
 def sentences(text: str) -> list[str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from simulator import tokens, wire
+from simulator import logprobs, tokens, wire
 from simulator.asgi import (
     DisconnectWatch,
     Receive,
@@ -45,9 +45,18 @@ class Choice:
     eos: bool  # its last token is end-of-sequence, which has no text
     sent_tokens: int = 0
     sent_chars: int = 0
+    words: frozenset[str] = frozenset()  # the prompt's words, when logprobs are asked for
+    logprob_chars: int = 0  # a streamed completion's text offset so far
 
     def token(self, index: int) -> str:
         return token_at(self.prompt, self.key, index)
+
+    def logprob(self, index: int, top: int) -> logprobs.TokenLogprob:
+        """Token ``index`` with its logprob (simulator/logprobs.py); end-of-sequence has no
+        text."""
+        end = self.eos and index == self.seq.target_tokens - 1
+        token = "" if end else self.token(index)
+        return logprobs.token_logprob(token, self.key, index, self.words, top)
 
     def delta(self, start: int, stop: int) -> str:
         """The text of tokens [start, stop), as the client sees it."""
@@ -104,6 +113,11 @@ def plan_choices(req: GenerationRequest) -> list[Choice]:
             # Choice 0 answers like n=1 would; the others sample differently.
             key = prompt.key if j == 0 else tokens.splitmix64(prompt.key + j)
             choices.append(plan_choice(p * req.n + j, prompt, key, req.max_tokens[p], req))
+    if req.logprobs is not None:
+        words = {id(p): logprobs.prompt_words(p.text) for p in req.prompts}
+        for c in choices:
+            c.words = words[id(c.prompt)]
+            c.logprob_chars = len(c.prompt.text) if req.echo and not req.chat else 0
     return choices
 
 
@@ -166,11 +180,12 @@ def _full_response(
         completion_tokens += seq.generated
         text = c.delta(0, seq.generated)
         reason = seq.finish_reason or "stop"
+        lp = _logprobs(req, c, 0, seq.generated)
         if req.chat:
-            out.append(wire.chat_choice(c.index, req.echo_text + text, reason, c.stop_reason))
+            out.append(wire.chat_choice(c.index, req.echo_text + text, reason, c.stop_reason, lp))
         else:
             text = c.prompt.text + text if req.echo else text
-            out.append(wire.completion_choice(c.index, text, reason, c.stop_reason))
+            out.append(wire.completion_choice(c.index, text, reason, c.stop_reason, lp))
     build = wire.chat_response if req.chat else wire.completion_response
     return build(
         request_id, created, model, out, _prompt_tokens(req), completion_tokens, fingerprint
@@ -232,6 +247,7 @@ async def _stream(
                     c.stop_reason if last else None,
                     _running(req, c, i + 1),
                     finish_fingerprint if last else None,
+                    _logprobs(req, c, i, i + 1),
                 )
                 frames.append(wire.sse(payload))
             tokens_sent += end - c.sent_tokens
@@ -261,6 +277,19 @@ async def _stream(
     await send_chunk(send, b"".join(tail))
     await end_stream(send)
     return True
+
+
+def _logprobs(req: GenerationRequest, choice: Choice, start: int, stop: int) -> wire.Json | None:
+    """``choice.logprobs`` for tokens [start, stop), when the request asked for them."""
+    top = req.logprobs
+    if top is None:
+        return None
+    entries = [choice.logprob(i, top) for i in range(start, stop)]
+    if req.chat:
+        return logprobs.chat_content(entries, top)
+    shaped = logprobs.completion_logprobs(entries, top, choice.logprob_chars)
+    choice.logprob_chars += sum(len(e.token) for e in entries)
+    return shaped
 
 
 def _running(req: GenerationRequest, choice: Choice, completion_tokens: int) -> wire.Json | None:

@@ -32,6 +32,8 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 PRIORITY_HEADER = b"x-vllm-priority"
 # The legacy completions API stops at 16 tokens unless told otherwise; chat does not.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+# vLLM's default --max-logprobs: the most alternatives a token's logprobs may list.
+MAX_LOGPROBS = 20
 
 # The members of vLLM's chat-message union that pydantic reports, in order, when a message
 # has no role (vLLM shows ten and counts eleven).
@@ -78,6 +80,8 @@ class GenerationRequest:
     priority: int = 0
     echo: bool = False
     echo_text: str = ""  # chat: the last message's content, when echo applies
+    #: how many alternatives each token's logprobs list; None: no logprobs asked for
+    logprobs: int | None = None
 
 
 def _stop_list(value: object) -> list[str]:
@@ -212,8 +216,12 @@ def parse_generation(
     # Field by field, in the order vLLM's request models declare them.
     messages = _chat_messages(body) if chat else []
     model = body.get("model", to_str, "")
+    asked_logprobs: int | bool | None = body.get("logprobs", to_bool, False) if chat else None
+    top_logprobs: int | None = body.get("top_logprobs", to_int, 0) if chat else None
     prompts = [] if chat else _completion_prompts(body, config)
     echo = body.get("echo", to_bool, False) if not chat else False
+    if not chat:
+        asked_logprobs = body.get("logprobs", to_int, None)
     max_tokens_field = "max_tokens"
     max_tokens: int | None = body.get(
         "max_tokens", to_int, None if chat else COMPLETION_DEFAULT_MAX_TOKENS
@@ -236,6 +244,7 @@ def parse_generation(
         echo = body.get("echo", to_bool, False)
     priority = body.get("priority", to_int, 0)
     body.check()
+    logprobs = _logprobs(chat, asked_logprobs, top_logprobs)
 
     if model and model not in config.served_model_names:
         raise model_not_found(model, config.served_model_names)
@@ -288,7 +297,33 @@ def parse_generation(
         priority=priority,
         echo=echo,
         echo_text=last_content if chat and echo and last_role == "assistant" else "",
+        logprobs=logprobs,
     )
+
+
+def _logprobs(chat: bool, asked: int | bool | None, top: int | None) -> int | None:
+    """How many alternatives per token (None: no logprobs), refused as vLLM refuses: a
+    negative count other than -1, top_logprobs without logprobs, more than 20 (vLLM's
+    default ``--max-logprobs``; -1 asks for the whole vocabulary, which is more)."""
+    name = "top_logprobs" if chat else "logprobs"
+    count = top if chat else asked
+    if count is not None and count < 0 and count != -1:
+        raise vllm_validation(f"`{name}` must be a positive value or -1.", name, count)
+    if chat and count and not asked:
+        raise vllm_validation(
+            "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+        )
+    if (chat and not asked) or count is None:
+        return None
+    wanted = len(tokens.VOCABULARY) if count == -1 else count
+    if wanted > MAX_LOGPROBS:
+        raise vllm_validation(
+            f"Requested sample logprobs of {wanted}, which is greater than max allowed: "
+            f"{MAX_LOGPROBS}",
+            "logprobs",
+            wanted,
+        )
+    return wanted
 
 
 def _check_sampling(

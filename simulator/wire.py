@@ -51,7 +51,13 @@ def running_usage(prompt_tokens: int, completion_tokens: int, *, chat: bool) -> 
 # -- chat ----------------------------------------------------------------------------------
 
 
-def chat_choice(index: int, text: str, finish_reason: str, stop_reason: str | None) -> Json:
+def chat_choice(
+    index: int,
+    text: str,
+    finish_reason: str,
+    stop_reason: str | None,
+    logprobs: Json | None = None,
+) -> Json:
     return {
         "index": index,
         "message": {
@@ -63,7 +69,7 @@ def chat_choice(index: int, text: str, finish_reason: str, stop_reason: str | No
             "function_call": None,
             "reasoning": None,
         },
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish_reason,
         "stop_reason": stop_reason,
         "token_ids": None,
@@ -132,11 +138,12 @@ def chat_chunk(
     stop_reason: str | None,
     running: Json | None,
     fingerprint: str | None,
+    logprobs: Json | None = None,
 ) -> Json:
     choice: Json = {
         "index": index,
         "delta": {"content": text},
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish_reason,
     }
     if finish_reason is not None:
@@ -159,11 +166,17 @@ def chat_chunk(
 # -- completions ---------------------------------------------------------------------------
 
 
-def completion_choice(index: int, text: str, finish_reason: str, stop_reason: str | None) -> Json:
+def completion_choice(
+    index: int,
+    text: str,
+    finish_reason: str,
+    stop_reason: str | None,
+    logprobs: Json | None = None,
+) -> Json:
     return {
         "index": index,
         "text": text,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish_reason,
         "stop_reason": stop_reason,
         "token_ids": None,
@@ -207,6 +220,7 @@ def completion_chunk(
     stop_reason: str | None,
     running: Json | None,
     fingerprint: str | None,
+    logprobs: Json | None = None,
 ) -> Json:
     chunk: Json = {
         "id": request_id,
@@ -217,7 +231,7 @@ def completion_chunk(
             {
                 "index": index,
                 "text": text,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
                 "prompt_token_ids": None,

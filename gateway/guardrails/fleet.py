@@ -7,6 +7,12 @@ awaits I/O through a ``FleetCaller`` (the gateway's implements it on its schedul
 client, so guard calls take replica capacity like any request). The little arithmetic that
 remains (a similarity matrix) runs in a thread, off the event loop.
 
+Groundedness by logprobs (``method`` "logprobs" or "both") asks no model: it reads the
+answer's own token logprobs (guardrails/confidence.py), which the response stage hands over
+with the request as an ``Answered`` document. The gateway asks the model for them only for
+use cases whose plan says so (``GuardPlan.logprobs``: ``ask_logprobs`` adds one member to the
+body at the grant) and takes them out of the answer again unless the client asked too.
+
 Anything that keeps a check from giving an answer (the model missing or failing, no answer
 in ``timeout_s``, an answer that is not a verdict or not vectors) raises ``FleetCheckFailed``,
 which the gateway maps to the use case's failure mode.
@@ -17,12 +23,17 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
+from guardrails import confidence
 from guardrails.base import Finding, SettingsError
 from guardrails.engine import Check, Summary
 from guardrails.grounding import GroundednessCheck
 from guardrails.judge import GuardModelJudge, VerdictError
+from runtime.http import with_member
 
 CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
@@ -41,6 +52,51 @@ class FleetCaller(Protocol):
     ) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """What a response check reads beside the answer's texts: the request, and the answer's
+    token logprobs — ``tokens`` by choice index as a stream collected them (None: missing),
+    or the whole parsed ``answer`` to read them from (off the event loop: a long answer's
+    logprobs are thousands of entries)."""
+
+    request: object
+    tokens: Mapping[int, Sequence[confidence.Token]] | None = None
+    answer: object = None
+
+
+def _logprobs_member(path: str, document: Mapping[str, Any]) -> bool | int | None:
+    """The ``logprobs`` value to forward so that the answer carries its token logprobs
+    (chat ``true``; completions ``0``, the sampled token's alone), or None to leave the body
+    as it is: the client asked itself, or a chat request names ``top_logprobs`` without
+    ``logprobs`` (vLLM refuses it, and so it must still be)."""
+    if confidence.client_asked(path, document):
+        return None
+    chat = path == confidence.CHAT_PATH
+    if chat and document.get("top_logprobs"):
+        return None
+    return True if chat else 0
+
+
+def ask_logprobs(path: str, body: bytes, document: Mapping[str, Any]) -> bytes:
+    """The upstream body asking for the answer's token logprobs (``_logprobs_member``).
+    Spliced in as the body's last member; a ``logprobs`` the client set false or null is
+    replaced (one serialisation, on that rare path)."""
+    value = _logprobs_member(path, document)
+    if value is None:
+        return body
+    if "logprobs" in document:
+        forwarded = orjson.loads(body)
+        forwarded["logprobs"] = value
+        return orjson.dumps(forwarded)
+    return with_member(body, b'"logprobs":true' if value is True else b'"logprobs":0')
+
+
+def ask_logprobs_document(path: str, document: dict[str, Any]) -> dict[str, Any]:
+    """``ask_logprobs`` for a body still being built (the batcher's upstream document)."""
+    value = _logprobs_member(path, document)
+    return document if value is None else {**document, "logprobs": value}
+
+
 class FleetCheckFailed(Exception):
     """A fleet-run guardrail could not run. The message names the guardrail and the reason,
     never the text being checked."""
@@ -52,6 +108,10 @@ async def run_fleet_check(
     """What ``check`` finds in ``texts`` at ``stage`` ("request": the request's texts;
     "response": each choice's answer text), ``document`` being the request body (roles,
     context). One ``Summary`` if it found anything, else none."""
+    answered = None
+    if isinstance(document, Answered):
+        answered = document
+        document = document.request
     action = _PAST.get(check.action)
     if action is None:
         raise FleetCheckFailed(f"{check.guardrail} cannot {check.action}; only block or flag.")
@@ -61,7 +121,7 @@ async def run_fleet_check(
             findings = await _banned_topics(fleet, settings, stage, texts, document)
         elif check.guardrail == _grounding.name:
             settings = _grounding.validate(check.settings)
-            findings = await _groundedness(fleet, settings, stage, texts, document)
+            findings = await _groundedness(fleet, settings, stage, texts, document, answered)
         else:
             raise FleetCheckFailed(f"{check.guardrail!r} is not a fleet-run guardrail.")
     except SettingsError as exc:
@@ -145,9 +205,44 @@ async def _groundedness(
     stage: str,
     texts: Sequence[str],
     document: object,
+    answered: Answered | None = None,
 ) -> list[Finding]:
     if stage != "response":
         raise FleetCheckFailed("groundedness checks responses only")
+    method = settings["method"]
+    found: list[Finding] = []
+    if method in ("logprobs", "both"):
+        low = (
+            None
+            if answered is None
+            else await asyncio.to_thread(_low_confidence, answered, settings)
+        )
+        if low is None:
+            raise FleetCheckFailed("the answer carries no token logprobs")
+        found = low
+    if method in ("embedding", "both"):
+        found += await _by_embedding(fleet, settings, texts, document)
+    return found
+
+
+def _low_confidence(answered: Answered, settings: Mapping[str, Any]) -> list[Finding] | None:
+    """One ``low_confidence`` finding per span of unsure tokens, in any choice; None when
+    the answer carries no logprobs."""
+    tokens = answered.tokens
+    if tokens is None and answered.answer is not None:
+        tokens = confidence.answer_tokens(answered.answer)
+    if tokens is None:
+        return None
+    return [
+        span.finding()
+        for choice in tokens.values()
+        for span in confidence.spans(choice, settings["min_logprob"], settings["min_span_tokens"])
+    ]
+
+
+async def _by_embedding(
+    fleet: FleetCaller, settings: Mapping[str, Any], texts: Sequence[str], document: object
+) -> list[Finding]:
     claims = [
         claim for text in texts for claim in _grounding.claims(text, settings["min_claim_chars"])
     ][: settings["max_claims"]]

@@ -35,6 +35,16 @@ on a 5,480-character answer under PII redaction and a banned-substrings block, W
 one worker: 42 → 83 calls, 5,480 → 15,976 characters checked, the stream's check time
 0.9 → 2.6 s. Only guarded streams with a span check pay it.
 
+Groundedness by logprobs (a use case whose plan asks for them, ``GuardPlan.logprobs``) reads
+each chunk's token logprobs as it arrives (``choice.logprobs``, vLLM's per-chunk shape) and
+takes them out of the event unless the client asked for them too. Each window's check judges
+the tokens that arrived since the last one — ahead of the text released, so a span is
+found before its text goes out — less the run of unsure tokens they end on, which waits for
+the next window so a span is judged whole; at the end of the answer everything left is
+judged. A span longer than the window may have begun to go out before it is found: a block
+then ends the stream mid-span. A guarded stream relays no logprobs in the text events it
+rebuilds (``logprobs: null``), as before, even when the client asked for them.
+
 A block (or a check that cannot run, under fail-closed) ends the stream with one
 ``data: {"error": {...}}`` event, which the OpenAI SDKs raise as an ``APIError``; the caller
 then closes the upstream, which makes vLLM stop generating.
@@ -52,8 +62,12 @@ import orjson
 
 from gateway.guardrail_plan import StageChecks
 from gateway.guardrails.client import GuardrailUnavailable
+from gateway.guardrails.fleet import Answered
 from gateway.guardrails.run import Guardrails, StageResult, blocked_message, merge_findings
+from guardrails import confidence
+from guardrails.base import SettingsError
 from guardrails.catalogue import entries
+from guardrails.grounding import DEFAULT_MIN_LOGPROB, GroundednessCheck, needs_logprobs
 from guardrails.protocol import CheckSpec
 from guardrails.texts import Slot, message_slots
 
@@ -87,8 +101,15 @@ class GuardedStream:
         failure: str,
         strip_usage: bool,
         document: Any,
+        logprobs: bool = False,
     ) -> None:
         self._chat = path == "/v1/chat/completions"
+        # Token logprobs by choice, not judged yet (only when a check reads them).
+        self._logprobs = logprobs
+        self._keep_logprobs = confidence.client_asked(path, document)
+        self._tokens: dict[int, list[confidence.Token]] = {}
+        self._missing_logprobs = False
+        self._min_logprob = _min_logprob(checks) if logprobs else DEFAULT_MIN_LOGPROB
         self._checks = checks
         self._guardrails = guardrails
         self._window = max(1, window_chars)
@@ -158,7 +179,10 @@ class GuardedStream:
                 carries_more = True
                 continue
             index = int(choice.get("index", 0))
-            taken += [((index, name), text) for name, text in self._take_texts(choice) if text]
+            texts = [((index, name), text) for name, text in self._take_texts(choice) if text]
+            if self._logprobs:
+                self._take_logprobs(index, choice, bool(texts))
+            taken += texts
             if choice.get("finish_reason") is not None:
                 carries_more = ends = True
             elif self._has_more(choice):
@@ -179,6 +203,25 @@ class GuardedStream:
         if any(len(held) >= 2 * self._window for held in self._held.values()):
             return await self._release(everything=False)
         return b""
+
+    def _take_logprobs(self, index: int, choice: dict[str, Any], has_text: bool) -> None:
+        tokens = confidence.choice_tokens(choice.get("logprobs"))
+        if tokens is not None:
+            self._tokens.setdefault(index, []).extend(tokens)
+        elif has_text:
+            self._missing_logprobs = True  # text without its logprobs: the check cannot run
+        if not self._keep_logprobs and "logprobs" in choice:
+            choice["logprobs"] = None
+
+    def _judged(self, everything: bool) -> dict[int, list[confidence.Token]]:
+        """The tokens this window judges: all of them at the end, else all but the run of
+        unsure tokens they end on."""
+        if everything:
+            return {i: list(tokens) for i, tokens in self._tokens.items()}
+        return {
+            i: tokens[: confidence.open_run(tokens, self._min_logprob)]
+            for i, tokens in self._tokens.items()
+        }
 
     def _hold(self, taken: list[tuple[tuple[int, str], str]]) -> None:
         for key, text in taken:
@@ -240,18 +283,23 @@ class GuardedStream:
                 cuts[key] = cut
         if not cuts:
             return b""
+        judged = self._judged(everything) if self._logprobs else {}
         if everything or not self._probe_checks:
-            result = await self._check(cuts)
+            result = await self._check(cuts, judged)
         else:
             # The probe runs alongside the check; the check's answer is dropped if a cut moves.
-            result, (split, failed) = await asyncio.gather(self._check(cuts), self._probe(cuts))
+            result, (split, failed) = await asyncio.gather(
+                self._check(cuts, judged), self._probe(cuts)
+            )
             if split:
                 for key in split:
                     self._split.setdefault(key, set()).add(cuts.pop(key))
                 if not cuts:
                     return b""
-                result = await self._check(cuts)
+                result = await self._check(cuts, judged)
             result.failed += [name for name in failed if name not in result.failed]
+        for i, tokens in judged.items():
+            self._tokens[i] = self._tokens[i][len(tokens) :]
         keys = list(cuts)  # in the order first held: a choice's texts as the model said them
         for key in keys:
             self._held[key] = self._held[key][cuts[key] :]
@@ -273,10 +321,15 @@ class GuardedStream:
             self._text_event(key, text) for key, text in zip(keys, result.texts, strict=True)
         )
 
-    async def _check(self, cuts: Mapping[tuple[int, str], int]) -> StageResult:
-        """Every check of the stage on each held text up to its cut."""
+    async def _check(
+        self, cuts: Mapping[tuple[int, str], int], judged: dict[int, list[confidence.Token]]
+    ) -> StageResult:
+        """Every check of the stage on each held text up to its cut (and the tokens judged)."""
         texts = [self._held[key][:cut] for key, cut in cuts.items()]
-        return await self._guardrails.run(self._checks, texts, self._document)
+        document = self._document
+        if self._logprobs:
+            document = Answered(document, None if self._missing_logprobs else judged)
+        return await self._guardrails.run(self._checks, texts, document)
 
     async def _probe(
         self, cuts: Mapping[tuple[int, str], int]
@@ -338,6 +391,18 @@ def span_checks(checks: Sequence[CheckSpec]) -> tuple[CheckSpec, ...]:
         if check.action == "redact"
         or ((entry := catalogue.get(check.guardrail)) is not None and entry.redacts)
     )
+
+
+def _min_logprob(checks: StageChecks) -> float:
+    """The threshold the stream's logprob check judges tokens by (its settings validated
+    as the check will; unusable settings fail the check itself, not the stream)."""
+    for check in checks.fleet:
+        if check.guardrail == GroundednessCheck.name and needs_logprobs(check.settings):
+            try:
+                return float(GroundednessCheck().validate(check.settings)["min_logprob"])
+            except SettingsError:
+                break
+    return DEFAULT_MIN_LOGPROB
 
 
 def _empty(value: object) -> bool:

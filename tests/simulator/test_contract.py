@@ -646,3 +646,150 @@ def test_metrics_count_the_requests_served(target: Target) -> None:
     assert grew("vllm:e2e_request_latency_seconds_count") == 1
     assert grew("vllm:time_to_first_token_seconds_count") == 1
     assert sample(after, "vllm:num_requests_running") == 0
+
+
+# --- logprobs --------------------------------------------------------------------------------
+LOGPROB_KEYS = ["token", "logprob", "bytes", "top_logprobs"]
+COMPLETION_LOGPROB_KEYS = ["text_offset", "token_logprobs", "tokens", "top_logprobs"]
+
+
+def assert_chat_logprob(entry: dict[str, Any], top: int) -> None:
+    """One token of ``ChatCompletionLogProbs.content``: the sampled token's text, logprob and
+    UTF-8 bytes, and ``top`` alternatives, the sampled token first (vLLM's dict order)."""
+    assert list(entry) == LOGPROB_KEYS
+    assert isinstance(entry["token"], str)
+    assert isinstance(entry["logprob"], float)
+    assert entry["logprob"] <= 0
+    assert entry["bytes"] == list(entry["token"].encode("utf-8", errors="replace"))
+    assert len(entry["top_logprobs"]) == top
+    for alternative in entry["top_logprobs"]:
+        assert list(alternative) == ["token", "logprob", "bytes"]
+        assert alternative["bytes"] == list(alternative["token"].encode("utf-8", errors="replace"))
+    if top:
+        first = entry["top_logprobs"][0]
+        assert (first["token"], first["logprob"]) == (entry["token"], entry["logprob"])
+
+
+def test_a_chat_answer_with_logprobs_has_one_entry_per_token(target: Target) -> None:
+    """GIVEN logprobs with two alternatives WHEN the answer has five tokens THEN
+    ``choice.logprobs`` is ``{"content": [...]}`` with five entries of vLLM's shape."""
+    answer = post(target.base_url, CHAT, chat(target, logprobs=True, top_logprobs=2)).json()
+    (choice,) = answer["choices"]
+    assert list(choice["logprobs"]) == ["content"]
+    content = choice["logprobs"]["content"]
+    assert len(content) == answer["usage"]["completion_tokens"] == 5
+    for entry in content:
+        assert_chat_logprob(entry, top=2)
+
+
+def test_chat_logprobs_without_top_logprobs_list_no_alternatives(target: Target) -> None:
+    answer = post(target.base_url, CHAT, chat(target, logprobs=True)).json()
+    content = answer["choices"][0]["logprobs"]["content"]
+    assert len(content) == 5
+    for entry in content:
+        assert_chat_logprob(entry, top=0)
+
+
+def test_an_answer_without_logprobs_asked_carries_none(target: Target) -> None:
+    chat_answer = post(target.base_url, CHAT, chat(target, logprobs=False)).json()
+    text_answer = post(target.base_url, COMPLETIONS, completion(target)).json()
+    assert chat_answer["choices"][0]["logprobs"] is None
+    assert text_answer["choices"][0]["logprobs"] is None
+
+
+def test_a_completion_with_logprobs_lists_tokens_offsets_and_alternatives(
+    target: Target,
+) -> None:
+    """GIVEN completions ``logprobs: 2`` THEN ``CompletionLogProbs``: parallel lists, text
+    offsets counting the tokens' characters from 0, and per token a dict of at most k + 1
+    alternatives (vLLM keeps ranks 0..k) that holds the sampled token."""
+    answer = post(target.base_url, COMPLETIONS, completion(target, logprobs=2)).json()
+    (choice,) = answer["choices"]
+    logprobs = choice["logprobs"]
+    assert list(logprobs) == COMPLETION_LOGPROB_KEYS
+    tokens, values = logprobs["tokens"], logprobs["token_logprobs"]
+    assert len(tokens) == len(values) == len(logprobs["top_logprobs"]) == 5
+    offsets = [0]
+    for token in tokens[:-1]:
+        offsets.append(offsets[-1] + len(token))
+    assert logprobs["text_offset"] == offsets
+    for token, value, top in zip(tokens, values, logprobs["top_logprobs"], strict=True):
+        assert isinstance(value, float)
+        assert value <= 0
+        assert 1 <= len(top) <= 3
+        assert top[token] == value
+
+
+def test_a_chat_stream_carries_each_tokens_logprobs_on_its_chunk(target: Target) -> None:
+    """GIVEN a streamed chat answer with logprobs THEN the role chunk has none and each
+    token's chunk carries ``{"content": [its entry]}`` for the token it adds."""
+    chunks = post(
+        target.base_url, CHAT, chat(target, stream=True, logprobs=True, top_logprobs=1)
+    ).chunks()
+    role, *content = chunks
+    assert role["choices"][0]["logprobs"] is None
+    assert len(content) == 5
+    for chunk in content:
+        (choice,) = chunk["choices"]
+        (entry,) = choice["logprobs"]["content"]
+        assert_chat_logprob(entry, top=1)
+        assert entry["token"] == choice["delta"]["content"]
+
+
+def test_a_completion_stream_carries_each_tokens_logprobs_with_running_offsets(
+    target: Target,
+) -> None:
+    chunks = post(
+        target.base_url, COMPLETIONS, completion(target, stream=True, logprobs=0)
+    ).chunks()
+    assert len(chunks) == 5
+    offset = 0
+    for chunk in chunks:
+        (choice,) = chunk["choices"]
+        logprobs = choice["logprobs"]
+        assert list(logprobs) == COMPLETION_LOGPROB_KEYS
+        (token,) = logprobs["tokens"]
+        assert logprobs["text_offset"] == [offset]
+        assert list(logprobs["top_logprobs"][0]) == [token]
+        offset += len(token)
+
+
+_TOO_MANY = "Requested sample logprobs of 21, which is greater than max allowed: 20"
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param", "message"),
+    [
+        (
+            CHAT,
+            {"top_logprobs": 2},
+            "top_logprobs",
+            "when using `top_logprobs`, `logprobs` must be set to true. (parameter=top_logprobs)",
+        ),
+        (
+            CHAT,
+            {"logprobs": True, "top_logprobs": -2},
+            "top_logprobs",
+            "`top_logprobs` must be a positive value or -1. (parameter=top_logprobs, value=-2)",
+        ),
+        (
+            CHAT,
+            {"logprobs": True, "top_logprobs": 21},
+            "logprobs",
+            f"{_TOO_MANY} (parameter=logprobs, value=21)",
+        ),
+        (COMPLETIONS, {"logprobs": 21}, "logprobs", f"{_TOO_MANY} (parameter=logprobs, value=21)"),
+        (
+            COMPLETIONS,
+            {"logprobs": -3},
+            "logprobs",
+            "`logprobs` must be a positive value or -1. (parameter=logprobs, value=-3)",
+        ),
+    ],
+)
+def test_logprob_counts_beyond_what_vllm_allows_are_a_400(
+    target: Target, path: str, extra: dict[str, Any], param: str, message: str
+) -> None:
+    body = chat(target, **extra) if path == CHAT else completion(target, **extra)
+    reply = post(target.base_url, path, body)
+    assert assert_error(reply, 400, "BadRequestError", param) == message
