@@ -18,11 +18,13 @@ before, and every refusal is the same GatewayError it always was.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +42,7 @@ from gateway.costs import (
 )
 from gateway.errors import GatewayError
 from gateway.guardrail_plan import GuardPlan
-from gateway.guardrails.run import Guardrails, blocked_message, request_slots
+from gateway.guardrails.run import Body, Guardrails, StageResult, blocked_message, request_slots
 from gateway.metrics import Decision, GatewayMetrics
 from gateway.policy import Model, Policy, Principal
 from gateway.policy_store import PolicyStore
@@ -54,6 +56,7 @@ from gateway.scheduling import (
 from gateway.service_accounts import KeysUnavailable, TokenRefused, TokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.usage import asks_for_usage, with_usage_requested
+from guardrails.texts import Slot
 from runtime.http import Receive, Scope, header, read_body, with_member
 from runtime.multipart import Form, FormError, encode_form, is_multipart, parse_form
 from runtime.valkey_urls import VALKEY_FAILURES
@@ -64,6 +67,9 @@ _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._-]{1,128}$")
 
 # The counts the model's cap and the token estimate read: integers or null, nothing else.
 _INTEGER_PARAMETERS = ("max_tokens", "max_completion_tokens", "n", "best_of")
+
+# What judging a request's rate limits may end in, besides passing.
+_JUDGING_FAILURES: tuple[type[BaseException], ...] = (RateLimited, *VALKEY_FAILURES)
 
 # Which capability each forwarding endpoint needs from the model.
 CAPABILITY = {
@@ -330,29 +336,125 @@ async def check_request(door: FrontDoor, call: Call, guard: GuardPlan, policy: P
     them) and before the request takes a replica's capacity. Blocks (400), rewrites
     the body (redact), or lets it through (flag); 503 when a check cannot run and the use
     case fails closed. What the checks cannot read as text is refused first (400)."""
-    checks, document = guard.request, call.document
-    assert checks is not None
+    slots = readable_slots(call)
     assert call.ticket is not None
-    # A JSON body, or an upload's form fields (a transcription's prompt).
-    fields = call.form.fields if call.form is not None else None
-    readable = document if document is not None else fields
-    assert readable is not None
-    slots = request_slots(call.path, readable)
     try:
         await door.scheduler.check_limits(call.ticket)
-    except RateLimited as refused:
-        decided(door, call, "rejected", f"rate_limit:{refused.limit.name}", refused.retry_after_s)
-        raise refusal(429, "rate_limit_error", refused, code="rate_limit_exceeded") from None
-    except VALKEY_FAILURES as exc:
-        raise admission_unavailable(exc) from None
+    except _JUDGING_FAILURES as exc:
+        raise limits_refusal(door, call, exc) from None
     if not slots:
         return
     texts = [container[key] for container, key, _ in slots]
-    if (checks.service or checks.scoped) and (
-        over := door.guardrails.service.over_budget(texts)
-    ) is not None:
+    if (over := over_budget(door, guard, texts)) is not None:
         raise over
-    result = await door.guardrails.run(checks, texts, document, [role for _, _, role in slots])
+    assert guard.request is not None
+    result = await door.guardrails.run(
+        guard.request, texts, call.document, [role for _, _, role in slots]
+    )
+    apply_checked(door, call, guard, policy, slots, texts, result)
+
+
+class BodyRefused(Exception):
+    """One of many bodies checked together was refused: which one (from 0), and how."""
+
+    def __init__(self, index: int, error: GatewayError) -> None:
+        super().__init__(index, error)
+        self.index = index
+        self.error = error
+
+
+async def check_requests(
+    door: FrontDoor, calls: Sequence[Call], guard: GuardPlan, policy: Policy
+) -> None:
+    """``check_request`` for the bodies of one call (an async bulk submit), with the same
+    outcome body by body in order, but the guardrails run once for all of them: one batch to
+    the guardrail service, so its workers share the bodies out, and the fleet's checks
+    concurrently. ``BodyRefused`` names the first body refused, as checking them in turn
+    would have: the steps before the guardrails (readable, rate limits judged, text budget)
+    stop at the first body they refuse, and only the bodies before it are checked; findings
+    are recorded body by body up to the first refused one."""
+    assert guard.request is not None
+    slots: list[list[Slot]] = []
+    refused: BodyRefused | None = None
+    for index, call in enumerate(calls):
+        try:
+            slots.append(readable_slots(call))
+        except GatewayError as exc:
+            refused = BodyRefused(index, exc)
+            break
+    judged = await asyncio.gather(
+        *(_judge_limits(door, call) for call in calls[: len(slots)]), return_exceptions=True
+    )
+    texts: list[list[str]] = []
+    for index, outcome in enumerate(judged):
+        if isinstance(outcome, _JUDGING_FAILURES):
+            refused = BodyRefused(index, limits_refusal(door, calls[index], outcome))
+            break
+        if isinstance(outcome, BaseException):
+            raise outcome
+        found = [container[key] for container, key, _ in slots[index]]
+        if found and (over := over_budget(door, guard, found)) is not None:
+            refused = BodyRefused(index, over)
+            break
+        texts.append(found)
+    # Only the bodies before the first refused one, as in turn; those with texts to check.
+    checked = [index for index in range(len(texts)) if slots[index]]
+    results = await door.guardrails.run_many(
+        guard.request,
+        [Body(texts[i], calls[i].document, [role for _, _, role in slots[i]]) for i in checked],
+    )
+    for index, result in zip(checked, results, strict=True):
+        try:
+            apply_checked(door, calls[index], guard, policy, slots[index], texts[index], result)
+        except GatewayError as exc:
+            raise BodyRefused(index, exc) from None
+    if refused is not None:
+        raise refused
+
+
+async def _judge_limits(door: FrontDoor, call: Call) -> None:
+    assert call.ticket is not None
+    await door.scheduler.check_limits(call.ticket)
+
+
+def readable_slots(call: Call) -> list[Slot]:
+    """Where the request's texts are (a JSON body, or an upload's form fields: a
+    transcription's prompt); 400 for what the checks cannot read as text."""
+    fields = call.form.fields if call.form is not None else None
+    readable = call.document if call.document is not None else fields
+    assert readable is not None
+    return request_slots(call.path, readable)
+
+
+def limits_refusal(door: FrontDoor, call: Call, exc: BaseException) -> GatewayError:
+    """What a request gets when its rate limits, judged before its guardrails, refuse it
+    (recorded as a decision) or cannot be judged."""
+    if isinstance(exc, RateLimited):
+        decided(door, call, "rejected", f"rate_limit:{exc.limit.name}", exc.retry_after_s)
+        return refusal(429, "rate_limit_error", exc, code="rate_limit_exceeded")
+    return admission_unavailable(exc)
+
+
+def over_budget(door: FrontDoor, guard: GuardPlan, texts: list[str]) -> GatewayError | None:
+    """The 400 for texts over the guardrail service's budget, when the service checks them."""
+    checks = guard.request
+    assert checks is not None
+    if checks.service or checks.scoped:
+        return door.guardrails.service.over_budget(texts)
+    return None
+
+
+def apply_checked(
+    door: FrontDoor,
+    call: Call,
+    guard: GuardPlan,
+    policy: Policy,
+    slots: list[Slot],
+    texts: list[str],
+    result: StageResult,
+) -> None:
+    """What the request guardrails found, applied: recorded, the body rewritten (redact),
+    refused (block: 400; a check that could not run when the use case fails closed: 503)."""
     door.guardrails.record(
         call,
         stage="request",
@@ -361,6 +463,7 @@ async def check_request(door: FrontDoor, call: Call, guard: GuardPlan, policy: P
         failure=guard.failure,
         policy_version=policy.version,
     )
+    document = call.document
     if result.texts != texts:
         # Also when blocked: a full record keeps the refused request as redacted.
         for (container, key, _), text in zip(slots, result.texts, strict=True):

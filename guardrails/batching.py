@@ -21,13 +21,22 @@ of checks that take hundreds of milliseconds each only makes its members wait fo
 So the batcher learns what a request costs a worker (a moving average of a job's time over
 its requests) and holds no more requests than fit in ``TARGET_BATCH_S`` of worker time (at
 least one; ``max_size`` at most, and until it has measured anything).
+
+A bulk (``run_bulk``: one call's many requests, guardrails/protocol.py ``/v1/check/bulk``) is
+already a batch: it is cut into jobs of ``TARGET_BATCH_S`` of worker time by the same measure
+(up to ``BULK_JOB_MAX`` requests; split evenly over the workers when smaller), which go to
+the workers through one lane per worker, a lane's next job only once its last is answered: the
+bulk keeps every worker busy, yet never holds more than one place in the queue for a worker a
+lane, so the checks of other callers still get their turn and its own jobs do not wait out the
+queue timeout behind each other. A job shares its fate as a batch does; the jobs of one bulk
+do not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +45,8 @@ from guardrails.workers import CheckFailed, Job, Outcome, WorkerPool
 # The worker time a batch should take: a few lone checks' latency, far below a timeout.
 TARGET_BATCH_S = 0.05
 _SMOOTHING = 0.2  # weight of the newest job in the per-request cost's moving average
+# The most requests of a bulk in one job, until the cost of one is known and after.
+BULK_JOB_MAX = 64
 
 
 @dataclass(eq=False)
@@ -87,6 +98,41 @@ class Batcher:
             batch.full.set()
         # A caller that goes away cancels its own answer only: the batch runs for the others.
         return await answer
+
+    async def run_bulk(self, jobs: Sequence[Job]) -> list[Outcome | CheckFailed]:
+        """Each request's outcome, or the ``CheckFailed`` that is its answer, in order."""
+        answers: list[Outcome | CheckFailed | None] = [None] * len(jobs)
+        size = self._bulk_job_size(len(jobs))
+        pending = iter(range(0, len(jobs), size))  # shared by the lanes: each takes the next
+        loop = asyncio.get_running_loop()
+
+        async def lane() -> None:
+            for start in pending:
+                part = jobs[start : start + size]
+                self._observe(len(part))
+                sent_at = loop.time()
+                try:
+                    results = await self._pool.run_many(part)
+                except CheckFailed as exc:
+                    results = [type(exc)(str(exc)) for _ in part]
+                else:
+                    self._learn((loop.time() - sent_at) / len(part))
+                answers[start : start + len(part)] = results
+
+        lanes = min(self._pool.size, -(-len(jobs) // size))
+        await asyncio.gather(*(lane() for _ in range(lanes)))
+        done = [answer for answer in answers if answer is not None]
+        assert len(done) == len(jobs)
+        return done
+
+    def _bulk_job_size(self, requests: int) -> int:
+        """Requests a bulk's job holds: ``TARGET_BATCH_S`` of worker time, but small enough
+        to give every worker a share."""
+        fit = BULK_JOB_MAX
+        if self._per_request_s is not None:
+            fit = int(TARGET_BATCH_S / max(self._per_request_s, 1e-6))
+        share = -(-requests // self._pool.size)
+        return max(1, min(BULK_JOB_MAX, fit, share))
 
     async def _dispatch(self, batch: _Batch) -> None:
         with contextlib.suppress(TimeoutError):

@@ -7,6 +7,13 @@ with the engine's ``Outcome.as_json()`` (``texts``, ``findings``, ``blocked``). 
 retry), 503 ``guardrail_busy`` / 504 ``guardrail_timeout`` / 500 ``guardrail_failed`` (the
 check could not run: the caller applies its use case's failure mode).
 
+``POST /v1/check/bulk`` with ``{"stage", "bodies": [[str, …], …], "checks"}``: the same checks
+on each of many requests' texts (an async bulk submit's bodies), each checked exactly as its
+own ``/v1/check`` would be and the text budget applying to each; 200 with ``{"results": […]}``,
+one per body in order: its ``Outcome.as_json()`` or its ``{"error": {"message", "code"}}``.
+One request for all of them, so the service shares them out over its workers in a few jobs
+(guardrails/batching.py) instead of one round trip and one job a body.
+
 Cheap to import: the gateway builds requests with it, the service validates them with it.
 """
 
@@ -14,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import orjson
 
 from guardrails.catalogue import ACTIONS, STAGES, entries
 
 CHECK_PATH: Final = "/v1/check"
+CHECK_BULK_PATH: Final = "/v1/check/bulk"
 HEALTH_PATH: Final = "/healthz"
 METRICS_PATH: Final = "/metrics"
 # The characters one check may carry (all its texts together), for the gateway and the service
@@ -71,6 +79,25 @@ def encode_request(stage: str, texts: Sequence[str], checks: Sequence[CheckSpec]
     )
 
 
+@dataclass(frozen=True, slots=True)
+class BulkCheckRequest:
+    stage: str
+    bodies: list[list[str]]
+    checks: list[CheckSpec]
+
+
+def encode_bulk_request(
+    stage: str, bodies: Sequence[Sequence[str]], checks: Sequence[CheckSpec]
+) -> bytes:
+    return orjson.dumps(
+        {
+            "stage": stage,
+            "bodies": [list(texts) for texts in bodies],
+            "checks": [check.as_json() for check in checks],
+        }
+    )
+
+
 class OverBudget(InvalidCheck):
     """The texts are over the service's character budget."""
 
@@ -80,20 +107,54 @@ def parse_request(raw: bytes, *, max_text_chars: int | None = None) -> CheckRequ
 
     Settings are taken as governance validated them when the selection was saved: checking
     them again on every call would cost each request a detector's ``validate``."""
+    document = _object(raw)
+    stage = _stage(document)
+    texts = document.get("texts")
+    if not _strings(texts):
+        raise InvalidCheck("'texts' must be an array of strings.")
+    _within_budget(texts, max_text_chars)
+    return CheckRequest(stage=stage, texts=texts, checks=_checks(document, stage))
+
+
+def parse_bulk_request(raw: bytes, *, max_text_chars: int | None = None) -> BulkCheckRequest:
+    """``parse_request`` for ``/v1/check/bulk``: the budget is each body's."""
+    document = _object(raw)
+    stage = _stage(document)
+    bodies = document.get("bodies")
+    if not isinstance(bodies, list) or not bodies or not all(map(_strings, bodies)):
+        raise InvalidCheck("'bodies' must be a non-empty array of arrays of strings.")
+    for texts in bodies:
+        _within_budget(texts, max_text_chars)
+    return BulkCheckRequest(stage=stage, bodies=bodies, checks=_checks(document, stage))
+
+
+def _object(raw: bytes) -> dict[str, Any]:
     try:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidCheck(f"The body is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise InvalidCheck("The body must be a JSON object.")
+    return document
+
+
+def _stage(document: dict[str, Any]) -> str:
     stage = document.get("stage")
     if stage not in STAGES:
         raise InvalidCheck(f"'stage' must be one of {', '.join(STAGES)}.")
-    texts = document.get("texts")
-    if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
-        raise InvalidCheck("'texts' must be an array of strings.")
+    return str(stage)
+
+
+def _strings(texts: object) -> TypeGuard[list[str]]:
+    return isinstance(texts, list) and all(isinstance(text, str) for text in texts)
+
+
+def _within_budget(texts: list[str], max_text_chars: int | None) -> None:
     if max_text_chars is not None and (chars := text_chars(texts)) > max_text_chars:
         raise OverBudget(over_budget_message(chars, max_text_chars))
+
+
+def _checks(document: dict[str, Any], stage: str) -> list[CheckSpec]:
     raw_checks = document.get("checks")
     if not isinstance(raw_checks, list) or not raw_checks:
         raise InvalidCheck("'checks' must be a non-empty array.")
@@ -121,7 +182,7 @@ def parse_request(raw: bytes, *, max_text_chars: int | None = None) -> CheckRequ
         if not isinstance(settings, dict):
             raise InvalidCheck(f"'{where}.settings' must be an object.")
         checks.append(CheckSpec(entry.name, action, settings))
-    return CheckRequest(stage=stage, texts=texts, checks=checks)
+    return checks
 
 
 def error_body(message: str, code: str) -> bytes:

@@ -12,8 +12,9 @@ batch shares its fate (guardrails/batching.py). A request refused (400, 401, 413
 one.
 
 ``GET /healthz``: 200 while at least one worker is ready. ``GET /metrics``: Prometheus, the
-checks answered (by stage and outcome), their latency, the requests per job sent to a worker
-(batch sizes), workers ready and replaced.
+checks answered (by stage and outcome; a bulk's bodies each count), their latency, the
+requests per job sent to a worker (batch sizes), the bodies per bulk call, workers ready and
+replaced.
 
 Callers authenticate with a shared secret (``SWITCHYARD_GUARDRAIL_TOKEN``, or ``…_FILE``) as
 ``Authorization: Bearer …`` on ``/v1/check``; the probes stay open. Without a token the
@@ -32,6 +33,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -39,6 +41,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from guardrails.batching import Batcher
 from guardrails.catalogue import entries
 from guardrails.protocol import (
+    CHECK_BULK_PATH,
     CHECK_PATH,
     DEFAULT_MAX_TEXT_CHARS,
     HEALTH_PATH,
@@ -47,6 +50,7 @@ from guardrails.protocol import (
     InvalidCheck,
     OverBudget,
     error_body,
+    parse_bulk_request,
     parse_request,
 )
 from guardrails.workers import CheckFailed, CheckTimeout, PoolBusy, WorkerPool
@@ -58,6 +62,7 @@ PREFIX = "switchyard_guardrail_service_"
 # Seconds: a regex check takes microseconds, a spaCy pass a few hundred milliseconds.
 CHECK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+BULK_BUCKETS = (1, 10, 100, 250, 500, 1000, 2500, 5000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +156,19 @@ class _Metrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        self.bulk_size = Histogram(
+            PREFIX + "bulk_size",
+            "Requests' texts checked by one bulk call (/v1/check/bulk).",
+            buckets=BULK_BUCKETS,
+            registry=r,
+        )
+        self.bulk_latency = Histogram(
+            PREFIX + "bulk_seconds",
+            "Time to answer a bulk call (all its bodies).",
+            ["stage"],
+            buckets=(*CHECK_BUCKETS, 30.0, 60.0),
+            registry=r,
+        )
 
 
 def _loopback(host: str) -> bool:
@@ -194,6 +212,36 @@ async def check(request: web.Request) -> web.Response:
     metrics.checks.labels(parsed.stage, "ok").inc()
     metrics.latency.labels(parsed.stage).observe(time.monotonic() - started)
     return web.json_response(outcome)
+
+
+async def check_bulk(request: web.Request) -> web.Response:
+    metrics = request.app[_METRICS]
+    settings = request.app[_SETTINGS]
+    started = time.monotonic()
+    if settings.token and not _authorised(request, settings.token):
+        metrics.checks.labels("unknown", "unauthorised").inc()
+        return _json(401, error_body("A valid service token is required.", "unauthorised"))
+    try:
+        parsed = parse_bulk_request(await request.read(), max_text_chars=settings.max_text_chars)
+    except OverBudget as exc:
+        metrics.checks.labels("unknown", "over_budget").inc()
+        return _json(413, error_body(str(exc), "guardrail_text_too_large"))
+    except InvalidCheck as exc:
+        metrics.checks.labels("unknown", "invalid").inc()
+        return _json(400, error_body(str(exc), "invalid_check"))
+    checks = [spec.as_json() for spec in parsed.checks]
+    metrics.bulk_size.observe(len(parsed.bodies))
+    outcomes = await request.app[_BATCHER].run_bulk([(texts, checks) for texts in parsed.bodies])
+    results: list[object] = []
+    for outcome in outcomes:
+        if isinstance(outcome, CheckFailed):
+            metrics.checks.labels(parsed.stage, outcome.code).inc()
+            results.append({"error": {"message": str(outcome), "code": outcome.code}})
+        else:
+            metrics.checks.labels(parsed.stage, "ok").inc()
+            results.append(outcome)
+    metrics.bulk_latency.labels(parsed.stage).observe(time.monotonic() - started)
+    return _json(200, orjson.dumps({"results": results}))
 
 
 def _authorised(request: web.Request, token: str) -> bool:
@@ -252,6 +300,7 @@ def create_app(settings: ServiceSettings) -> web.Application:
 
     app.cleanup_ctx.append(lifecycle)  # type: ignore[arg-type]
     app.router.add_post(CHECK_PATH, check)
+    app.router.add_post(CHECK_BULK_PATH, check_bulk)
     app.router.add_get(HEALTH_PATH, health)
     app.router.add_get(METRICS_PATH, metrics_view)
     return app

@@ -51,11 +51,13 @@ from gateway.autopipeline import auto_pipeline
 from gateway.call import Call
 from gateway.errors import GatewayError
 from gateway.front_door import (
+    BodyRefused,
     FrontDoor,
     admission_unavailable,
     authenticate,
     authenticate_after_key_fetch,
     check_request,
+    check_requests,
     minted_id,
     plan_ticket,
     refusal,
@@ -190,34 +192,46 @@ class AsyncTaskDoor:
     ) -> None:
         """The use case's request guardrails on every body, as the synchronous path runs
         them (gateway/front_door.py ``check_request``): a block refuses the whole call (400),
-        a redaction rewrites the body that is queued, a flag is recorded."""
-        for index, task in enumerate(tasks):
-            record_id = minted_id()
-            call = Call(
-                request_id=request_id.decode(),
-                request_id_bytes=request_id,
-                record_id=record_id,
-                record_id_bytes=record_id.encode(),
-                principal=principal,
-                model=task.model,
-                path=path,
-                body=task.body,
-                document=task.document,
-                form=None,
-                content_type=b"application/json",
-                streaming=False,
-                estimate=task.estimate,
-                # The queued body keeps the model as submitted (the batcher names the served
-                # one): the check must not make the body the synchronous way.
-                rename_per_replica=True,
-            )
+        a redaction rewrites the body that is queued, a flag is recorded. A bulk's bodies are
+        checked as one batch (``check_requests``), not one after the other."""
+        calls = [self._call(path, task, principal, request_id) for task in tasks]
+        for call in calls:
             plan_ticket(self._door, call, policy)
-            try:
-                await check_request(self._door, call, guard, policy)
-            except GatewayError as exc:
-                self._metrics.async_submitted(_outcome(exc), len(tasks))
-                raise at_index(exc, index) if bulk else exc from None
+        try:
+            if bulk:
+                await check_requests(self._door, calls, guard, policy)
+            else:
+                await check_request(self._door, calls[0], guard, policy)
+        except BodyRefused as refused:
+            self._metrics.async_submitted(_outcome(refused.error), len(tasks))
+            raise at_index(refused.error, refused.index) from None
+        except GatewayError as exc:
+            self._metrics.async_submitted(_outcome(exc), len(tasks))
+            raise
+        for task in tasks:
             task.body = orjson.dumps(task.document)
+
+    @staticmethod
+    def _call(path: str, task: TaskBody, principal: Principal, request_id: bytes) -> Call:
+        record_id = minted_id()
+        return Call(
+            request_id=request_id.decode(),
+            request_id_bytes=request_id,
+            record_id=record_id,
+            record_id_bytes=record_id.encode(),
+            principal=principal,
+            model=task.model,
+            path=path,
+            body=task.body,
+            document=task.document,
+            form=None,
+            content_type=b"application/json",
+            streaming=False,
+            estimate=task.estimate,
+            # The queued body keeps the model as submitted (the batcher names the served
+            # one): the check must not make the body the synchronous way.
+            rename_per_replica=True,
+        )
 
     async def _queue(
         self,

@@ -17,11 +17,12 @@ goes on; both are recorded (``failed_closed`` / ``failed_open``). Every finding 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gateway import errors
 from gateway.accounting import Accounting
@@ -40,6 +41,9 @@ from guardrails.protocol import CheckSpec
 from guardrails.texts import Slot
 
 logger = logging.getLogger("gateway.guardrails")
+
+# Bodies of one bulk whose fleet checks run at once: each holds a guard model's capacity.
+FLEET_CONCURRENCY = 32
 
 
 # --- where the texts are --------------------------------------------------------------------
@@ -91,12 +95,38 @@ class Subject(Protocol):
     model: Model
 
 
+class Body(NamedTuple):
+    """One of many bodies checked together (``Guardrails.run_many``): its texts, the document
+    they come from, and who said each (None: unknown)."""
+
+    texts: list[str]
+    document: Any
+    roles: Sequence[str] | None
+
+
 @dataclass(slots=True)
 class StageResult:
     texts: list[str]
     findings: list[dict[str, Any]] = field(default_factory=list)
     blocked: dict[str, Any] | None = None
     failed: list[str] = field(default_factory=list)  # guardrails that could not run
+
+
+def _scoped_at(group: ScopedChecks, result: StageResult, roles: Sequence[str] | None) -> list[int]:
+    """Which of the texts a scoped group reads: those its roles said."""
+    if roles is None or len(roles) != len(result.texts):
+        return list(range(len(result.texts)))  # roles unknown: read everything, fail safe
+    return [i for i, role in enumerate(roles) if role in group.roles]
+
+
+def _merge_part(result: StageResult, at: Sequence[int], part: StageResult) -> None:
+    """A scoped group's outcome on some of the texts: its redactions go back in place."""
+    for i, text in zip(at, part.texts, strict=True):
+        result.texts[i] = text
+    result.findings += part.findings
+    result.failed += [name for name in part.failed if name not in result.failed]
+    if part.blocked is not None:
+        result.blocked = part.blocked
 
 
 class Guardrails:
@@ -162,34 +192,52 @@ class Guardrails:
             for group in checks.scoped:
                 if result.blocked is not None:
                     break
-                await self._run_scoped(checks.stage, group, result, document, roles)
+                at = _scoped_at(group, result, roles)
+                if not at:
+                    continue
+                part = StageResult([result.texts[i] for i in at])
+                await self._run_checks(checks.stage, group.service, group.fleet, part, document)
+                _merge_part(result, at, part)
         finally:
             self._metrics.guardrail_checked(checks.stage, time.monotonic() - started)
         return result
 
-    async def _run_scoped(
-        self,
-        stage: str,
-        group: ScopedChecks,
-        result: StageResult,
-        document: Any,
-        roles: Sequence[str] | None,
-    ) -> None:
-        """A scoped group on the texts its roles said; its redactions go back in place."""
-        if roles is None or len(roles) != len(result.texts):
-            at = list(range(len(result.texts)))  # roles unknown: read everything, fail safe
-        else:
-            at = [i for i, role in enumerate(roles) if role in group.roles]
-        if not at:
-            return
-        part = StageResult([result.texts[i] for i in at])
-        await self._run_checks(stage, group.service, group.fleet, part, document)
-        for i, text in zip(at, part.texts, strict=True):
-            result.texts[i] = text
-        result.findings += part.findings
-        result.failed += [name for name in part.failed if name not in result.failed]
-        if part.blocked is not None:
-            result.blocked = part.blocked
+    async def run_many(self, checks: StageChecks, bodies: Sequence[Body]) -> list[StageResult]:
+        """``run`` for each of many bodies (an async bulk submit's), each answered exactly as
+        alone, but every service check of the stage sent once for all of them (one batch the
+        service's workers share out: guardrails/batching.py) and the fleet's checks run for
+        the bodies concurrently, not in turn."""
+        if not bodies:
+            return []
+        started = time.monotonic()
+        results = [StageResult(list(body.texts)) for body in bodies]
+        documents = [body.document for body in bodies]
+        try:
+            await self._run_many_checks(
+                checks.stage, checks.service, checks.fleet, results, documents
+            )
+            for group in checks.scoped:
+                picks = [
+                    (index, at)
+                    for index, result in enumerate(results)
+                    if result.blocked is None
+                    and (at := _scoped_at(group, result, bodies[index].roles))
+                ]
+                if not picks:
+                    continue
+                parts = [StageResult([results[i].texts[j] for j in at]) for i, at in picks]
+                await self._run_many_checks(
+                    checks.stage,
+                    group.service,
+                    group.fleet,
+                    parts,
+                    [documents[i] for i, _ in picks],
+                )
+                for (index, at), part in zip(picks, parts, strict=True):
+                    _merge_part(results[index], at, part)
+        finally:
+            self._metrics.guardrail_checked(checks.stage, time.monotonic() - started)
+        return results
 
     async def _run_checks(
         self,
@@ -207,6 +255,49 @@ class Guardrails:
                 result.failed += [c.guardrail for c in service]
             else:
                 self._merge(result, outcome)
+        if fleet:
+            await self._run_fleet(stage, fleet, result, document)
+
+    async def _run_many_checks(
+        self,
+        stage: str,
+        service: Sequence[CheckSpec],
+        fleet: Sequence[Check],
+        results: list[StageResult],
+        documents: Sequence[Any],
+    ) -> None:
+        """``_run_checks`` for many bodies: the service's checks in one bulk call."""
+        sending = [index for index, result in enumerate(results) if any(result.texts)]
+        if service and sending:
+            outcomes = await self.service.run_bulk(
+                stage, [results[index].texts for index in sending], service
+            )
+            failed = [outcome for outcome in outcomes if isinstance(outcome, GuardrailUnavailable)]
+            for index, outcome in zip(sending, outcomes, strict=True):
+                if isinstance(outcome, GuardrailUnavailable):
+                    results[index].failed += [c.guardrail for c in service]
+                else:
+                    self._merge(results[index], outcome)
+            if failed:  # one line for the bulk, not one a body
+                logger.warning(
+                    "guardrail_unavailable stage=%s bodies=%d reason=%s",
+                    stage,
+                    len(failed),
+                    failed[0],
+                )
+        if fleet:
+            # Bounded: each body's fleet checks take capacity on a guard model's replicas.
+            lanes = asyncio.Semaphore(FLEET_CONCURRENCY)
+
+            async def one(result: StageResult, document: Any) -> None:
+                async with lanes:
+                    await self._run_fleet(stage, fleet, result, document)
+
+            await asyncio.gather(*map(one, results, documents))
+
+    async def _run_fleet(
+        self, stage: str, fleet: Sequence[Check], result: StageResult, document: Any
+    ) -> None:
         for check in fleet:
             if result.blocked is not None:
                 break

@@ -1,6 +1,8 @@
 """Micro-batching in the guardrail service: concurrent checks go to one worker as one job, each
 answered exactly as alone; a batch that overruns fails as a whole and its worker is replaced;
-window 0 keeps one job per request. And the engine's ``run_many`` under it, in process."""
+window 0 keeps one job per request. A bulk call's bodies are shared out over the workers in a
+few jobs, each answered as its own check. And the engine's ``run_many`` under it, in
+process."""
 
 from __future__ import annotations
 
@@ -159,6 +161,78 @@ def test_window_zero_sends_one_job_per_request(start_guardrail_service: Guardrai
     assert answers[2].json()["findings"] == []
     assert answers[3].json()["texts"] == ["<WORD> and forbidden", "<WORD>"]
     assert _batches(service.url) == (4.0, 4.0)
+
+
+# --- bulk calls ---------------------------------------------------------------------------------
+def _bulk(url: str, body: object) -> httpx.Response:
+    return httpx.post(url + "/v1/check/bulk", json=body, timeout=60)
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_bulk_call_answers_each_body_as_its_own_check_in_a_few_jobs(
+    start_guardrail_service: GuardrailServiceFactory,
+):
+    """GIVEN two workers and batching off WHEN one bulk call carries 30 bodies (some to
+    redact, some to block, some clean, one with no text) THEN each body's answer is the one
+    its own /v1/check gets, and the 30 went to the workers in a few jobs, not 30."""
+    service = start_guardrail_service(SWITCHYARD_GUARDRAIL_WORKERS="2")
+    kinds = [["a secret here", "nothing"], ["the forbidden plan"], ["all clean"], []]
+    bodies = [kinds[i % len(kinds)] for i in range(30)]
+    checks = [WORDS, FORBIDDEN]
+
+    answer = _bulk(service.url, {"stage": "request", "bodies": bodies, "checks": checks})
+
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert len(results) == 30
+    assert _metric(service.url, "switchyard_guardrail_service_bulk_size_count") == 1
+    assert _metric(service.url, "switchyard_guardrail_service_bulk_size_sum") == 30
+    jobs, requests = _batches(service.url)
+    assert requests == 30
+    assert 2 <= jobs < 30
+    for texts, result in zip(bodies, results, strict=True):
+        alone = httpx.post(
+            service.url + "/v1/check",
+            json={"stage": "request", "texts": texts, "checks": checks},
+            timeout=60,
+        )
+        assert alone.json() == result, texts
+    assert results[0]["texts"] == ["a <WORD> here", "nothing"]
+    assert results[1]["blocked"]["guardrail"] == "words"
+
+
+def test_a_bulk_bodys_failure_is_its_own(start_guardrail_service: GuardrailServiceFactory):
+    """GIVEN a detector that raises on every text WHEN a bulk call has two bodies with text
+    and one without THEN those two answer guardrail_failed (without their text) and the
+    empty one its clean outcome; a bad bulk is refused 400 naming the field, one over the
+    text budget 413, before any worker sees them."""
+    service = start_guardrail_service(SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS="100")
+    bodies = [["hunter2"], [], ["swordfish"]]
+
+    answer = _bulk(service.url, {"stage": "request", "bodies": bodies, "checks": [BROKEN]})
+
+    assert answer.status_code == 200, answer.text
+    failed, empty, also_failed = answer.json()["results"]
+    assert failed["error"]["code"] == also_failed["error"]["code"] == "guardrail_failed"
+    assert empty == {"texts": [], "findings": [], "blocked": None}
+    assert "hunter2" not in answer.text
+    assert "swordfish" not in answer.text
+
+    bad = _bulk(service.url, {"stage": "request", "bodies": [["x"], "y"], "checks": [WORDS]})
+    assert bad.status_code == 400
+    assert "'bodies'" in bad.json()["error"]["message"]
+    over = _bulk(
+        service.url, {"stage": "request", "bodies": [["x"], ["y" * 101]], "checks": [WORDS]}
+    )
+    assert over.status_code == 413
+    assert over.json()["error"]["code"] == "guardrail_text_too_large"
+    assert _metric(service.url, "switchyard_guardrail_service_bulk_size_count") == 1
 
 
 # --- the engine, in process --------------------------------------------------------------------

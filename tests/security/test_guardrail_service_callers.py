@@ -72,6 +72,33 @@ def test_texts_over_the_budget_are_refused_before_a_worker_sees_them(
     assert _replaced(service.url) == 0
 
 
+def test_bulk_checks_need_the_token_and_keep_the_budget_of_each_body(
+    start_guardrail_service: GuardrailServiceFactory,
+) -> None:
+    """The bulk endpoint (an async bulk submit's bodies, one call) is no way around either:
+    401 without the token, 413 when any one body is over the budget, though all of them
+    together may be over it (the budget is a body's, as for its own /v1/check)."""
+    service = start_guardrail_service(
+        SWITCHYARD_GUARDRAIL_TOKEN=TOKEN, SWITCHYARD_GUARDRAIL_MAX_TEXT_CHARS="1000"
+    )
+
+    def bulk(bodies: list[list[str]], token: str | None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        body = {"stage": "request", "bodies": bodies, "checks": [WORDS]}
+        return httpx.post(url + "/v1/check/bulk", json=body, headers=headers, timeout=30)
+
+    url = service.url
+    for token in (None, "wrong"):
+        assert bulk([["a secret"]], token).status_code == 401
+    over = bulk([["x" * 10], ["x" * 600, "y" * 401]], TOKEN)
+    assert over.status_code == 413, over.text
+    assert over.json()["error"]["code"] == "guardrail_text_too_large"
+    within = bulk([["x" * 900], ["a secret " + "y" * 900]], TOKEN)  # 1,809 together
+    assert within.status_code == 200, within.text
+    assert within.json()["results"][1]["texts"] == ["a <WORD> " + "y" * 900]
+    assert _replaced(service.url) == 0
+
+
 def test_the_service_will_not_listen_beyond_loopback_without_a_token() -> None:
     env = {
         **os.environ,
