@@ -175,11 +175,19 @@ _ADDRESSES_THE_MODEL = regex.compile(
 def screen(text: str) -> tuple[str | None, bool]:
     """The rules' verdict on a text, its readings made once: the attack shape found (or None),
     and whether the classifier should read it — only a text that addresses a model or its
-    instructions (``_ADDRESSES_THE_MODEL``) and is not an office "ignore my previous e-mail"
-    (``_BENIGN_IGNORE``)."""
+    instructions (``_ADDRESSES_THE_MODEL``) outside an office "ignore my previous e-mail"
+    (``_BENIGN_IGNORE``). The office phrase excuses its own words only: a text that holds it
+    and addresses the model elsewhere is still read, or the phrase would be a way past the
+    classifier."""
     readings = _readings(text)
     shape = _attack(text, readings)
     if shape is not None:
         return shape, False
-    addressed = any(_ADDRESSES_THE_MODEL.search(reading) for reading in readings)
-    return None, addressed and _BENIGN_IGNORE.search(text) is None
+    return None, any(
+        _ADDRESSES_THE_MODEL.search(_BENIGN_IGNORE.sub(" ", reading)) for reading in readings
+    )
+
+
+def addresses_the_model(text: str) -> bool:
+    """Whether any spelling of ``text`` has a word by which it addresses a model."""
+    return any(_ADDRESSES_THE_MODEL.search(reading) for reading in _readings(text))
