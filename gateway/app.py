@@ -369,6 +369,7 @@ class Gateway:
         headers = [
             (b"x-request-id", call.request_id_bytes),
             (b"x-switchyard-record-id", call.record_id_bytes),
+            *call.model.notices,
             *exc.headers,
         ]
         await send_response(send, exc.status, exc.body(), headers=headers)
@@ -507,6 +508,8 @@ class Gateway:
                     (b"x-request-id", call.request_id_bytes),
                     (b"x-switchyard-record-id", call.record_id_bytes),
                 ]
+                if model.notices:  # a deprecated model, or a successor serving its id
+                    response_headers += model.notices
                 strip = (
                     UsageEventFilter()
                     if call.strip_usage
@@ -596,6 +599,7 @@ class Gateway:
             (b"content-type", response.content_type),
             (b"x-request-id", call.request_id_bytes),
             (b"x-switchyard-record-id", call.record_id_bytes),
+            *call.model.notices,
         ]
         if call.path == "/v1/embeddings":
             checks = None  # an embedding answer has no text to check
