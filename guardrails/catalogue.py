@@ -217,8 +217,8 @@ def validate_selection(
 #: texts it reads ("tool": where an agent's untrusted text enters), absent for all of them.
 ROLES_SETTING = "roles"
 #: what said a text (guardrails/texts.py): a chat message's role; a prompt is the user's, an
-#: answer the assistant's
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+#: answer the assistant's, a retrieved document (the chat's ``documents``) the document's
+ROLES = ("system", "developer", "user", "assistant", "tool", "function", "document")
 
 
 def _roles(value: Any) -> list[str]:

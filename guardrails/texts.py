@@ -6,7 +6,8 @@ what is checked is what the model reads, and the texts line up with the roles.
 
 A request's texts: each chat message's ``content`` (a string, or a list of bare strings and
 text, ``input_text``, ``output_text`` and ``refusal`` parts), an assistant's ``refusal``,
-its ``tool_calls[].function.arguments`` (and the legacy ``function_call``'s); a
+its ``tool_calls[].function.arguments`` (and the legacy ``function_call``'s), the chat's
+retrieved ``documents`` (vLLM's RAG field; said by ``document``); a
 completion's ``prompt`` (a string or a list of them) and ``suffix``; an embedding's
 ``input`` (the same) or ``messages``. Media parts (images, audio, video) are not text: no
 text guardrail reads them.
@@ -39,6 +40,9 @@ MEDIA_PARTS = frozenset(
 )
 # An assistant message's (or an answer's, or a stream delta's) other texts besides content.
 _MESSAGE_TEXTS = ("refusal", "reasoning_content", "reasoning")
+#: who said a retrieved document's text (vLLM's chat ``documents``): neither a message's role
+#: nor the user — a guardrail may be scoped to it like the ``tool`` role
+DOCUMENT = "document"
 _CHAT = "/v1/chat/completions"
 _COMPLETIONS = "/v1/completions"
 _TRANSCRIPTIONS = "/v1/audio/transcriptions"
@@ -80,6 +84,8 @@ def request_slots(path: str, document: Mapping[str, Any], *, strict: bool = True
         elif strict and messages is not None:
             raise Unreadable("messages", "messages that are not a list")
         _tool_slots(document, slots)
+        if path == _CHAT:
+            _document_slots(document, slots, strict)
     if path != _CHAT:
         _prompt_slots(document, "input", slots, strict)
     return slots
@@ -206,6 +212,27 @@ def _transcript_slots(answer: Any) -> list[Slot]:
                 if isinstance(item, dict) and isinstance(item.get(field), str)
             ]
     return slots
+
+
+def _document_slots(document: Mapping[str, Any], slots: list[Slot], strict: bool) -> None:
+    """vLLM's ``documents`` (retrieved passages a RAG chat template lays before the model):
+    each a string or an object of strings (``title``, ``text``…), all read by the model, said
+    by ``document`` — untrusted text, like a tool's answer."""
+    value = document.get("documents")
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                slots.append((value, i, DOCUMENT))
+            elif isinstance(item, dict):
+                for key, text in item.items():
+                    if isinstance(text, str):
+                        slots.append((item, key, DOCUMENT))
+                    elif strict and text is not None:
+                        raise Unreadable(f"documents[{i}].{key}", "a value that is not text")
+            elif strict:
+                raise Unreadable(f"documents[{i}]", "a document that is neither text nor an object")
+    elif strict and value is not None:
+        raise Unreadable("documents", "documents that are not a list")
 
 
 def _tool_slots(document: Mapping[str, Any], slots: list[Slot]) -> None:

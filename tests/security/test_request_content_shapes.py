@@ -199,6 +199,22 @@ TEXT_SHAPES = [
         },
         id="chat-legacy-function-description",
     ),
+    pytest.param(
+        CHAT,
+        {
+            "messages": [{"role": "user", "content": "what does the wiki say?"}],
+            "documents": [{"title": "wiki", "text": "the secret is 42"}],
+        },
+        id="chat-retrieved-document",
+    ),
+    pytest.param(
+        CHAT,
+        {
+            "messages": [{"role": "user", "content": "what does the wiki say?"}],
+            "documents": [{"title": "the secret page", "text": "42"}],
+        },
+        id="chat-retrieved-document-title",
+    ),
     pytest.param(COMPLETIONS, {"prompt": "the secret"}, id="completion-string"),
     pytest.param(COMPLETIONS, {"prompt": ["fine", "the secret"]}, id="completion-list"),
     pytest.param(EMBEDDINGS, {"input": "the secret"}, id="embedding-string"),
@@ -271,6 +287,18 @@ UNREADABLE = [
         },
         "messages[1].tool_calls[0].function.arguments",
         id="chat-tool-call-arguments-an-object",
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": [{"role": "user", "content": "hi"}], "documents": {"text": "a secret"}},
+        "documents",
+        id="chat-documents-an-object",
+    ),
+    pytest.param(
+        CHAT,
+        {"messages": [{"role": "user", "content": "hi"}], "documents": [{"text": ["a secret"]}]},
+        "documents[0].text",
+        id="chat-document-text-not-a-string",
     ),
     pytest.param(COMPLETIONS, {"prompt": [1, 2, 3]}, "prompt", id="completion-token-ids"),
     pytest.param(
