@@ -9,8 +9,10 @@ model is refused (or handed to its successor) at the second of its sunset whatev
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
+from celery import current_app
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -19,6 +21,11 @@ from governance.audit import Actor, audit_record, object_state
 from governance.choices import ModelStatus
 from governance.models import Model
 from governance.services.republish import policy_changed
+
+logger = logging.getLogger(__name__)
+
+#: scheduler/tasks.py's task, sent by name.
+DELIVER_MODEL_NOTICE_TASK = "scheduler.deliver_model_notice"
 
 # Audit actions besides the generic ``model.update``: what happened, for whoever reads the trail.
 STATUS_ACTIONS = {
@@ -86,6 +93,35 @@ def lifecycle_audit(
         },
         tenant_slug=tenant_slug,
     )
+    if model.status == ModelStatus.DEPRECATED:
+        owners_notify(model)
+
+
+def owners_notify(model: Model) -> None:
+    """Once the deprecation commits, tell each use case approved for the model through its
+    webhook, if it has one (scheduler/model_notices.py, sent by task name: governance imports
+    no scheduler). The portal shows the same notice on the use case's page."""
+    assert model.deprecated_at is not None
+    message_id = f"msg_model_{model.pk}_deprecated_{int(model.deprecated_at.timestamp())}"
+    use_cases = list(
+        model.use_cases.exclude(webhook_url="")
+        .exclude(webhook_secret_sealed="")
+        .values_list("pk", flat=True)
+    )
+
+    def send() -> None:
+        for use_case_id in use_cases:
+            try:
+                current_app.send_task(
+                    DELIVER_MODEL_NOTICE_TASK, args=(model.pk, use_case_id, message_id)
+                )
+            except Exception:  # a broker that cannot take it loses the webhook, not the write
+                logger.exception(
+                    "model_notice_enqueue_failed model=%s use_case=%s", model.pk, use_case_id
+                )
+
+    if use_cases:
+        transaction.on_commit(send)
 
 
 def models_retire_sunset(*, now: datetime | None = None) -> list[str]:
