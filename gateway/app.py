@@ -44,7 +44,7 @@ from gateway.guardrails.run import Guardrails
 from gateway.guardrails.stream import GuardedStream
 from gateway.logcontext import REQUEST_ID
 from gateway.metrics import Decision, GatewayMetrics
-from gateway.policy import DEFAULT_RECORD_POLICY, Policy
+from gateway.policy import DEFAULT_RECORD_POLICY, Model, Policy
 from gateway.policy_store import PolicyStore
 from gateway.records import (
     EMPTY_CONTENT,
@@ -295,10 +295,11 @@ class Gateway:
         principal = authenticate(scope, policy, self.tokens)
         if principal is None:  # a token signed by a key not fetched yet
             principal = await authenticate_after_key_fetch(scope, policy, self.tokens)
+        now = time.time()
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "switchyard"}
             for name in sorted(principal.models)
-            if name in policy.models
+            if name in policy.models and not _refused_now(policy.models[name], now)
         ]
         body = orjson.dumps({"object": "list", "data": data})
         await send_response(send, 200, body, headers=[(b"x-request-id", request_id)])
@@ -751,6 +752,12 @@ class Gateway:
             # ``call.body`` is the client's, unredacted: the body is made at the grant.
             return orjson.dumps(call.document)
         return call.body
+
+
+def _refused_now(model: Model, now: float) -> bool:
+    """Past its sunset with no successor to serve it: a 410, so not listed as callable."""
+    lifecycle = model.lifecycle
+    return lifecycle is not None and lifecycle.ended(now) and lifecycle.at_sunset == "refuse"
 
 
 def with_priority(body: bytes, priority: int) -> bytes:

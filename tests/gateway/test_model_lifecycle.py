@@ -1,8 +1,9 @@
 """A deprecated model's lifecycle at a real gateway (docs/models.md): notices before its
 sunset, then a 410 naming the successor or the successor serving under the old id.
 
-One stack for the module (testkit/module_stack.py): Valkey, one simulator replica, a fleet
-watcher, a gateway and a batcher. The models all run on that replica under its served name;
+One stack for the module (testkit/module_stack.py): Valkey, one simulator replica, the
+guardrail service (for answers checked before they are sent), a fleet watcher, a gateway and a
+batcher. The models all run on that replica under its served name;
 what differs is the lifecycle the snapshot publishes. The gateway decides by its own clock
 from the snapshot: nothing here retires a model in a database.
 """
@@ -41,12 +42,13 @@ class Lifecycle:
     url: str
     key: str  # approved for the old ids
     fresh: str  # approved for the successor
+    checked: str  # approved for the old ids, its answers checked by a response guardrail
     valkey: valkey.Valkey
 
 
 @pytest.fixture(scope="module")
 def lifecycle() -> Iterator[Lifecycle]:
-    with module_stack() as stack:
+    with module_stack(guardrail_service=True) as stack:
         replica = stack.simulator(SERVED, "--time-scale", "0")
         policy = PolicyBuilder().priority_class("prod", rank=0).priority_class("batch", rank=4)
         for name in (NEW, OLD, GONE, MOVED):
@@ -63,9 +65,11 @@ def lifecycle() -> Iterator[Lifecycle]:
         # call, not because the use case may call the successor itself.
         key = policy.key(use_case="chatbot", models=[OLD, GONE, MOVED, RETIRED])
         fresh = policy.key(use_case="assistant", models=[NEW])
+        checked = policy.key(use_case="guarded", models=[OLD])
+        policy.guardrail(checked, "words", side="response", config={"words": ["secret"]})
         url = stack.gateway(policy)
         stack.batcher()
-        yield Lifecycle(url, key, fresh, stack.valkey)
+        yield Lifecycle(url, key, fresh, checked, stack.valkey)
 
 
 def post(
@@ -97,6 +101,15 @@ def assert_notices(response: httpx.Response) -> None:
         f'<{NOTICE}>; rel="deprecation"; type="text/html"',
         f'<{NOTICE}>; rel="sunset"; type="text/html"',
     ]
+
+
+def test_the_model_list_leaves_out_what_would_be_refused(lifecycle: Lifecycle) -> None:
+    listed = httpx.get(
+        lifecycle.url + "/v1/models",
+        headers={"authorization": f"Bearer {lifecycle.key}"},
+        timeout=30,
+    )
+    assert sorted(m["id"] for m in listed.json()["data"]) == sorted([OLD, MOVED])
 
 
 def test_an_active_model_carries_no_notice(lifecycle: Lifecycle) -> None:
@@ -134,6 +147,25 @@ def test_a_streamed_answer_carries_the_notices(lifecycle: Lifecycle) -> None:
         assert answer.headers["content-type"].startswith("text/event-stream")
         assert_notices(answer)
         assert b"[DONE]" in answer.read()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_checked_by_response_guardrails_carries_the_notices(
+    lifecycle: Lifecycle, stream: bool
+) -> None:
+    with httpx.stream(
+        "POST",
+        lifecycle.url + "/v1/chat/completions",
+        content=orjson.dumps(chat(OLD, stream=stream)),
+        headers={
+            "authorization": f"Bearer {lifecycle.checked}",
+            "content-type": "application/json",
+        },
+        timeout=30,
+    ) as answer:
+        assert answer.status_code == 200
+        assert_notices(answer)
+        answer.read()
 
 
 def test_an_async_submit_carries_the_notices(lifecycle: Lifecycle) -> None:
