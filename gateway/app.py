@@ -45,7 +45,7 @@ from gateway.guardrails.run import Guardrails
 from gateway.guardrails.stream import GuardedStream
 from gateway.logcontext import REQUEST_ID
 from gateway.metrics import Decision, GatewayMetrics
-from gateway.policy import DEFAULT_RECORD_POLICY, Policy
+from gateway.policy import DEFAULT_RECORD_POLICY, Model, Policy
 from gateway.policy_store import PolicyStore
 from gateway.records import (
     EMPTY_CONTENT,
@@ -296,10 +296,11 @@ class Gateway:
         principal = authenticate(scope, policy, self.tokens)
         if principal is None:  # a token signed by a key not fetched yet
             principal = await authenticate_after_key_fetch(scope, policy, self.tokens)
+        now = time.time()
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "switchyard"}
             for name in sorted(principal.models)
-            if name in policy.models
+            if name in policy.models and not _refused_now(policy.models[name], now)
         ]
         body = orjson.dumps({"object": "list", "data": data})
         await send_response(send, 200, body, headers=[(b"x-request-id", request_id)])
@@ -370,6 +371,7 @@ class Gateway:
         headers = [
             (b"x-request-id", call.request_id_bytes),
             (b"x-switchyard-record-id", call.record_id_bytes),
+            *call.model.notices,
             *exc.headers,
         ]
         await send_response(send, exc.status, exc.body(), headers=headers)
@@ -510,6 +512,8 @@ class Gateway:
                     (b"x-request-id", call.request_id_bytes),
                     (b"x-switchyard-record-id", call.record_id_bytes),
                 ]
+                if model.notices:  # a deprecated model, or a successor serving its id
+                    response_headers += model.notices
                 strip = (
                     UsageEventFilter()
                     if call.strip_usage
@@ -599,6 +603,7 @@ class Gateway:
             (b"content-type", response.content_type),
             (b"x-request-id", call.request_id_bytes),
             (b"x-switchyard-record-id", call.record_id_bytes),
+            *call.model.notices,
         ]
         if call.path == "/v1/embeddings":
             checks = None  # an embedding answer has no text to check
@@ -751,6 +756,12 @@ class Gateway:
             # ``call.body`` is the client's, unredacted: the body is made at the grant.
             return orjson.dumps(call.document)
         return call.body
+
+
+def _refused_now(model: Model, now: float) -> bool:
+    """Past its sunset with no successor to serve it: a 410, so not listed as callable."""
+    lifecycle = model.lifecycle
+    return lifecycle is not None and lifecycle.ended(now) and lifecycle.at_sunset == "refuse"
 
 
 def with_priority(body: bytes, priority: int) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from typing import Literal, NotRequired, TypedDict, cast
 
 import orjson
@@ -36,6 +37,17 @@ class DeploymentEntry(TypedDict):
     replicas: list[str]
 
 
+class LifecycleEntry(TypedDict):
+    """A model that is no longer simply active (docs/models.md). Times are epoch seconds."""
+
+    status: Literal["deprecated", "retired"]
+    deprecated_at: float
+    sunset_at: float | None
+    successor: str | None
+    notice_url: str
+    at_sunset: Literal["refuse", "successor"]
+
+
 class ModelEntry(TypedDict):
     served_name: str  # the first deployment's (what snapshots without ``deployments`` had)
     capabilities: list[ModelCapability]
@@ -47,6 +59,8 @@ class ModelEntry(TypedDict):
     # Which replicas serve under which name. A model deployed twice may be served under two
     # names; absent from older snapshots: every replica then serves ``served_name``.
     deployments: NotRequired[list[DeploymentEntry]]
+    # Only for a deprecated or retired model: an active one costs the snapshot nothing.
+    lifecycle: NotRequired[LifecycleEntry]
 
 
 class LimitsEntry(TypedDict):
@@ -177,9 +191,32 @@ class Model:
     # Replica -> served name, only when the model's deployments serve it under different
     # names (then the body is renamed once the replica is known); else ``served_name``.
     served_names: Mapping[str, str] = field(default_factory=dict)
+    # Deprecated or retired (None: active, the one check a request pays).
+    lifecycle: Lifecycle | None = None
+    # Headers every answer served by this model carries (the deprecation notices, and
+    # ``x-switchyard-served-model`` when a successor serves under an old id), made once.
+    notices: tuple[tuple[bytes, bytes], ...] = ()
 
     def served_name_for(self, replica: str) -> str:
         return self.served_names.get(replica, self.served_name)
+
+
+@dataclass(frozen=True, slots=True)
+class Lifecycle:
+    """A deprecated or retired model's lifecycle, as the gateway applies it by its own clock.
+
+    A retired model, or a deprecated one at or past its sunset, is refused (410 naming the
+    successor) or, where the officer chose it, served by its successor under the old id:
+    then the answer carries ``successor_notices``."""
+
+    status: str
+    sunset_at: float | None
+    successor: str | None
+    at_sunset: str
+    successor_notices: tuple[tuple[bytes, bytes], ...] = ()
+
+    def ended(self, now: float) -> bool:
+        return self.status == "retired" or (self.sunset_at is not None and now >= self.sunset_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +432,7 @@ def _model(public_id: str, entry: ModelEntry) -> Model:
     }
     distinct = set(served_names.values())
     served_name = next(iter(distinct)) if len(distinct) == 1 else entry["served_name"]
+    lifecycle = entry.get("lifecycle")
     return Model(
         public_id=public_id,
         served_name=served_name,
@@ -404,7 +442,42 @@ def _model(public_id: str, entry: ModelEntry) -> Model:
         max_tokens=entry["max_tokens"],
         max_in_flight_per_replica=int(entry.get("max_in_flight_per_replica", 64)),
         served_names=served_names if len(distinct) > 1 else {},
+        lifecycle=None if lifecycle is None else _lifecycle(lifecycle),
+        notices=() if lifecycle is None else deprecation_headers(lifecycle),
     )
+
+
+def _lifecycle(entry: LifecycleEntry) -> Lifecycle:
+    status, at_sunset = entry["status"], entry["at_sunset"]
+    if status not in ("deprecated", "retired") or at_sunset not in ("refuse", "successor"):
+        raise ValueError(f"model lifecycle {status!r}/{at_sunset!r} is not known")
+    sunset = entry["sunset_at"]
+    successor = entry["successor"]
+    notices = deprecation_headers(entry)
+    if successor is not None:
+        notices += ((b"x-switchyard-served-model", successor.encode()),)
+    return Lifecycle(
+        status=status,
+        sunset_at=None if sunset is None else float(sunset),
+        successor=successor,
+        at_sunset=at_sunset,
+        successor_notices=notices,
+    )
+
+
+def deprecation_headers(entry: LifecycleEntry) -> tuple[tuple[bytes, bytes], ...]:
+    """``Deprecation`` (RFC 9745: a structured date, ``@<epoch seconds>``), ``Sunset``
+    (RFC 8594: an HTTP date) and, with a notice, ``Link`` to it as ``rel="deprecation"``
+    and ``rel="sunset"`` (RFC 9745 §3, RFC 8594 §6)."""
+    headers = [(b"deprecation", b"@%d" % int(entry["deprecated_at"]))]
+    if entry["sunset_at"] is not None:
+        headers.append((b"sunset", formatdate(entry["sunset_at"], usegmt=True).encode()))
+    url = entry["notice_url"]
+    # A URL that could end the link or the header (governance validates it; never trusted).
+    if url and url.isascii() and url.isprintable() and not set(url) & set('<> "'):
+        for rel in ("deprecation", "sunset"):
+            headers.append((b"link", f'<{url}>; rel="{rel}"; type="text/html"'.encode()))
+    return tuple(headers)
 
 
 def _service_account(client_id: str, entry: ServiceAccountEntry) -> Principal:

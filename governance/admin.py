@@ -252,8 +252,11 @@ class TenantAdmin(LegalHoldAdmin):
 
 @admin.register(Model)
 class ModelAdmin(AuditedAdmin):
-    list_display = ("public_id", "capabilities", "timeout_seconds", "max_tokens")
+    list_display = ("public_id", "capabilities", "status", "sunset_at", "successor")
+    list_filter = ("status",)
     search_fields = ("public_id",)
+    readonly_fields = ("deprecated_at",)
+    autocomplete_fields = ("successor",)
 
 
 @admin.register(Deployment)

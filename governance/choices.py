@@ -55,6 +55,21 @@ class Capability(models.TextChoices):
     GUARD = "guard", "Guard model (guardrail verdicts)"
 
 
+class ModelStatus(models.TextChoices):
+    """A model's lifecycle: served, served with notices until its sunset, then no longer."""
+
+    ACTIVE = "active", "Active"
+    DEPRECATED = "deprecated", "Deprecated"
+    RETIRED = "retired", "Retired"
+
+
+class AtSunset(models.TextChoices):
+    """What the gateway does with a deprecated model's requests once its sunset has passed."""
+
+    REFUSE = "refuse", "Refuse (410 naming the successor)"
+    SUCCESSOR = "successor", "The successor serves under the old id"
+
+
 class GuardrailSide(models.TextChoices):
     REQUEST = "request", "Request"
     RESPONSE = "response", "Response"

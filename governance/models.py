@@ -12,6 +12,7 @@ from django.db import models
 from gateway.discovery import ServiceName, is_service_name
 from governance.choices import (
     ApiKeyStatus,
+    AtSunset,
     Capability,
     DataClassification,
     Environment,
@@ -20,6 +21,7 @@ from governance.choices import (
     GuardrailAction,
     GuardrailFailure,
     GuardrailSide,
+    ModelStatus,
     Namespace,
     RateLimitScope,
     RecordPolicy,
@@ -120,6 +122,33 @@ class Model(models.Model):
         help_text="Seconds for a whole request: seconds for an 8B model, minutes if it thinks",
     )
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # The lifecycle (docs/models.md): active → deprecated (notices until the sunset) → retired.
+    status = models.CharField(
+        max_length=16, choices=ModelStatus.choices, default=ModelStatus.ACTIVE
+    )
+    # Set by governance/services/model_lifecycle.py when the status becomes deprecated: the
+    # ``Deprecation`` header's date, so no door may choose it.
+    deprecated_at = models.DateTimeField(null=True, blank=True, editable=False)
+    sunset_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a deprecated model stops being served as itself"
+    )
+    successor = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="predecessors",
+        help_text="The model callers should move to (named in the notices and the 410)",
+    )
+    notice_url = models.URLField(
+        blank=True, help_text="The deprecation notice clients are linked to (Link header)"
+    )
+    at_sunset = models.CharField(
+        max_length=16,
+        choices=AtSunset.choices,
+        default=AtSunset.REFUSE,
+        help_text="At the sunset: a 410, or the successor serving under the old id",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -133,6 +162,22 @@ class Model(models.Model):
         _validate_string_list(self.capabilities, "capabilities", allowed=set(Capability.values))
         if not self.capabilities:
             raise ValidationError({"capabilities": "List at least one capability."})
+        # The row's own lifecycle rules; those about the successor's row are in
+        # governance/services/model_lifecycle.py.
+        if self.status == ModelStatus.ACTIVE and self.sunset_at is not None:
+            raise ValidationError(
+                {"sunset_at": "An active model has no sunset: deprecate it to set one."}
+            )
+        if self.status == ModelStatus.DEPRECATED:
+            missing = {
+                name: "A deprecated model needs it."
+                for name, value in (("sunset_at", self.sunset_at), ("successor", self.successor_id))
+                if value is None
+            }
+            if missing:
+                raise ValidationError(missing)
+        if self.successor_id is not None and self.successor_id == self.pk:
+            raise ValidationError({"successor": "A model cannot succeed itself."})
 
 
 class ModelPrice(models.Model):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import cast
+from typing import Literal, cast
 
 import valkey
 from django.conf import settings
@@ -17,6 +17,7 @@ from gateway.policy import (
     VERSION_KEY,
     GuardrailEntry,
     KeyEntry,
+    LifecycleEntry,
     ModelEntry,
     PriorityClassEntry,
     RateLimitEntry,
@@ -25,7 +26,7 @@ from gateway.policy import (
     UseCaseEntry,
     snapshot_write,
 )
-from governance.choices import ApiKeyStatus, UseCaseStatus
+from governance.choices import ApiKeyStatus, ModelStatus, UseCaseStatus
 from governance.job_keys import (
     DEFAULT_JOB_KEY_CLASS,
     PLAYGROUND_KEY_PREFIX,
@@ -59,19 +60,23 @@ PUBLISH_LOCK_KEY = "switchyard:policy:publish-lock"
 
 def _models() -> dict[str, ModelEntry]:
     models: dict[str, ModelEntry] = {}
-    for model in Model.objects.prefetch_related(
+    for model in Model.objects.select_related("successor").prefetch_related(
         Prefetch("deployments", queryset=Deployment.objects.filter(active=True))
     ):
         deployments = list(model.deployments.all())
-        if not deployments:
+        if not deployments and model.status == ModelStatus.ACTIVE:
             continue  # a model with nowhere to run is not offered to clients
+        # A deprecated or retired one stays known, deployed or not: the gateway answers 410
+        # (or hands it to its successor) rather than 404.
         models[model.public_id] = {
-            "served_name": deployments[0].served_name,
+            "served_name": deployments[0].served_name if deployments else model.public_id,
             "capabilities": list(model.capabilities),
             "replicas": [url for d in deployments for url in d.replicas],
             "timeout_s": model.timeout_seconds,
             "max_tokens": model.max_tokens,
-            "max_in_flight_per_replica": min(d.max_in_flight_per_replica for d in deployments),
+            "max_in_flight_per_replica": min(
+                (d.max_in_flight_per_replica for d in deployments), default=1
+            ),
             "lora_adapters": sorted({a for d in deployments for a in d.lora_adapters}),
             # Deployments may serve the model under different names: the gateway renames
             # the request for the replica it is granted.
@@ -79,7 +84,21 @@ def _models() -> dict[str, ModelEntry]:
                 {"served_name": d.served_name, "replicas": list(d.replicas)} for d in deployments
             ],
         }
+        if model.status != ModelStatus.ACTIVE:
+            models[model.public_id]["lifecycle"] = _lifecycle(model)
     return models
+
+
+def _lifecycle(model: Model) -> LifecycleEntry:
+    deprecated_at = model.deprecated_at or model.updated_at
+    return {
+        "status": cast(Literal["deprecated", "retired"], model.status),
+        "deprecated_at": deprecated_at.timestamp(),
+        "sunset_at": model.sunset_at.timestamp() if model.sunset_at else None,
+        "successor": model.successor.public_id if model.successor else None,
+        "notice_url": model.notice_url,
+        "at_sunset": cast(Literal["refuse", "successor"], model.at_sunset),
+    }
 
 
 def _use_cases() -> dict[str, UseCaseEntry]:

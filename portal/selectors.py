@@ -17,7 +17,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.urls import reverse
 from django.utils import timezone
 
-from governance.choices import ApiKeyStatus, UseCaseStatus
+from governance.choices import ApiKeyStatus, ModelStatus, UseCaseStatus
 from governance.models import ApiKey, Model, UseCase
 from governance.roles import (
     AnyUser,
@@ -327,4 +327,14 @@ def use_case_finding_counts(use_case: UseCase) -> list[dict[str, Any]]:
         .values("guardrail", "action")
         .annotate(findings=Sum("findings"))
         .order_by("guardrail", "action")
+    )
+
+
+def model_notices(use_case: UseCase) -> list[Model]:
+    """The models the use case may call that are deprecated or retired: the notice its
+    owners see on its page (docs/models.md)."""
+    return list(
+        use_case.allowed_models.exclude(status=ModelStatus.ACTIVE)
+        .select_related("successor")
+        .order_by("sunset_at", "public_id")
     )

@@ -203,6 +203,7 @@ def use_case_detail(request: HttpRequest, pk: int) -> HttpResponse:
                 }
             ),
             "sees_findings": can_read_everything(request.user),
+            "model_notices": selectors.model_notices(use_case),
             "now": now(),
         },
     )

@@ -3,10 +3,13 @@ officers, auditors and admins, their own tenants' for developers (as with the au
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import F, Max, QuerySet, Sum
 
 from governance.roles import AnyUser, can_read_everything, visible_tenants
-from records.models import AdmissionDecision, GuardrailFinding, GuardrailHour
+from records.models import AdmissionDecision, GuardrailFinding, GuardrailHour, UsageMinute
 
 
 def admission_decisions_visible(user: AnyUser) -> QuerySet[AdmissionDecision]:
@@ -32,3 +35,37 @@ def guardrail_hours_visible(user: AnyUser) -> QuerySet[GuardrailHour]:
         return GuardrailHour.objects.all()
     ids = visible_tenants(user).values_list("pk", flat=True)
     return GuardrailHour.objects.filter(tenant_id__in=list(ids))
+
+
+@dataclass(frozen=True)
+class ModelCaller:
+    """One use case's recent traffic to one model (the usage roll-up's minutes, summed)."""
+
+    use_case_id: int
+    requests: int
+    tokens: int
+    last_minute: datetime
+
+
+def model_callers(*, model: str, since: datetime) -> list[ModelCaller]:
+    """Who still calls ``model`` (as it served: the roll-up keeps the model that answered),
+    busiest first; for a deprecated model's page (officers only)."""
+    rows = (
+        UsageMinute.objects.filter(model=model, minute__gte=since)
+        .values("use_case_id")
+        .annotate(
+            calls=Sum("requests"),
+            tokens=Sum(F("prompt_tokens") + F("completion_tokens")),
+            last=Max("minute"),
+        )
+        .order_by("-calls", "use_case_id")
+    )
+    return [
+        ModelCaller(
+            use_case_id=row["use_case_id"],
+            requests=int(row["calls"] or 0),
+            tokens=int(row["tokens"] or 0),
+            last_minute=row["last"],
+        )
+        for row in rows
+    ]

@@ -25,6 +25,13 @@ BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": env_float("SWITCHYARD_AUDIT_ANCHOR_SECONDS", 300.0, minimum=1.0),
         "options": {"expires": 60.0},
     },
+    # Deprecated models past their sunset marked retired, audited as the system. The gateway
+    # does not wait for it: it compares the sunset with its own clock.
+    "retire-sunset-models": {
+        "task": "governance.retire_sunset_models",
+        "schedule": env_float("SWITCHYARD_MODEL_RETIRE_SECONDS", 60.0, minimum=1.0),
+        "options": {"expires": 60.0},
+    },
     # The gateway's usage and admission streams into the database; a run that could not
     # start within one interval is superseded by the next rather than piling up.
     "persist-usage": {

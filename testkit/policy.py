@@ -72,6 +72,28 @@ class PolicyBuilder:
             self.models[public_id]["max_in_flight_per_replica"] = max_in_flight_per_replica
         return self
 
+    def lifecycle(
+        self,
+        public_id: str,
+        *,
+        status: Literal["deprecated", "retired"] = "deprecated",
+        sunset_at: float | None,
+        successor: str | None,
+        at_sunset: Literal["refuse", "successor"] = "refuse",
+        notice_url: str = "",
+        deprecated_at: float | None = None,
+    ) -> PolicyBuilder:
+        """Deprecate (or retire) a model already added, as governance publishes it."""
+        self.models[public_id]["lifecycle"] = {
+            "status": status,
+            "deprecated_at": time.time() if deprecated_at is None else deprecated_at,
+            "sunset_at": sunset_at,
+            "successor": successor,
+            "notice_url": notice_url,
+            "at_sunset": at_sunset,
+        }
+        return self
+
     def key(
         self,
         *,

@@ -150,6 +150,10 @@ class AsyncTaskDoor:
             raise _not_replicated(queued, self.acks.replicas)
         self._metrics.async_submitted("accepted", count)
         headers = [(b"x-request-id", request_id)]
+        # A deprecated model's notices (once each, however many tasks name it).
+        headers += dict.fromkeys(
+            n for task in tasks if task.model.notices for n in task.model.notices
+        )
         if bulk:
             reply: dict[str, Any] = {
                 "object": "list",

@@ -61,6 +61,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     elif isinstance(exc, ProtectedError | RestrictedError):
         set_rollback()  # as DRF does for its own errors: nothing half-deleted stays
         return _protected(exc)
+    elif (
+        isinstance(exc, exceptions.ValidationError)
+        and isinstance(exc.detail, list)
+        and all(isinstance(item, str) for item in exc.detail)
+    ):
+        # Errors that belong to no field (DRF's search filter refusing a NUL in ``search``)
+        # take the documented shape, an object, as a Django ValidationError does above.
+        exc = exceptions.ValidationError({"detail": exc.detail})
     return drf_exception_handler(exc, context)
 
 

@@ -200,6 +200,13 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
         min_length=1,
         help_text="What clients may call it for",
     )
+    successor = serializers.SlugRelatedField(
+        slug_field="public_id",
+        queryset=Model.objects.all(),
+        allow_null=True,
+        required=False,
+        help_text="The public id of the model callers should move to (needed to deprecate)",
+    )
 
     class Meta:
         model = Model
@@ -210,12 +217,19 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
             "capabilities",
             "timeout_seconds",
             "max_tokens",
+            "status",
+            "deprecated_at",
+            "sunset_at",
+            "successor",
+            "notice_url",
+            "at_sunset",
             "deployments",
             "prices",
             "created_at",
             "updated_at",
         )
-        read_only_fields = ("created_at", "updated_at")
+        # ``deprecated_at`` is stamped by the service on the write that deprecates.
+        read_only_fields = ("deprecated_at", "created_at", "updated_at")
         extra_kwargs = {
             "timeout_seconds": {"min_value": 0.1, "max_value": 86400.0},
             "max_tokens": LIMIT,

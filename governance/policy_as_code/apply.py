@@ -8,7 +8,7 @@ whole apply back, so a half-applied policy never reaches the gateway.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -242,6 +242,8 @@ class _Applier:
             changes = self.plan.of(section, *actions)
             if section is Section.GUARDRAILS and actions == _UPSERT:
                 changes = sorted(changes, key=_place_in_file)
+            if section is Section.MODELS and actions == _UPSERT:
+                changes = _successors_first(changes)
             for change in changes:
                 with _blame(change.path):
                     step(change)
@@ -250,6 +252,8 @@ class _Applier:
     def fields(self, section: Section, record: Record) -> dict[str, Any]:
         """Record names and values to model fields and values."""
         fields = dict(record)
+        if section is Section.MODELS:
+            return _model_fields(fields, self.model)
         if section is Section.PRIORITY_MATRIX:
             return {"priority_class": self.priority_class(fields.pop("class"))}
         if section is Section.RATE_LIMITS:
@@ -486,3 +490,34 @@ def policy_apply(
         len(minted),
     )
     return ApplyResult(plan, minted)
+
+
+def _model_fields(record: Record, model: Callable[[str], Model]) -> dict[str, Any]:
+    """A model record's ``lifecycle.*`` as the model's fields: the successor as its row, the
+    sunset as a moment."""
+    fields: dict[str, Any] = {}
+    for name, value in record.items():
+        field_name = name.removeprefix("lifecycle.")
+        if field_name == "successor":
+            value = model(value) if value else None
+        elif field_name == "sunset_at":
+            value = price_moment(value) if value else None
+        fields[field_name] = value
+    return fields
+
+
+def _successors_first(changes: Sequence[Change]) -> list[Change]:
+    """Models created or changed in an order where every successor is in place (and still
+    not retired) before a model names it: by how far each is from the end of its chain."""
+    successor = {
+        change.key[0]: (change.after or {}).get("lifecycle.successor") for change in changes
+    }
+
+    def hops(public_id: str) -> int:
+        seen: set[str] = set()
+        while (after := successor.get(public_id)) and public_id not in seen:
+            seen.add(public_id)
+            public_id = after
+        return len(seen)
+
+    return sorted(changes, key=lambda change: hops(change.key[0]))

@@ -17,6 +17,7 @@ from governance.policy_as_code.schema import (
     USE_CASE_LIMIT_FIELDS,
     AsyncTasksSpec,
     DeploymentSpec,
+    LifecycleSpec,
     ModelSpec,
     PolicyDocument,
     PriorityClassSpec,
@@ -114,6 +115,22 @@ def _model(spec: ModelSpec) -> dict[str, Any]:
                 for p in sorted(spec.prices or (), key=lambda p: p.effective_from)
             ]
         ),
+        **_some(lifecycle=_lifecycle(spec.lifecycle)),
+    }
+
+
+def _lifecycle(spec: LifecycleSpec) -> dict[str, Any] | None:
+    """Only what differs from an active model's, and nothing for an active one."""
+    if spec == LifecycleSpec():
+        return None
+    return {
+        "status": spec.status,
+        **_some(
+            sunset_at=moment_text(spec.sunset_at) if spec.sunset_at else None,
+            successor=spec.successor,
+            notice_url=spec.notice_url,
+        ),
+        "at_sunset": spec.at_sunset,
     }
 
 

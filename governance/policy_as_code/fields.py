@@ -12,7 +12,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
+from django.core.validators import URLValidator, validate_email
 
 from governance.models import (
     application_id_validator,
@@ -212,6 +212,7 @@ check_model_id = _django_check(model_id_validator)
 check_application_id = _django_check(application_id_validator)
 check_client_id = _django_check(client_id_validator)
 check_email = _django_check(validate_email)
+check_url = _django_check(URLValidator())
 
 
 REPLICA_SCHEMES: Final = ("http", "https", "dns+http", "dns+https")

@@ -19,6 +19,7 @@ from governance.choices import UseCaseStatus
 from governance.policy_as_code.errors import PolicyInvalid, Problem
 from governance.policy_as_code.schema import (
     Known,
+    LifecycleSpec,
     ModelSpec,
     PolicyDocument,
     UseCaseSpec,
@@ -158,12 +159,41 @@ class Plan:
 # Lists whose order means nothing (capabilities, replicas, allowed models …) are compared
 # sorted, so reordering a list in the file is not a change.
 def _model_record(model: ModelSpec) -> Record:
-    return {
+    record: Record = {
         "description": model.description,
         "capabilities": sorted(model.capabilities),
         "timeout_seconds": float(model.timeout_seconds),
         "max_tokens": model.max_tokens,
     }
+    # An active model's record says nothing of its lifecycle (a plan that creates one lists
+    # no lifecycle fields); ``_lifecycle_on_both_sides`` completes it against a model that has.
+    if model.lifecycle != LifecycleSpec():
+        record.update(_lifecycle_record(model.lifecycle))
+    return record
+
+
+def _lifecycle_record(lifecycle: LifecycleSpec) -> Record:
+    return {
+        "lifecycle.status": lifecycle.status,
+        "lifecycle.sunset_at": moment_text(lifecycle.sunset_at) if lifecycle.sunset_at else None,
+        "lifecycle.successor": lifecycle.successor,
+        "lifecycle.notice_url": lifecycle.notice_url,
+        "lifecycle.at_sunset": lifecycle.at_sunset,
+    }
+
+
+def _lifecycle_on_both_sides(want: dict[Key, Record] | None, have: dict[Key, Record]) -> None:
+    """Where one side of a model has lifecycle fields and the other none (it is active),
+    give that one an active model's, so that the change (a deprecation, or back to active) is
+    planned field by field."""
+    active = _lifecycle_record(LifecycleSpec())
+    for key in (want or {}).keys() & have.keys():
+        assert want is not None
+        mine, theirs = want[key], have[key]
+        if ("lifecycle.status" in mine) != ("lifecycle.status" in theirs):
+            for record in (mine, theirs):
+                for name, value in active.items():
+                    record.setdefault(name, value)
 
 
 def _use_case_record(use_case: UseCaseSpec) -> Record:
@@ -348,6 +378,7 @@ class _Builder:
     def __post_init__(self) -> None:
         self.want = document_records(self.desired)
         self.have = {s: r or {} for s, r in document_records(self.current).items()}
+        _lifecycle_on_both_sides(self.want[Section.MODELS], self.have[Section.MODELS])
 
     def orphans(self, section: Section) -> list[Key]:
         wanted = self.want[section]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final, TypeVar
 
 import yaml
@@ -18,6 +19,7 @@ import yaml
 from governance.choices import (
     SLA_CLASS_FIELDS,
     SLA_MIN_TURNAROUND_SECONDS,
+    AtSunset,
     Capability,
     DataClassification,
     Environment,
@@ -25,6 +27,7 @@ from governance.choices import (
     GuardrailAction,
     GuardrailFailure,
     GuardrailSide,
+    ModelStatus,
     Namespace,
     RateLimitScope,
     RecordPolicy,
@@ -40,6 +43,7 @@ from governance.policy_as_code.fields import (
     check_model_id,
     check_replica_url,
     check_slug,
+    check_url,
     is_json,
 )
 from governance.prices import Price, PriceError, price_amount, price_moment, prices_problems
@@ -77,6 +81,17 @@ class DeploymentSpec:
 
 
 @dataclass(frozen=True)
+class LifecycleSpec:
+    """A model's ``lifecycle:`` (docs/models.md); the default is an active model's."""
+
+    status: str = ModelStatus.ACTIVE.value
+    sunset_at: datetime | None = None
+    successor: str | None = None
+    notice_url: str = ""
+    at_sunset: str = AtSunset.REFUSE.value
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     id: str
     capabilities: tuple[str, ...]
@@ -87,6 +102,7 @@ class ModelSpec:
     # The model's price history (``prices:``); None where the file says nothing about prices,
     # which leaves the stored ones as they are.
     prices: tuple[Price, ...] | None = None
+    lifecycle: LifecycleSpec = LifecycleSpec()
 
 
 @dataclass(frozen=True)
@@ -329,6 +345,7 @@ def _models(raw: Any, problems: list[Problem]) -> tuple[ModelSpec, ...]:
         "max_tokens",
         "deployments",
         "prices",
+        "lifecycle",
     )
     models: list[ModelSpec] = []
     seen: dict[str, str] = {}
@@ -352,9 +369,35 @@ def _models(raw: Any, problems: list[Problem]) -> tuple[ModelSpec, ...]:
                     if "prices" in item
                     else None
                 ),
+                lifecycle=_lifecycle(r),
             )
         )
     return tuple(models)
+
+
+def _lifecycle(model: Reader) -> LifecycleSpec:
+    """``lifecycle: {status, sunset_at, successor, notice_url, at_sunset}``; left out, active.
+    The rules between the fields (a deprecated model needs a sunset and a successor) are the
+    model's own, checked when the plan is applied, as for every other door."""
+    raw = model.mapping("lifecycle")
+    if raw is None:
+        return LifecycleSpec()
+    known = ("status", "sunset_at", "successor", "notice_url", "at_sunset")
+    r = Reader(raw, model.at("lifecycle"), model.problems, known)
+    sunset_at = None
+    if raw.get("sunset_at") is not None:
+        try:
+            sunset_at = price_moment(raw["sunset_at"])  # the same rule: a moment with a zone
+        except PriceError as exc:
+            r.problem("sunset_at", str(exc))
+    successor = r.text("successor", required=False, max_length=128, check=check_model_id)
+    return LifecycleSpec(
+        status=r.choice("status", ModelStatus.values, default=ModelStatus.ACTIVE.value),
+        sunset_at=sunset_at,
+        successor=successor or None,
+        notice_url=r.text("notice_url", required=False, max_length=200, check=check_url),
+        at_sunset=r.choice("at_sunset", AtSunset.values, default=AtSunset.REFUSE.value),
+    )
 
 
 def _tenants(raw: Any, problems: list[Problem]) -> tuple[TenantSpec, ...]:
@@ -823,6 +866,13 @@ def reference_problems(document: PolicyDocument, known: Known) -> list[Problem]:
                 class_name,
                 known.priority_classes,
             )
+    for spec in document.models or ():
+        check(
+            f"models[{spec.id}].lifecycle.successor",
+            "model",
+            spec.lifecycle.successor,
+            known.models,
+        )
     for policy in document.rate_limits or ():
         check(f"rate_limits[{policy.name}].model", "model", policy.model, known.models)
         check(f"rate_limits[{policy.name}].tenant", "tenant", policy.tenant, known.tenants)

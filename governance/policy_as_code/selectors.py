@@ -27,6 +27,7 @@ from governance.policy_as_code.schema import (
     DeploymentSpec,
     GuardrailSpec,
     KeySpec,
+    LifecycleSpec,
     LimitsSpec,
     ModelSpec,
     PolicyDocument,
@@ -140,10 +141,14 @@ def _live_keys(now: datetime) -> tuple[KeySpec, ...]:
 
 def policy_current(*, now: datetime | None = None) -> PolicyDocument:
     """Every governance record policy as code manages, every section present, in stable order."""
-    models = Model.objects.prefetch_related(
-        Prefetch("deployments", queryset=Deployment.objects.order_by("id")),
-        Prefetch("prices", queryset=ModelPrice.objects.order_by("effective_from")),
-    ).order_by("public_id")
+    models = (
+        Model.objects.select_related("successor")
+        .prefetch_related(
+            Prefetch("deployments", queryset=Deployment.objects.order_by("id")),
+            Prefetch("prices", queryset=ModelPrice.objects.order_by("effective_from")),
+        )
+        .order_by("public_id")
+    )
     use_cases = (
         UseCase.objects.select_related("tenant")
         .prefetch_related(
@@ -166,6 +171,13 @@ def policy_current(*, now: datetime | None = None) -> PolicyDocument:
                 max_tokens=model.max_tokens,
                 deployments=_deployments(model),
                 prices=tuple(price_of(row) for row in model.prices.all()),
+                lifecycle=LifecycleSpec(
+                    status=model.status,
+                    sunset_at=model.sunset_at,
+                    successor=model.successor.public_id if model.successor else None,
+                    notice_url=model.notice_url,
+                    at_sunset=model.at_sunset,
+                ),
             )
             for model in models
         ),

@@ -19,6 +19,7 @@ from governance.guardrail_selections import model_change_check
 from governance.models import GuardrailSelection, Model, Tenant, UseCase
 from governance.services.authority import require_governor
 from governance.services.guardrail_positions import guardrail_prepare, guardrails_renumber
+from governance.services.model_lifecycle import lifecycle_audit, lifecycle_prepare
 from governance.services.record_bounds import hold_unchanged, retention_in_range
 from governance.services.republish import policy_changed
 
@@ -48,7 +49,7 @@ def record_create(
 ) -> M:
     """Validate, save and audit a new governance record (officers and admins only)."""
     require_governor(actor)
-    _prepare(instance, creating=True)
+    _prepare(instance, creating=True, previous_status=None)
     instance.full_clean()
     instance.save()
     _set_m2m(instance, m2m)
@@ -60,6 +61,8 @@ def record_create(
         after=object_state(instance),
         tenant_slug=tenant_of(instance),
     )
+    if isinstance(instance, Model):
+        lifecycle_audit(actor=actor, model=instance, previous_status=None)
     policy_changed()
     return instance
 
@@ -76,7 +79,7 @@ def record_update(
     before = object_state(type(instance)._default_manager.get(pk=instance.pk))
     for field, value in changes.items():
         setattr(instance, field, value)
-    _prepare(instance, creating=False)
+    _prepare(instance, creating=False, previous_status=before.get("status"))
     instance.full_clean()
     instance.save()
     _set_m2m(instance, m2m)
@@ -91,6 +94,8 @@ def record_update(
             after=after,
             tenant_slug=tenant_of(instance),
         )
+        if isinstance(instance, Model):
+            lifecycle_audit(actor=actor, model=instance, previous_status=before.get("status"))
         policy_changed()
     return instance
 
@@ -114,7 +119,7 @@ def record_delete(*, actor: Actor, instance: DjangoModel) -> None:
     policy_changed()
 
 
-def _prepare(instance: DjangoModel, *, creating: bool) -> None:
+def _prepare(instance: DjangoModel, *, creating: bool, previous_status: str | None) -> None:
     """Rules that span rows, for the records that have them, whatever the door."""
     if isinstance(instance, Tenant | UseCase):
         hold_unchanged(instance, creating=creating)
@@ -122,8 +127,10 @@ def _prepare(instance: DjangoModel, *, creating: bool) -> None:
         retention_in_range(instance)
     if isinstance(instance, GuardrailSelection):
         guardrail_prepare(instance, creating=creating)
-    if isinstance(instance, Model) and not creating:
-        model_change_check(instance, deleting=False)
+    if isinstance(instance, Model):
+        if not creating:
+            model_change_check(instance, deleting=False)
+        lifecycle_prepare(instance, previous_status=previous_status)
 
 
 def _after_write(instance: DjangoModel) -> None:

@@ -16,6 +16,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from governance.choices import (
+    AtSunset,
     Capability,
     DataClassification,
     Environment,
@@ -23,6 +24,7 @@ from governance.choices import (
     GuardrailAction,
     GuardrailFailure,
     GuardrailSide,
+    ModelStatus,
     Namespace,
     RecordPolicy,
     UseCaseKind,
@@ -418,6 +420,15 @@ class PriorityMatrixForm(OfficerForm):
 
 
 # --- models and their deployments -----------------------------------------------------------
+_ACTIVE: dict[str, Any] = {
+    "status": ModelStatus.ACTIVE.value,
+    "sunset_at": None,
+    "successor": None,
+    "notice_url": "",
+    "at_sunset": AtSunset.REFUSE.value,
+}
+
+
 class ModelRecordForm(OfficerForm):
     """A model as clients name it. What the form does not show (its deployments, and what a
     later form adds) is carried over from the record as it is: see ``entry``."""
@@ -439,12 +450,45 @@ class ModelRecordForm(OfficerForm):
     max_tokens = forms.IntegerField(
         label="Most tokens per request", required=False, help_text="Empty: the model's own."
     )
+    # The lifecycle (docs/models.md); the rules between these are the model's own.
+    status = forms.ChoiceField(
+        choices=ModelStatus.choices,
+        initial=ModelStatus.ACTIVE,
+        required=False,
+        help_text="Deprecated: served with Deprecation and Sunset headers until the sunset.",
+    )
+    sunset_at = forms.DateTimeField(
+        label="Sunset (UTC)",
+        required=False,
+        help_text="e.g. 2027-03-01 00:00; needed to deprecate.",
+    )
+    successor = forms.ChoiceField(
+        label="Successor", required=False, help_text="The model its callers should move to."
+    )
+    notice_url = forms.URLField(
+        label="Notice URL",
+        required=False,
+        assume_scheme="https",
+        help_text="Linked from every answer (Link: rel=deprecation).",
+    )
+    at_sunset = forms.ChoiceField(
+        label="At the sunset", choices=AtSunset.choices, initial=AtSunset.REFUSE, required=False
+    )
 
     def __init__(self, *args: Any, editing: Model | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.editing = editing
         if editing is not None:
             self.fields["public_id"].disabled = True
+        others = Model.objects.order_by("public_id")
+        if editing is not None:
+            others = others.exclude(pk=editing.pk)
+        successor = self.fields["successor"]
+        assert isinstance(successor, forms.ChoiceField)
+        successor.choices = [
+            ("", "—"),
+            *((m, m) for m in others.values_list("public_id", flat=True)),
+        ]
 
     def clean_public_id(self) -> str:
         ident: str = self.cleaned_data["public_id"]
@@ -469,6 +513,16 @@ class ModelRecordForm(OfficerForm):
         entry.pop("max_tokens", None)
         if data["max_tokens"] is not None:
             entry["max_tokens"] = data["max_tokens"]
+        lifecycle = {
+            "status": data["status"] or ModelStatus.ACTIVE.value,
+            "sunset_at": moment_text(data["sunset_at"]) if data["sunset_at"] else None,
+            "successor": data["successor"] or None,
+            "notice_url": data["notice_url"],
+            "at_sunset": data["at_sunset"] or AtSunset.REFUSE.value,
+        }
+        entry.pop("lifecycle", None)
+        if lifecycle != _ACTIVE:  # an active model's file says nothing of it
+            entry["lifecycle"] = {k: v for k, v in lifecycle.items() if v not in ("", None)}
         return entry
 
     @staticmethod
@@ -479,6 +533,11 @@ class ModelRecordForm(OfficerForm):
             "capabilities": list(model.capabilities),
             "timeout_seconds": model.timeout_seconds,
             "max_tokens": model.max_tokens,
+            "status": model.status,
+            "sunset_at": model.sunset_at,
+            "successor": model.successor.public_id if model.successor else "",
+            "notice_url": model.notice_url,
+            "at_sunset": model.at_sunset,
         }
 
 

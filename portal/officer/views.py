@@ -42,6 +42,7 @@ from portal.officer.forms import (
     guardrail_initial,
     matrix_field_name,
 )
+from portal.officer.lifecycle import RECENT, callers_by_model
 from portal.officer.plans import (
     Edit,
     PlanChanged,
@@ -90,7 +91,11 @@ USE_CASE_FIELDS = {
     **{name: name for name in LIMIT_FIELDS},
 }
 PRIORITY_CLASS_FIELDS = {name: name for name in PriorityClassForm.base_fields}
-MODEL_FIELDS = {"id": "public_id", **{name: name for name in ModelRecordForm.base_fields}}
+MODEL_FIELDS = {
+    "id": "public_id",
+    **{name: name for name in ModelRecordForm.base_fields},
+    **{f"lifecycle.{name}": name for name in ModelRecordForm.base_fields},
+}
 DEPLOYMENT_FIELDS = {name: name for name in DeploymentForm.base_fields}
 SLA_CLASS_FIELDS = {name: name for name in SlaClassForm.base_fields}
 
@@ -416,14 +421,21 @@ def _models_back() -> str:
 @officer_only
 def models_list(request: HttpRequest) -> HttpResponse:
     """Every model with its deployments: where an officer adds or changes them."""
-    models = list(Model.objects.prefetch_related("deployments").order_by("public_id"))
-    prices = prices_in_force(models=models, now=timezone.now())
+    models = list(
+        Model.objects.select_related("successor")
+        .prefetch_related("deployments")
+        .order_by("public_id")
+    )
+    now = timezone.now()
+    prices = prices_in_force(models=models, now=now)
+    callers = callers_by_model(models, now=now)
     return render(
         request,
         "portal/officer/models.html",
         {
-            "models": [(model, prices[model.pk]) for model in models],
+            "models": [(model, prices[model.pk], callers.get(model.pk)) for model in models],
             "currency": currency(),
+            "recent_days": RECENT.days,
         },
     )
 

@@ -82,6 +82,7 @@ CONTROLS: dict[str, str] = {
     "use-case-suspended": "use case suspended",
     "use-case-retired": "use case retired",
     "model-not-allowed": "model not allowed",
+    "model-sunset": "model past its sunset",
     "max-tokens-cap": "max_tokens cap",
     "n-cap": "n cap",
     **{f"rpm-{level}": f"requests/min, {words}" for level, words in LEVELS.items()},
@@ -425,6 +426,26 @@ def model_not_allowed(world: World, cell: Cell) -> None:
     response = send(world.url, cell.door, cell.key, cell.model)
     error = refused(response, 403, "model_not_allowed", kind="permission_error")
     assert error["param"] == "model"
+
+
+def sunset_model(policy: PolicyBuilder, cell: Cell) -> None:
+    """The cell's model, deprecated for the base model and past its sunset (refused there)."""
+    base = cell.model
+    cell.model = f"{base}-{cell.door}-sunset"
+    policy.model(cell.model, list(policy.models[base]["replicas"]), served_name=base,
+                 capabilities=CAPABILITIES[base])  # fmt: skip
+    policy.lifecycle(cell.model, sunset_at=time.time() - 60, successor=base)
+    plain_key(policy, cell)
+
+
+@control("model-sunset", GATEWAY_DOORS, sunset_model)
+def model_sunset(world: World, cell: Cell) -> None:
+    """GIVEN a model deprecated for its successor WHEN its sunset has passed THEN every door
+    answers 410 naming the successor (docs/models.md), by the gateway's clock."""
+    response = send(world.url, cell.door, cell.key, cell.model)
+    error = refused(response, 410, "model_retired", kind="invalid_request_error")
+    assert error["param"] == "model"
+    assert f"Use '{BASE[cell.door]}' instead." in error["message"]
 
 
 def capped_key(policy: PolicyBuilder, cell: Cell) -> None:
