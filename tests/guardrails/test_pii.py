@@ -3,6 +3,7 @@ patterns per use case, bounded and guarded against catastrophic backtracking."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -11,10 +12,12 @@ from guardrails.base import SettingsError
 from guardrails.detectors.pii import (
     DEFAULT_ENTITIES,
     SUPPORTED_ENTITIES,
+    UNUSED_COMPONENTS,
     PatternTimeout,
     PiiDetector,
 )
 from guardrails.engine import redact
+from testkit.guardrail_quality import SETTINGS, load_prompts
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +197,68 @@ def test_internal_and_spelled_out_email_addresses_are_found(pii, text, email):
     and an @ written as an entity or in words; those addresses are still e-mail addresses."""
     findings = pii.check(text, pii.validate({}))
     assert [(f.entity, text[f.start : f.end]) for f in findings] == [("EMAIL_ADDRESS", email)]
+
+
+@pytest.fixture(scope="module")
+def reference() -> PiiDetector:
+    """The check over spaCy's whole pipeline, as it ran before issue 26."""
+    detector = PiiDetector(reference=True)
+    detector.load()
+    return detector
+
+
+@pytest.fixture(scope="module")
+def tuning_texts() -> list[str]:
+    return [prompt["text"] for prompt in load_prompts()]
+
+
+@pytest.fixture(scope="module", params=["evaluation", "defaults"])
+def selection(request, pii) -> dict:
+    raw = (
+        json.loads(SETTINGS.read_text(encoding="utf-8"))["pii"]
+        if request.param == "evaluation"
+        else {}
+    )
+    return pii.validate(raw)
+
+
+def test_the_lean_pipeline_finds_what_the_whole_one_finds_on_the_tuning_set(
+    pii, reference, tuning_texts, selection
+):
+    """GIVEN the tuning set's prompts
+    WHEN the shipped check (spaCy without its parser) and the reference (the whole pipeline)
+    read them
+    THEN every prompt gets the same findings, spans and scores: only unused work was left out."""
+    assert set(UNUSED_COMPONENTS).isdisjoint(pii.analyzer.nlp_engine.nlp["en"].pipe_names)
+    differ = [
+        text
+        for text in tuning_texts
+        if pii.check(text, selection) != reference.check(text, selection)
+    ]
+    assert differ == []
+
+
+def test_check_many_answers_each_text_as_check_does(pii, tuning_texts, selection):
+    """The service's batches read texts through spaCy together; each text's findings are
+    still exactly its own ``check``'s."""
+    assert pii.check_many(tuning_texts, selection) == [
+        pii.check(text, selection) for text in tuning_texts
+    ]
+
+
+def test_check_many_with_only_custom_patterns_skips_spacy(pii):
+    settings = pii.validate(
+        {"entities": [], "patterns": [{"name": "EMPLOYEE_ID", "regex": r"\bEMP-\d{6}\b"}]}
+    )
+    texts = ["EMP-009321 asked Tom Becker.", "", "nothing here"]
+    assert pii.check_many(texts, settings) == [pii.check(text, settings) for text in texts]
+    assert [len(found) for found in pii.check_many(texts, settings)] == [1, 0, 0]
+
+
+def test_check_many_cuts_long_texts_into_small_batches_in_order(pii):
+    """Texts past the batch's character budget go to spaCy in later batches; each answer
+    stays with its text."""
+    long = "Call Tom Becker on 415-555-0175. " + "Nothing personal here. " * 800
+    texts = [long, "Mail jane@contoso.com.", long, "Ask Priya Raman."]
+    settings = pii.validate({})
+    assert pii.check_many(texts, settings) == [pii.check(text, settings) for text in texts]
