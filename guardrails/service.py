@@ -31,7 +31,9 @@ import hmac
 import ipaddress
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import orjson
 from aiohttp import web
@@ -47,6 +49,8 @@ from guardrails.protocol import (
     HEALTH_PATH,
     METRICS_PATH,
     TOKEN_ENV,
+    BulkCheckRequest,
+    CheckRequest,
     InvalidCheck,
     OverBudget,
     error_body,
@@ -185,23 +189,37 @@ _BATCHER = web.AppKey("batcher", Batcher)
 _METRICS = web.AppKey("metrics", _Metrics)
 _SETTINGS = web.AppKey("settings", ServiceSettings)
 _STATUS = {PoolBusy: 503, CheckTimeout: 504}
+_Parsed = TypeVar("_Parsed", CheckRequest, BulkCheckRequest)
 
 
-async def check(request: web.Request) -> web.Response:
+async def _read_check(
+    request: web.Request, parse: Callable[[bytes, int], _Parsed]
+) -> _Parsed | web.Response:
+    """A check request's body, parsed by ``parse`` under the text budget, once the caller has
+    shown the service token; or the refusal to answer (401, 413, 400), counted."""
     metrics = request.app[_METRICS]
     settings = request.app[_SETTINGS]
-    started = time.monotonic()
     if settings.token and not _authorised(request, settings.token):
         metrics.checks.labels("unknown", "unauthorised").inc()
         return _json(401, error_body("A valid service token is required.", "unauthorised"))
     try:
-        parsed = parse_request(await request.read(), max_text_chars=settings.max_text_chars)
+        return parse(await request.read(), settings.max_text_chars)
     except OverBudget as exc:
         metrics.checks.labels("unknown", "over_budget").inc()
         return _json(413, error_body(str(exc), "guardrail_text_too_large"))
     except InvalidCheck as exc:
         metrics.checks.labels("unknown", "invalid").inc()
         return _json(400, error_body(str(exc), "invalid_check"))
+
+
+async def check(request: web.Request) -> web.Response:
+    metrics = request.app[_METRICS]
+    started = time.monotonic()
+    parsed = await _read_check(
+        request, lambda body, budget: parse_request(body, max_text_chars=budget)
+    )
+    if isinstance(parsed, web.Response):
+        return parsed
     try:
         outcome = await request.app[_BATCHER].run(
             parsed.texts, [spec.as_json() for spec in parsed.checks]
@@ -216,19 +234,12 @@ async def check(request: web.Request) -> web.Response:
 
 async def check_bulk(request: web.Request) -> web.Response:
     metrics = request.app[_METRICS]
-    settings = request.app[_SETTINGS]
     started = time.monotonic()
-    if settings.token and not _authorised(request, settings.token):
-        metrics.checks.labels("unknown", "unauthorised").inc()
-        return _json(401, error_body("A valid service token is required.", "unauthorised"))
-    try:
-        parsed = parse_bulk_request(await request.read(), max_text_chars=settings.max_text_chars)
-    except OverBudget as exc:
-        metrics.checks.labels("unknown", "over_budget").inc()
-        return _json(413, error_body(str(exc), "guardrail_text_too_large"))
-    except InvalidCheck as exc:
-        metrics.checks.labels("unknown", "invalid").inc()
-        return _json(400, error_body(str(exc), "invalid_check"))
+    parsed = await _read_check(
+        request, lambda body, budget: parse_bulk_request(body, max_text_chars=budget)
+    )
+    if isinstance(parsed, web.Response):
+        return parsed
     checks = [spec.as_json() for spec in parsed.checks]
     metrics.bulk_size.observe(len(parsed.bodies))
     outcomes = await request.app[_BATCHER].run_bulk([(texts, checks) for texts in parsed.bodies])

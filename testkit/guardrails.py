@@ -9,14 +9,16 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import valkey
 import valkey.asyncio as avalkey
 
-from gateway.accounting import Accounting
+from gateway.accounting import GUARDRAILS_STREAM, Accounting
 from gateway.guardrails.client import FleetCaller, ServiceClient
 from gateway.guardrails.run import Guardrails
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Model, Principal
 from gateway.upstream import Upstream
+from ops.processes import wait_until
 
 
 @contextlib.asynccontextmanager
@@ -52,3 +54,17 @@ class Subject:
     record_id: str = "r1"
     principal: Principal = ALICE
     model: Model = MODEL
+
+
+def recorded_findings(client: valkey.Valkey, count: int) -> list[dict[str, str]]:
+    """The findings a gateway (or a batcher) wrote to the guardrails stream, once there are
+    ``count`` of them, and exactly that many."""
+
+    def entries() -> list[dict[str, str]]:
+        raw = client.xrange(GUARDRAILS_STREAM)
+        return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in raw]
+
+    assert wait_until(lambda: len(entries()) >= count, timeout=10), entries()
+    found = entries()
+    assert len(found) == count, found
+    return found

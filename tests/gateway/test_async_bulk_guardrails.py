@@ -19,10 +19,10 @@ import orjson
 import pytest
 import valkey
 
-from gateway.accounting import GUARDRAILS_STREAM
 from gateway.async_tasks import layout
-from ops.processes import free_port, wait_until
+from ops.processes import free_port
 from testkit.guardrail_service import GuardrailServiceFactory
+from testkit.guardrails import recorded_findings
 from testkit.policy import PolicyBuilder
 from testkit.stack import RunningGuardrailService
 from tests.conftest import GatewayFactory, SimulatorFactory
@@ -67,15 +67,7 @@ class World:
 
     def findings(self, count: int) -> list[dict[str, str]]:
         """The sy:guardrails entries, once there are ``count`` of them."""
-
-        def entries() -> list[dict[str, str]]:
-            raw = self.valkey.xrange(GUARDRAILS_STREAM)
-            return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in raw]
-
-        assert wait_until(lambda: len(entries()) >= count, timeout=10), entries()
-        found = entries()
-        assert len(found) == count, found
-        return found
+        return recorded_findings(self.valkey, count)
 
     def service_metric(self, name: str) -> float:
         """One sample of the guardrail service's metrics (0 when absent)."""

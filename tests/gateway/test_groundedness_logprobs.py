@@ -28,6 +28,7 @@ from guardrails.engine import Check, Summary
 from ops.processes import wait_until
 from simulator.tokens import VOCABULARY
 from testkit.guardrail_service import GuardrailServiceFactory
+from testkit.guardrails import recorded_findings
 from testkit.policy import PolicyBuilder
 from testkit.stack import RunningSimulator
 from tests.conftest import BatcherFactory, GatewayFactory, SimulatorFactory
@@ -62,15 +63,9 @@ class World:
         answer: dict[str, Any] = reply.json()
         return answer
 
-    def findings(self, count: int) -> list[dict[str, Any]]:
-        def entries() -> list[dict[str, Any]]:
-            raw = self.valkey.xrange(GUARDRAILS_STREAM)
-            return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in raw]
-
-        assert wait_until(lambda: len(entries()) >= count, timeout=10), entries()
-        found = entries()
-        assert len(found) == count, found
-        return found
+    def findings(self, count: int) -> list[dict[str, str]]:
+        """The sy:guardrails entries, once there are ``count`` of them."""
+        return recorded_findings(self.valkey, count)
 
 
 @pytest.fixture

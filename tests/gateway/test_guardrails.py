@@ -16,9 +16,10 @@ import orjson
 import pytest
 import valkey
 
-from gateway.accounting import GUARDRAIL_FIELDS, GUARDRAILS_STREAM
+from gateway.accounting import GUARDRAIL_FIELDS
 from ops.processes import wait_until
 from testkit.guardrail_service import GuardrailServiceFactory
+from testkit.guardrails import recorded_findings
 from testkit.policy import PolicyBuilder
 from testkit.stack import RunningGateway, RunningGuardrailService
 from tests.conftest import GatewayFactory, SimulatorFactory
@@ -53,15 +54,7 @@ class Guarded:
 
     def findings(self, count: int) -> list[dict[str, str]]:
         """The sy:guardrails entries, once there are ``count`` of them."""
-
-        def entries() -> list[dict[str, str]]:
-            raw = self.valkey.xrange(GUARDRAILS_STREAM)
-            return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in raw]
-
-        assert wait_until(lambda: len(entries()) >= count, timeout=10), entries()
-        found = entries()
-        assert len(found) == count, found
-        return found
+        return recorded_findings(self.valkey, count)
 
 
 @pytest.fixture
