@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -44,6 +44,7 @@ from gateway.errors import GatewayError
 from gateway.guardrail_plan import GuardPlan
 from gateway.guardrails.run import Body, Guardrails, StageResult, blocked_message, request_slots
 from gateway.metrics import Decision, GatewayMetrics
+from gateway.model_lifecycle import serving_model
 from gateway.policy import Model, Policy, Principal
 from gateway.policy_store import PolicyStore
 from gateway.scheduling import (
@@ -200,7 +201,7 @@ def resolve_model(policy: Policy, principal: Principal, name: object, capability
             param="model",
         )
     if model.lifecycle is not None:  # the one check an active model pays
-        model = _past_sunset(policy, model, name)
+        model = serving_model(policy, model, name)
     if capability not in model.capabilities:
         raise errors.bad_request(
             f"The model '{name}' does not support {capability}.",
@@ -208,42 +209,6 @@ def resolve_model(policy: Policy, principal: Principal, name: object, capability
             code="unsupported_capability",
         )
     return model
-
-
-def _past_sunset(policy: Policy, model: Model, name: str) -> Model:
-    """A deprecated model before its sunset serves with its notices (``model.notices``); at or
-    after it (or retired), by the gateway's own clock and not beat's, the officer's choice: a
-    410 naming the successor, or the successor serving under the old id. A successor that has
-    itself reached its sunset is followed in turn (governance refuses cycles; the hop bound
-    guards against a snapshot that has one anyway)."""
-    now = time.time()
-    for _ in range(8):
-        lifecycle = model.lifecycle
-        if lifecycle is None or not lifecycle.ended(now):
-            return model
-        successor = policy.models.get(lifecycle.successor) if lifecycle.successor else None
-        if lifecycle.at_sunset != "successor" or successor is None:
-            raise _retired(name, lifecycle.successor, model.notices)
-        # Looked up now rather than kept at parse time: the successor's replicas are the
-        # current ones (service names expanded by discovery). Only past a sunset.
-        model = replace(
-            successor, notices=lifecycle.successor_notices, lifecycle=successor.lifecycle
-        )
-    raise _retired(name, None, ())
-
-
-def _retired(
-    name: str, successor: str | None, notices: tuple[tuple[bytes, bytes], ...]
-) -> GatewayError:
-    instead = f" Use '{successor}' instead." if successor else ""
-    return GatewayError(
-        410,
-        f"The model '{name}' has been retired.{instead}",
-        code="model_retired",
-        param="model",
-        # The same notices as before the sunset: its date, and the link to the notice.
-        headers=[header for header in notices if header[0] != b"x-switchyard-served-model"],
-    )
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
 from gateway.guardrails.fleet import ask_logprobs_document
 from gateway.guardrails.run import Guardrails
+from gateway.model_lifecycle import serving_model
 from gateway.policy import Model, Policy, Principal, PriorityClass
 from gateway.policy_store import PolicyStore
 from gateway.records import capped
@@ -555,6 +556,14 @@ class Batcher:
             )
             endings += [self._failed(t, 404, error) for t in live]
             live = []
+        if live and model is not None and model.lifecycle is not None:
+            # Queued before its model's sunset, run after it: the same rule as at admission
+            # (a 410 naming the successor, or the successor serving under the old id).
+            try:
+                model = serving_model(policy, model, live[0].model)
+            except GatewayError as refused:
+                endings += [self._failed(t, refused.status, refused.error()) for t in live]
+                live = []
         if live:
             assert model is not None
             endings += await self._answer(live, model, policy)
@@ -660,7 +669,7 @@ class Batcher:
             tenant=task.tenant,
             use_case_id=use_case_id,
             key_id=None,
-            model=task.model,
+            model=model.public_id,  # what served: a successor past its predecessor's sunset
             replica=outcome.replica,
             status=status,
             prompt_tokens=answer.tokens[0],

@@ -243,3 +243,60 @@ def test_the_successor_must_offer_what_the_endpoint_needs(lifecycle: Lifecycle) 
     answer = post(lifecycle, "/v1/embeddings", {"model": MOVED, "input": "hello"})
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["code"] == "unsupported_capability"
+
+
+def test_a_task_queued_before_the_sunset_and_run_after_it_follows_the_sunset_rule() -> None:
+    """GIVEN two deprecated models whose sunset is seconds away, one refused after it and one
+    moved to the successor, and no batcher running WHEN a task for each is queued before the
+    sunset and a batcher starts after it THEN the first fails with 410 model_retired naming
+    the successor, and the second is served by the successor, whose id its usage records."""
+    soon = time.time() + 2
+    with module_stack() as stack:
+        replica = stack.simulator(SERVED, "--time-scale", "0")
+        policy = PolicyBuilder().priority_class("prod", rank=0).priority_class("batch", rank=4)
+        for name in (NEW, OLD, MOVED):
+            policy.model(name, [replica], served_name=SERVED)
+        policy.lifecycle(OLD, sunset_at=soon, successor=NEW)
+        policy.lifecycle(MOVED, sunset_at=soon, successor=NEW, at_sunset="successor")
+        key = policy.key(use_case="chatbot", models=[OLD, MOVED])
+        world = Lifecycle(stack.gateway(policy), key, key, key, stack.valkey)
+        queued = {}
+        for name in (OLD, MOVED):
+            submitted = post(world, "/v1/async/chat/completions", chat(name))
+            assert submitted.status_code == 202, submitted.text
+            assert "x-switchyard-served-model" not in submitted.headers  # before the sunset
+            queued[name] = submitted.json()["id"]
+        assert wait_until(lambda: time.time() > soon + 0.5, timeout=10)
+        stack.batcher()
+
+        def ended(task_id: str) -> dict[str, Any]:
+            found: dict[str, Any] = {}
+
+            def done() -> bool:
+                polled = httpx.get(
+                    f"{world.url}/v1/tasks/{task_id}?wait=5",
+                    headers={"authorization": f"Bearer {key}"},
+                    timeout=30,
+                )
+                found.update(polled.json())
+                return found.get("status") in ("done", "failed", "expired")
+
+            assert wait_until(done, timeout=60), found
+            return found
+
+        refused = ended(queued[OLD])
+        assert refused["status"] == "failed", refused
+        assert refused["error"]["code"] == "model_retired", refused
+        assert f"Use '{NEW}' instead" in refused["error"]["message"]
+        moved = ended(queued[MOVED])
+        assert moved["status"] == "done", moved
+
+        def usage() -> list[dict[bytes, bytes]]:
+            return [
+                fields
+                for _, fields in stack.valkey.xrange(USAGE_STREAM)
+                if fields.get(b"record_id") == queued[MOVED].encode()
+            ]
+
+        assert wait_until(lambda: bool(usage()), timeout=15)
+        assert usage()[0][b"model"] == NEW.encode()
