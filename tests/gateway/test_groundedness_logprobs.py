@@ -25,8 +25,8 @@ from gateway.guardrails.fleet import Answered, FleetCheckFailed, ask_logprobs, r
 from guardrails import confidence
 from guardrails.catalogue import validate_selection
 from guardrails.engine import Check, Summary
-from ops.processes import wait_until
 from simulator.tokens import VOCABULARY
+from testkit.async_tasks import wait_ended
 from testkit.guardrail_service import GuardrailServiceFactory
 from testkit.guardrails import recorded_findings
 from testkit.policy import PolicyBuilder
@@ -184,17 +184,7 @@ def test_an_async_task_is_judged_by_its_logprobs_as_a_request_is(world) -> None:
         f"{w.base_url}/v1/async/chat/completions", json=body, headers=headers, timeout=30
     )
     assert submitted.status_code == 202, submitted.text
-    ended: dict[str, Any] = {}
-
-    def done() -> bool:
-        polled = httpx.get(
-            f"{w.base_url}/v1/tasks/{submitted.json()['id']}?wait=5", headers=headers, timeout=30
-        )
-        assert polled.status_code == 200, polled.text
-        ended.update(polled.json())
-        return ended["status"] in ("done", "failed", "expired")
-
-    assert wait_until(done, timeout=60), ended
+    [ended] = wait_ended(w.valkey, [submitted.json()["id"]], timeout=60)
     assert ended["status"] == "done", ended
     assert ended["result"]["choices"] == w.direct(body)["choices"]
     assert ended["result"]["choices"][0]["logprobs"] is None

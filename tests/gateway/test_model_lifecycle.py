@@ -23,6 +23,7 @@ import valkey
 
 from gateway.accounting import USAGE_STREAM
 from ops.processes import wait_until
+from testkit.async_tasks import wait_ended
 from testkit.module_stack import module_stack
 from testkit.policy import PolicyBuilder
 
@@ -221,19 +222,7 @@ def test_an_async_task_past_the_sunset_runs_on_the_successor(lifecycle: Lifecycl
     submitted = post(lifecycle, "/v1/async/chat/completions", chat(MOVED))
     assert submitted.status_code == 202, submitted.text
     assert submitted.headers["x-switchyard-served-model"] == NEW
-    task_id = submitted.json()["id"]
-    ended: dict[str, Any] = {}
-
-    def done() -> bool:
-        polled = httpx.get(
-            f"{lifecycle.url}/v1/tasks/{task_id}?wait=5",
-            headers={"authorization": f"Bearer {lifecycle.key}"},
-            timeout=30,
-        )
-        ended.update(polled.json())
-        return ended.get("status") in ("done", "failed", "expired")
-
-    assert wait_until(done, timeout=60), ended
+    [ended] = wait_ended(lifecycle.valkey, [submitted.json()["id"]], timeout=60)
     assert ended["status"] == "done", ended
     assert ended["model"] == NEW, ended
 
@@ -269,26 +258,10 @@ def test_a_task_queued_before_the_sunset_and_run_after_it_follows_the_sunset_rul
         assert wait_until(lambda: time.time() > soon + 0.5, timeout=10)
         stack.batcher()
 
-        def ended(task_id: str) -> dict[str, Any]:
-            found: dict[str, Any] = {}
-
-            def done() -> bool:
-                polled = httpx.get(
-                    f"{world.url}/v1/tasks/{task_id}?wait=5",
-                    headers={"authorization": f"Bearer {key}"},
-                    timeout=30,
-                )
-                found.update(polled.json())
-                return found.get("status") in ("done", "failed", "expired")
-
-            assert wait_until(done, timeout=60), found
-            return found
-
-        refused = ended(queued[OLD])
+        refused, moved = wait_ended(stack.valkey, [queued[OLD], queued[MOVED]], timeout=60)
         assert refused["status"] == "failed", refused
         assert refused["error"]["code"] == "model_retired", refused
         assert f"Use '{NEW}' instead" in refused["error"]["message"]
-        moved = ended(queued[MOVED])
         assert moved["status"] == "done", moved
 
         def usage() -> list[dict[bytes, bytes]]:
