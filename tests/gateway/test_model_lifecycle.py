@@ -239,7 +239,9 @@ def test_a_task_queued_before_the_sunset_and_run_after_it_follows_the_sunset_rul
     moved to the successor, and no batcher running WHEN a task for each is queued before the
     sunset and a batcher starts after it THEN the first fails with 410 model_retired naming
     the successor, and the second is served by the successor, whose id its usage records."""
-    soon = time.time() + 2
+    # Far enough ahead that a loaded machine starts the simulator and the gateway and
+    # queues both tasks before it (2 s was not, on a fresh checkout's first run).
+    soon = time.time() + 10
     with module_stack() as stack:
         replica = stack.simulator(SERVED, "--time-scale", "0")
         policy = PolicyBuilder().priority_class("prod", rank=0).priority_class("batch", rank=4)
@@ -255,7 +257,8 @@ def test_a_task_queued_before_the_sunset_and_run_after_it_follows_the_sunset_rul
             assert submitted.status_code == 202, submitted.text
             assert "x-switchyard-served-model" not in submitted.headers  # before the sunset
             queued[name] = submitted.json()["id"]
-        assert wait_until(lambda: time.time() > soon + 0.5, timeout=10)
+        assert time.time() < soon, "queued after the sunset: the premise does not hold"
+        assert wait_until(lambda: time.time() > soon + 0.5, timeout=15)
         stack.batcher()
 
         refused, moved = wait_ended(stack.valkey, [queued[OLD], queued[MOVED]], timeout=60)
