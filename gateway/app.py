@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from gateway import control_proxy, errors, openapi
+from gateway import control_proxy, errors, fallbacks, openapi
 from gateway.accounting import Accounting, Usage
 from gateway.admission import estimated_tokens, reconcile_args
 from gateway.async_tasks import layout as async_layout
@@ -299,8 +299,8 @@ class Gateway:
         now = time.time()
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "switchyard"}
-            for name in sorted(principal.models)
-            if name in policy.models and not _refused_now(policy.models[name], now)
+            for name in sorted(_callable_names(policy, principal.models))
+            if not _refused_now(policy.models[name.partition("@")[0]], now)
         ]
         body = orjson.dumps({"object": "list", "data": data})
         await send_response(send, 200, body, headers=[(b"x-request-id", request_id)])
@@ -313,6 +313,8 @@ class Gateway:
         if principal is None:  # a token signed by a key not fetched yet
             principal = await authenticate_after_key_fetch(scope, policy, self.tokens)
         call = await read_call(self.door, scope, receive, policy, principal, request_id)
+        if policy.fallbacks:  # the one check a fleet without fallback chains pays
+            call.fallbacks = fallbacks.chain_for(policy, call)
         # The one lookup a use case without full records pays.
         call.record = policy.records.get(principal.use_case_id, DEFAULT_RECORD_POLICY)
         if call.record == "full":
@@ -337,7 +339,7 @@ class Gateway:
             call.handler = handler
             watcher = asyncio.ensure_future(_interrupt_on_disconnect(receive, call))
             try:
-                await self._serve(call, send)
+                await self._serve_or_fall_back(call, send, policy)
             except asyncio.CancelledError:
                 if call.interrupted == "client" and handler.uncancel() == 0:
                     call.status = 499
@@ -376,11 +378,24 @@ class Gateway:
         ]
         await send_response(send, exc.status, exc.body(), headers=headers)
 
-    async def _serve(self, call: Call, send: Send) -> None:
+    async def _serve_or_fall_back(self, call: Call, send: Send, policy: Policy) -> None:
+        """``_serve``; where the model refuses for capacity before any byte is out and the
+        use case has a fallback for it, the fallback serves (gateway/fallbacks.py)."""
+        while True:
+            try:
+                await self._serve(call, send, policy)
+                return
+            except fallbacks.FallBack as refused:
+                if not fallbacks.fall_back(self.door, call, policy, refused):
+                    raise refused.error from None
+
+    async def _serve(self, call: Call, send: Send, policy: Policy) -> None:
         """Acquire capacity (rate limits included), relay from the granted replica; fail over
         if it is unreachable."""
         ticket = call.ticket
         assert ticket is not None
+        if call.fallbacks:
+            ticket = fallbacks.waiting_ticket(policy, call, ticket)
         for _ in range(max(len(call.model.replicas), 1)):
             grant = await self._acquire(call, ticket)
             try:
@@ -388,7 +403,9 @@ class Gateway:
                     grant,
                     lambda: self._reconciliation(call),
                     wait_for_release=False,
-                    refund_on=(ReplicaUnreachable,),
+                    # A replica that never took it, or a refusal a fallback answers instead:
+                    # this attempt is not charged.
+                    refund_on=(ReplicaUnreachable, fallbacks.FallBack),
                 ):
                     await self._relay(call, grant, send)
                     return
@@ -428,6 +445,9 @@ class Gateway:
             decided(self.door, call, "rejected", refused.code, refused.retry_after_s)
             raise refusal(429, "rate_limit_error", refused) from None
         except (QueueFull, QueueTimeout) as refused:
+            if call.fallbacks:
+                error = refusal(503, "service_unavailable", refused)
+                raise fallbacks.FallBack(refused.code, error) from None
             decision: Decision = "rejected" if isinstance(refused, QueueFull) else "shed"
             decided(self.door, call, decision, refused.code, refused.retry_after_s)
             raise refusal(503, "service_unavailable", refused) from None
@@ -497,6 +517,8 @@ class Gateway:
         try:
             call.forwarded = True  # from here on the replica may be working on it
             response = await self.upstream.post(grant.replica, call.path, body, headers)
+            if call.fallbacks and (response.status >= 500 or response.status == 400):
+                await self._refused_upstream(call, response)
             call.meter = meter  # a replica answers: from here on its usage counts
             try:
                 call.status = response.status
@@ -590,6 +612,28 @@ class Gateway:
                 call.ttft_s = meter.first_chunk_at - upstream_started
             meter.finish(prompt_estimate=call.estimate.prompt)
             self.metrics.in_flight_changed(model=model.public_id, replica=grant.replica, delta=-1)
+
+    async def _refused_upstream(self, call: Call, response: Any) -> None:
+        """With a fallback left, a replica's 5xx, or its 400 for a prompt longer than the
+        model's context, is not sent: FallBack, before any byte is out. Another 400 is read
+        (it is small) and relayed as it came."""
+        if response.status >= 500:
+            response.close()
+            error = GatewayError(
+                502,
+                f"The replica serving '{call.model.public_id}' answered {response.status}.",
+                type="api_error",
+                code="upstream_error",
+            )
+            raise fallbacks.FallBack("upstream_error", error)
+        body = await response.peek(fallbacks.MAX_ERROR_BYTES)
+        if fallbacks.context_too_long(body):
+            response.close()
+            error = GatewayError(
+                400, orjson.loads(body).get("error", {}).get("message", "") or "Prompt too long.",
+                code="context_length_exceeded", param="messages",
+            )  # fmt: skip
+            raise fallbacks.FallBack("context_length", error)
 
     async def _relay_checked(
         self, call: Call, guard: GuardPlan, response: Any, meter: UsageMeter, send: Send
@@ -756,6 +800,22 @@ class Gateway:
             # ``call.body`` is the client's, unredacted: the body is made at the grant.
             return orjson.dumps(call.document)
         return call.body
+
+
+def _callable_names(policy: Policy, granted: frozenset[str]) -> list[str]:
+    """The granted models the snapshot serves, and for a model with versions each version
+    and alias a client may pin itself to (``model@v2``, ``model@stable``)."""
+    names = []
+    for name in granted:
+        model = policy.models.get(name)
+        if model is None:
+            continue
+        names.append(name)
+        if model.routing is not None:
+            names += [
+                f"{name}@{label}" for label in (*model.routing.versions, *model.routing.aliases)
+            ]
+    return names
 
 
 def _refused_now(model: Model, now: float) -> bool:

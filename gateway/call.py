@@ -57,6 +57,8 @@ class Call:
     request_sent: bytes | None = None  # a full record's request, as forwarded
     request_withheld: bool = False  # refused with a redaction unrun: no request content
     digests: asyncio.Future[dict[str, str]] | None = None  # a full record's upload hashes
+    # Models still to try, in order, when this one refuses for capacity (issue 27).
+    fallbacks: tuple[str, ...] = ()
 
     def interrupt(self, reason: str) -> None:
         """Cancel the serving task, once, unless the response is already out."""

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 import valkey.asyncio as avalkey
 
-from gateway import errors
+from gateway import errors, model_routing
 from gateway.accounting import Accounting
 from gateway.call import Call
 from gateway.costs import (
@@ -187,12 +187,14 @@ def resolve_model(policy: Policy, principal: Principal, name: object, capability
     if not isinstance(name, str) or not name:
         raise errors.bad_request("'model' is required and must be a string.", param="model")
     model = policy.models.get(name)
+    if model is None and "@" in name:  # a version or an alias: model@v2, model@stable
+        model = model_routing.named(policy, name)
     if model is None:
         raise errors.not_found(
             f"The model '{name}' does not exist or you do not have access to it.",
             code="model_not_found",
         )
-    if name not in principal.models:
+    if model.base not in principal.models:
         raise GatewayError(
             403,
             f"Use case '{principal.use_case}' is not approved for model '{name}'.",
@@ -202,6 +204,8 @@ def resolve_model(policy: Policy, principal: Principal, name: object, capability
         )
     if model.lifecycle is not None:  # the one check an active model pays
         model = serving_model(policy, model, name)
+    if model.routing is not None:  # a model with versions: which one serves
+        model = model_routing.route(policy, model, principal.use_case_id)
     if capability not in model.capabilities:
         raise errors.bad_request(
             f"The model '{name}' does not support {capability}.",
@@ -474,7 +478,7 @@ def apply_checked(
         if call.rename_per_replica:
             pass  # the body is made at the grant
         elif document is not None:
-            call.body = _redacted_body(call, document)
+            call.body = rebuilt_body(call, document)
         elif call.form is not None:
             call.content_type, call.body = encode_form(call.form)
     if result.blocked is not None:
@@ -550,9 +554,10 @@ def _upstream_body(
     return body, usage, False
 
 
-def _redacted_body(call: Call, document: dict[str, Any]) -> bytes:
-    """The body again after request guardrails rewrote texts in ``document``, with what
-    ``_upstream_body`` added (the served name, the completion bound, the usage request)."""
+def rebuilt_body(call: Call, document: dict[str, Any]) -> bytes:
+    """The body again from ``document`` for ``call.model`` (after request guardrails
+    rewrote texts in it, or for a fallback model), with what ``_upstream_body`` adds (the
+    served name, the completion bound, the usage request)."""
     bound = max_tokens_override(call.path, document, call.model.max_tokens)
     if bound is not None:
         document[bound[0]] = bound[1]

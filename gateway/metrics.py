@@ -122,6 +122,15 @@ class GatewayMetrics:
                 registry=r,
             )
         )
+        self._fallbacks = _Children(
+            Counter(
+                PREFIX + "fallbacks",
+                "Requests a model refused for capacity that a fallback model served or was "
+                "asked to, by model, fallback and reason.",
+                ["model", "fallback", "reason"],
+                registry=r,
+            )
+        )
         self._queue_depth = _Children(
             Gauge(
                 PREFIX + "queue_depth",
@@ -275,6 +284,10 @@ class GatewayMetrics:
             self._tokens[(model, "prompt")].inc(prompt_tokens)
         if completion_tokens:
             self._tokens[(model, "completion")].inc(completion_tokens)
+
+    def fell_back(self, *, model: str, fallback: str, reason: str) -> None:
+        """A request its model refused for capacity, moved to a fallback (issue 27)."""
+        self._fallbacks[(model, fallback, reason)].inc()
 
     def admission_decided(self, decision: Decision, reason: str = "") -> None:
         self._decisions[(decision, reason)].inc()

@@ -8,6 +8,7 @@ request never waits on the database or on Valkey to authenticate.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
@@ -48,6 +49,15 @@ class LifecycleEntry(TypedDict):
     at_sunset: Literal["refuse", "successor"]
 
 
+class RoutingEntry(TypedDict):
+    """How a model with versions chooses one (governance/model_routing.py)."""
+
+    versions: list[str]
+    split: list[tuple[str, int]]  # (version, weight > 0); never empty
+    sticky: Literal["request", "use_case"]
+    aliases: dict[str, str]
+
+
 class ModelEntry(TypedDict):
     served_name: str  # the first deployment's (what snapshots without ``deployments`` had)
     capabilities: list[ModelCapability]
@@ -61,6 +71,11 @@ class ModelEntry(TypedDict):
     deployments: NotRequired[list[DeploymentEntry]]
     # Only for a deprecated or retired model: an active one costs the snapshot nothing.
     lifecycle: NotRequired[LifecycleEntry]
+    # A model with versions: how to choose one; its versions are entries of their own,
+    # ``<model>@<version>``, each with ``version_of`` and ``version`` (issue 27).
+    routing: NotRequired[RoutingEntry]
+    version_of: NotRequired[str]
+    version: NotRequired[str]
 
 
 class LimitsEntry(TypedDict):
@@ -97,6 +112,10 @@ class UseCaseEntry(TypedDict):
     # Async tasks (issue 14): how long results live and the result cache, in seconds.
     # Absent from snapshots before issue 14 (then the defaults of ``UseCase``).
     async_tasks: NotRequired[AsyncTasksEntry]
+    # {model: version or alias} the use case is pinned to (issue 27); absent when none.
+    model_pins: NotRequired[dict[str, str]]
+    # {model: [fallback models, in order]} (issue 27); absent when none.
+    model_fallbacks: NotRequired[dict[str, list[str]]]
 
 
 class PriorityClassEntry(TypedDict):
@@ -107,6 +126,9 @@ class PriorityClassEntry(TypedDict):
     # The most of a model pool's slots the class may hold at once (0 < share ≤ 1); absent
     # from snapshots before issue 13: all of it.
     max_pool_share: NotRequired[float]
+    # With a fallback: how long a request waits on a saturated model before falling back
+    # (issue 27); absent: only when refused (queue full or timeout).
+    degrade_after_s: NotRequired[float]
 
 
 class RateLimitEntry(LimitsEntry):
@@ -193,12 +215,73 @@ class Model:
     served_names: Mapping[str, str] = field(default_factory=dict)
     # Deprecated or retired (None: active, the one check a request pays).
     lifecycle: Lifecycle | None = None
-    # Headers every answer served by this model carries (the deprecation notices, and
-    # ``x-switchyard-served-model`` when a successor serves under an old id), made once.
+    # Headers every answer served by this model carries (the deprecation notices,
+    # ``x-switchyard-served-model`` when a successor serves under an old id, and
+    # ``x-switchyard-model-version`` for a version), made once.
     notices: tuple[tuple[bytes, bytes], ...] = ()
+    # A version of a model (issue 27): ``public_id`` is its pool, ``<model>@<version>``,
+    # which records, usage and metrics name; ``family`` the public model, which grants and
+    # rate limits name. "" for a model without versions.
+    family: str = ""
+    version: str = ""
+    # A model with versions: how a request to it chooses one (gateway/model_routing.py).
+    routing: Routing | None = None
 
     def served_name_for(self, replica: str) -> str:
         return self.served_names.get(replica, self.served_name)
+
+    @property
+    def base(self) -> str:
+        """The public model this is (a version's model, else itself)."""
+        return self.family or self.public_id
+
+
+class SplitWheel:
+    """Smooth weighted round robin (nginx's): over any run of requests each version's share
+    is within one request of its weight's, and versions interleave (95/5 sends one request
+    in twenty, not five in a row). One per snapshot and process; not shared across
+    gateways, each of which is exact on its own."""
+
+    __slots__ = ("_current", "_names", "_total", "_weights")
+
+    def __init__(self, split: tuple[tuple[str, int], ...]) -> None:
+        self._names = [name for name, _ in split]
+        self._weights = [weight for _, weight in split]
+        self._total = sum(self._weights)
+        self._current = [0] * len(split)
+
+    def next(self) -> str:
+        current, weights = self._current, self._weights
+        best = 0
+        for i, weight in enumerate(weights):
+            current[i] += weight
+            if current[i] > current[best]:
+                best = i
+        current[best] -= self._total
+        return self._names[best]
+
+    def by_hash(self, key: str) -> str:
+        """The version a sticky key always gets: its hash's place in the weights."""
+        point = zlib.crc32(key.encode()) % self._total
+        for name, weight in zip(self._names, self._weights, strict=True):
+            if point < weight:
+                return name
+            point -= weight
+        return self._names[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    versions: frozenset[str]
+    split: tuple[tuple[str, int], ...]
+    sticky: str
+    aliases: Mapping[str, str]
+    wheel: SplitWheel = field(compare=False, repr=False)
+
+    def target(self, label: str) -> str | None:
+        """The version ``label`` (a version or an alias) names, if it is deployed."""
+        version = self.aliases.get(label, label)
+        return version if version in self.versions else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +336,10 @@ class UseCase:
     # Whether the use case has a webhook signing secret: a task's ``callback_url`` is signed
     # with it (Standard Webhooks, scheduler/files/webhooks.py), so a task may ask for one only then.
     async_signed_callbacks: bool = False
+    # {model: version or alias}: the version this use case always gets (issue 27).
+    model_pins: Mapping[str, str] = field(default_factory=dict)
+    # {model: fallback models in order}: who serves when the model refuses for capacity.
+    model_fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +352,7 @@ class PriorityClass:
     queue_timeout_s: float
     max_queue_length: int
     max_pool_share: float = 1.0
+    degrade_after_s: float | None = None
 
     @property
     def pool_share_permille(self) -> int:
@@ -306,6 +394,8 @@ class Policy:
     # it. Governance leaves a suspended or retired one out of all of them, so work it asked
     # for earlier (a queued async task) finds it missing here.
     active_use_cases: frozenset[int] = frozenset()
+    # By UseCase id, only use cases with fallback chains: {model: fallbacks in order}.
+    fallbacks: Mapping[int, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def use_case_active(self, use_case_id: int) -> bool:
         """Whether the use case is approved as of this snapshot."""
@@ -367,6 +457,10 @@ def parse_snapshot(raw: bytes) -> Policy:
             async_signed_callbacks=bool(
                 entry.get("async_tasks", {}).get("signed_callbacks", False)
             ),
+            model_pins=dict(entry.get("model_pins") or {}),
+            model_fallbacks={
+                model: tuple(chain) for model, chain in entry.get("model_fallbacks", {}).items()
+            },
         )
         for use_case_id, entry in document.get("use_cases", {}).items()
     }
@@ -394,6 +488,11 @@ def parse_snapshot(raw: bytes) -> Policy:
             if use_case.guardrails
         },
         records={use_case_id: use_case.record for use_case_id, use_case in use_cases.items()},
+        fallbacks={
+            use_case_id: use_case.model_fallbacks
+            for use_case_id, use_case in use_cases.items()
+            if use_case.model_fallbacks
+        },
         priority_classes={
             name: PriorityClass(
                 name=name,
@@ -402,6 +501,11 @@ def parse_snapshot(raw: bytes) -> Policy:
                 queue_timeout_s=float(entry["queue_timeout_s"]),
                 max_queue_length=int(entry["max_queue_length"]),
                 max_pool_share=float(entry.get("max_pool_share", 1.0)),
+                degrade_after_s=(
+                    None
+                    if entry.get("degrade_after_s") is None
+                    else float(entry["degrade_after_s"])
+                ),
             )
             for name, entry in document.get("priority_classes", {}).items()
         },
@@ -433,6 +537,11 @@ def _model(public_id: str, entry: ModelEntry) -> Model:
     distinct = set(served_names.values())
     served_name = next(iter(distinct)) if len(distinct) == 1 else entry["served_name"]
     lifecycle = entry.get("lifecycle")
+    routing = entry.get("routing")
+    version = entry.get("version", "")
+    notices = () if lifecycle is None else deprecation_headers(lifecycle)
+    if version:
+        notices += ((b"x-switchyard-model-version", version.encode()),)
     return Model(
         public_id=public_id,
         served_name=served_name,
@@ -443,7 +552,23 @@ def _model(public_id: str, entry: ModelEntry) -> Model:
         max_in_flight_per_replica=int(entry.get("max_in_flight_per_replica", 64)),
         served_names=served_names if len(distinct) > 1 else {},
         lifecycle=None if lifecycle is None else _lifecycle(lifecycle),
-        notices=() if lifecycle is None else deprecation_headers(lifecycle),
+        notices=notices,
+        family=entry.get("version_of", ""),
+        version=version,
+        routing=None if routing is None else _routing(routing),
+    )
+
+
+def _routing(entry: RoutingEntry) -> Routing:
+    split = tuple((str(name), int(weight)) for name, weight in entry["split"])
+    if not split or any(weight <= 0 for _, weight in split):
+        raise ValueError("a model's split names no version, or a weight that is not positive")
+    return Routing(
+        versions=frozenset(entry["versions"]),
+        split=split,
+        sticky=entry.get("sticky", "request"),
+        aliases=dict(entry.get("aliases", {})),
+        wheel=SplitWheel(split),
     )
 
 

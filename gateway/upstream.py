@@ -310,6 +310,19 @@ class UpstreamResponse:
                 transport.resume_reading()
         return chunk
 
+    async def peek(self, limit: int) -> bytes:
+        """The body's first ``limit`` bytes or more (all of a short answer), left in place for
+        ``read``: what the relay looks at in an error before it decides to send it."""
+        seen: list[bytes] = []
+        size = 0
+        while size < limit and (chunk := await self.read()):
+            seen.append(chunk)
+            size += len(chunk)
+        body = b"".join(seen)
+        if body:
+            self._chunks.appendleft(body)
+        return body
+
     def close(self) -> None:
         """End the exchange: a finished answer's connection is already back in the pool; an
         unfinished one's is aborted (vLLM then stops generating)."""

@@ -250,8 +250,22 @@ class TenantAdmin(LegalHoldAdmin):
         tenant_set_legal_hold(actor=actor, tenant=obj, hold=hold, reason=reason)
 
 
+def _none_is_empty(form: ModelForm[Any], name: str) -> Any:
+    """An emptied JSON object field is an empty object ({}), not a null the column refuses."""
+    value = form.cleaned_data.get(name)
+    return {} if value is None else value
+
+
+class ModelRecordForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A model's form; its routing (governance/model_routing.py) is checked by the model."""
+
+    def clean_routing(self) -> Any:
+        return _none_is_empty(self, "routing")
+
+
 @admin.register(Model)
 class ModelAdmin(AuditedAdmin):
+    form = ModelRecordForm
     list_display = ("public_id", "capabilities", "status", "sunset_at", "successor")
     list_filter = ("status",)
     search_fields = ("public_id",)
@@ -261,12 +275,27 @@ class ModelAdmin(AuditedAdmin):
 
 @admin.register(Deployment)
 class DeploymentAdmin(AuditedAdmin):
-    list_display = ("model", "served_name", "node_pool", "max_in_flight_per_replica", "active")
-    list_filter = ("active", "node_pool")
+    list_display = (
+        "model",
+        "served_name",
+        "version",
+        "node_pool",
+        "max_in_flight_per_replica",
+        "active",
+    )
+    list_filter = ("active", "node_pool", "version")
+
+
+class UseCaseForm(LegalHoldForm):
+    """A use case's form; its pins (``model_pins``) are checked by the use case."""
+
+    def clean_model_pins(self) -> Any:
+        return _none_is_empty(self, "model_pins")
 
 
 @admin.register(UseCase)
 class UseCaseAdmin(LegalHoldAdmin):
+    form = UseCaseForm
     # Webhook URLs typed without a scheme are https (Django 6's default, asked for now), and
     # never an internal address (the rule the webhook API applies).
     formfield_overrides = {

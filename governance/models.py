@@ -10,6 +10,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from gateway.discovery import ServiceName, is_service_name
+from governance import model_routing
 from governance.choices import (
     ApiKeyStatus,
     AtSunset,
@@ -28,6 +29,9 @@ from governance.choices import (
     UseCaseKind,
     UseCaseStatus,
 )
+
+#: the most fallback models one model of a use case may have
+MAX_FALLBACKS = 3
 
 slug_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9-]{0,62}$", "Use lowercase letters, digits and hyphens (max 63)."
@@ -149,6 +153,13 @@ class Model(models.Model):
         default=AtSunset.REFUSE,
         help_text="At the sunset: a 410, or the successor serving under the old id",
     )
+    # Versions, aliases and the traffic split (governance/model_routing.py, docs/models.md).
+    routing = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Which version answers: {"split": {"v1": 95, "v2": 5}, "sticky": '
+        '"request" or "use_case", "aliases": {"stable": "v1"}}',
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -178,6 +189,35 @@ class Model(models.Model):
                 raise ValidationError(missing)
         if self.successor_id is not None and self.successor_id == self.pk:
             raise ValidationError({"successor": "A model cannot succeed itself."})
+        versions = self.versions()
+        try:
+            self.routing = model_routing.clean_routing(self.routing, versions)
+        except ValidationError as exc:
+            raise ValidationError({"routing": exc.messages}) from None
+        if self.pk is not None and not model_routing.pins_at_the_end():
+            self._keep_pins(model_routing.targets(self.routing, versions))
+
+    def _keep_pins(self, targets: set[str]) -> None:
+        """A routing change may not take away a version or alias a use case is pinned to."""
+        for use_case in UseCase.objects.filter(model_pins__has_key=self.public_id):
+            pin = use_case.model_pins[self.public_id]
+            if pin not in targets:
+                raise ValidationError(
+                    {
+                        "routing": f"Use case {use_case} is pinned to '{pin}': move its pin "
+                        "before this routing takes it away."
+                    }
+                )
+
+    def versions(self) -> set[str]:
+        """The version labels of the model's active deployments (none: no versions)."""
+        if self.pk is None:
+            return set()
+        return set(
+            self.deployments.filter(active=True)
+            .exclude(version="")
+            .values_list("version", flat=True)
+        )
 
 
 class ModelPrice(models.Model):
@@ -223,6 +263,12 @@ class Deployment(models.Model):
     served_name = models.CharField(max_length=128, validators=[model_id_validator])
     replicas = models.JSONField(default=list, help_text="Base URLs of the vLLM replicas")
     node_pool = models.CharField(max_length=64, blank=True, help_text="e.g. h100 or h200")
+    version = models.CharField(
+        max_length=32,
+        blank=True,
+        help_text="The model version this deployment serves (its checkpoint), e.g. v2; "
+        "empty when the model has no versions",
+    )
     lora_adapters = models.JSONField(
         default=list, blank=True, help_text="LoRA adapter names served on this base model"
     )
@@ -256,6 +302,58 @@ class Deployment(models.Model):
                 }
             )
         _validate_string_list(self.lora_adapters, "lora_adapters")
+        self._clean_version()
+
+    def _clean_version(self) -> None:
+        """Either all of a model's active deployments name a version or none does; and one
+        that the model's routing names keeps at least one active deployment."""
+        try:
+            model_routing.clean_label(self.version)
+        except ValidationError as exc:
+            raise ValidationError({"version": exc.messages}) from None
+        if self.model_id is None:
+            return
+        others = Deployment.objects.filter(model_id=self.model_id, active=True).exclude(pk=self.pk)
+        if self.active and (
+            others.filter(version="").exists()
+            if self.version
+            else others.exclude(version="").exists()
+        ):
+            raise ValidationError(
+                {"version": "Name a version on all of this model's active deployments or on none."}
+            )
+        before = (
+            Deployment.objects.filter(pk=self.pk).values_list("version", "active").first()
+            if self.pk
+            else None
+        )
+        if before is None or not before[1] or not before[0]:
+            return
+        if before[0] == self.version and self.active:
+            return
+        self._keep_routed_version(before[0], "deactivated or relabelled")
+
+    def check_delete(self) -> None:
+        """ValidationError when deleting this deployment would leave the model's routing
+        naming a version with nothing to serve it (record_delete asks before deleting)."""
+        if self.active and self.version:
+            self._keep_routed_version(self.version, "deleted")
+
+    def _keep_routed_version(self, version: str, change: str) -> None:
+        others = Deployment.objects.filter(model_id=self.model_id, active=True, version=version)
+        if others.exclude(pk=self.pk).exists():
+            return
+        routing = Model.objects.filter(pk=self.model_id).values_list("routing", flat=True).first()
+        routing = routing or {}
+        named = set(routing.get("split", {})) | set(routing.get("aliases", {}).values())
+        if version in named:
+            raise ValidationError(
+                {
+                    "version": f"Version '{version}' is in the model's routing (split or "
+                    f"aliases) and this is its last active deployment: route it away before "
+                    f"it is {change}."
+                }
+            )
 
 
 def _replica_entry(url: str) -> bool:
@@ -358,6 +456,21 @@ class UseCase(models.Model):
     )
     # The webhook's signing secret, sealed (records/sealing.py); shown once when set.
     webhook_secret_sealed = models.TextField(blank=True, editable=False)
+    # {public model id: version or alias}: the use case always gets that version, whatever
+    # the model's split (governance/model_routing.py).
+    model_pins = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Versions this use case is pinned to: {"model": "version or alias"}',
+    )
+    # {public model id: [fallback model ids, in order]}: who serves when the model would
+    # refuse the request for capacity (docs/models.md, "Fallbacks").
+    model_fallbacks = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Models that serve when a model is saturated or failing: {"model": '
+        '["fallback", ...]}, each one the use case may call',
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -377,6 +490,74 @@ class UseCase(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.slug}"
+
+    def clean(self) -> None:
+        self._clean_fallbacks()
+        if not self.model_pins:
+            self.model_pins = {}
+            return
+        names = list(self.model_pins) if isinstance(self.model_pins, dict) else []
+        routes = {
+            model.public_id: model_routing.targets(model.routing, model.versions())
+            for model in Model.objects.filter(public_id__in=names)
+        }
+        try:
+            self.model_pins = model_routing.clean_pins(self.model_pins, routes)
+        except ValidationError as exc:
+            raise ValidationError({"model_pins": exc.messages}) from None
+
+    def _clean_fallbacks(self) -> None:
+        """Each fallback a model the use case may call (once saved: the grant is its models'
+        list), other than the model it stands in for, at most ``MAX_FALLBACKS`` of them."""
+        value = self.model_fallbacks
+        if value in (None, ""):
+            self.model_fallbacks = {}
+            return
+        if not isinstance(value, dict) or not all(
+            isinstance(chain, list) and all(isinstance(name, str) for name in chain)
+            for chain in value.values()
+        ):
+            raise ValidationError(
+                {"model_fallbacks": 'Give a JSON object: {"model": ["fallback", ...]}.'}
+            )
+        named = set(value) | {name for chain in value.values() for name in chain}
+        known = set(Model.objects.filter(public_id__in=named).values_list("public_id", flat=True))
+        allowed = set(self.allowed_models.values_list("public_id", flat=True)) if self.pk else None
+        for model, chain in value.items():
+            problem = _fallback_problem(model, chain, known, allowed)
+            if problem is not None:
+                raise ValidationError({"model_fallbacks": problem})
+
+
+def stale_pins() -> list[tuple[UseCase, str, str]]:
+    """(use case, model, pin) for each pin that names no version or alias of its model now:
+    what a change made in steps checks at its end (``model_routing.pins_checked_at_the_end``)."""
+    stale = []
+    for use_case in UseCase.objects.exclude(model_pins={}).select_related("tenant"):
+        for model_id, pin in use_case.model_pins.items():
+            model = Model.objects.filter(public_id=model_id).first()
+            targets = model_routing.targets(model.routing, model.versions()) if model else set()
+            if pin not in targets:
+                stale.append((use_case, model_id, pin))
+    return stale
+
+
+def _fallback_problem(
+    model: str, chain: list[str], known: set[str], allowed: set[str] | None
+) -> str | None:
+    unknown = [name for name in (model, *chain) if name not in known]
+    if unknown:
+        return f"'{unknown[0]}' is not a model."
+    outside = [name for name in chain if allowed is not None and name not in allowed]
+    if outside:
+        return f"'{outside[0]}' is not one of the use case's models."
+    if model in chain:
+        return f"'{model}' cannot fall back to itself."
+    if len(set(chain)) != len(chain):
+        return f"'{model}': a fallback is listed twice."
+    if not 1 <= len(chain) <= MAX_FALLBACKS:
+        return f"'{model}': give 1 to {MAX_FALLBACKS} fallbacks."
+    return None
 
 
 class GuardrailSelection(models.Model):
@@ -431,6 +612,15 @@ class PriorityClass(models.Model):
         validators=[MinValueValidator(0.001), MaxValueValidator(1.0)],
         help_text="The most of a model's replica slots this class may hold at once (1: all). "
         "Give file and batch classes less, so interactive classes always find room",
+    )
+    degrade_after_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0)],
+        help_text="For a use case with fallback models: how long a request of this class "
+        "waits on a saturated model before its fallback serves it (0: at once). Empty: only "
+        "when the model refuses it (queue full or timeout). Set it on dev and batch classes "
+        "so that prod keeps the large model under a burst",
     )
 
     class Meta:

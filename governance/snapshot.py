@@ -21,6 +21,7 @@ from gateway.policy import (
     ModelEntry,
     PriorityClassEntry,
     RateLimitEntry,
+    RoutingEntry,
     ServiceAccountEntry,
     SnapshotDocument,
     UseCaseEntry,
@@ -68,25 +69,69 @@ def _models() -> dict[str, ModelEntry]:
             continue  # a model with nowhere to run is not offered to clients
         # A deprecated or retired one stays known, deployed or not: the gateway answers 410
         # (or hands it to its successor) rather than 404.
-        models[model.public_id] = {
-            "served_name": deployments[0].served_name if deployments else model.public_id,
-            "capabilities": list(model.capabilities),
-            "replicas": [url for d in deployments for url in d.replicas],
-            "timeout_s": model.timeout_seconds,
-            "max_tokens": model.max_tokens,
-            "max_in_flight_per_replica": min(
-                (d.max_in_flight_per_replica for d in deployments), default=1
-            ),
-            "lora_adapters": sorted({a for d in deployments for a in d.lora_adapters}),
-            # Deployments may serve the model under different names: the gateway renames
-            # the request for the replica it is granted.
-            "deployments": [
-                {"served_name": d.served_name, "replicas": list(d.replicas)} for d in deployments
-            ],
-        }
-        if model.status != ModelStatus.ACTIVE:
-            models[model.public_id]["lifecycle"] = _lifecycle(model)
+        versions: dict[str, list[Deployment]] = {}
+        for deployment in deployments:
+            if deployment.version:
+                versions.setdefault(deployment.version, []).append(deployment)
+        if not versions:
+            models[model.public_id] = _model_entry(model, deployments)
+            continue
+        # A model with versions: each version is a pool of its own, ``<model>@<version>``
+        # ("@" is never in a public id), and the model's entry says how to choose one.
+        models[model.public_id] = _model_entry(model, [])
+        models[model.public_id]["max_in_flight_per_replica"] = min(
+            d.max_in_flight_per_replica for d in deployments
+        )
+        models[model.public_id]["routing"] = _routing(model, list(versions))
+        for version, serving in versions.items():
+            entry = _model_entry(model, serving)
+            entry["version_of"] = model.public_id
+            entry["version"] = version
+            models[f"{model.public_id}@{version}"] = entry
     return models
+
+
+def _model_entry(model: Model, deployments: list[Deployment]) -> ModelEntry:
+    entry: ModelEntry = {
+        "served_name": deployments[0].served_name if deployments else model.public_id,
+        "capabilities": list(model.capabilities),
+        "replicas": [url for d in deployments for url in d.replicas],
+        "timeout_s": model.timeout_seconds,
+        "max_tokens": model.max_tokens,
+        "max_in_flight_per_replica": min(
+            (d.max_in_flight_per_replica for d in deployments), default=1
+        ),
+        "lora_adapters": sorted({a for d in deployments for a in d.lora_adapters}),
+        # Deployments may serve the model under different names: the gateway renames
+        # the request for the replica it is granted.
+        "deployments": [
+            {"served_name": d.served_name, "replicas": list(d.replicas)} for d in deployments
+        ],
+    }
+    if model.status != ModelStatus.ACTIVE:
+        entry["lifecycle"] = _lifecycle(model)
+    return entry
+
+
+def _routing(model: Model, versions: list[str]) -> RoutingEntry:
+    """The model's routing as the gateway applies it: only versions that are deployed now,
+    and a split that always names one (with none set, the version deployed first)."""
+    routing = model.routing or {}
+    split = [
+        [version, int(weight)]
+        for version, weight in sorted(routing.get("split", {}).items())
+        if version in versions and int(weight) > 0
+    ]
+    return {
+        "versions": sorted(versions),
+        "split": cast(list[tuple[str, int]], split or [[versions[0], 1]]),
+        "sticky": cast(Literal["request", "use_case"], routing.get("sticky", "request")),
+        "aliases": {
+            alias: version
+            for alias, version in sorted(routing.get("aliases", {}).items())
+            if version in versions
+        },
+    }
 
 
 def _lifecycle(model: Model) -> LifecycleEntry:
@@ -108,7 +153,9 @@ def _use_cases() -> dict[str, UseCaseEntry]:
     entries: dict[str, UseCaseEntry] = {}
     approved = UseCase.objects.filter(status=UseCaseStatus.APPROVED).select_related("tenant")
     in_order = GuardrailSelection.objects.order_by("position", "pk")
-    for use_case in approved.prefetch_related(Prefetch("guardrails", queryset=in_order)):
+    for use_case in approved.prefetch_related(
+        Prefetch("guardrails", queryset=in_order), "allowed_models"
+    ):
         guardrails: list[GuardrailEntry] = [
             cast(
                 GuardrailEntry,
@@ -145,20 +192,38 @@ def _use_cases() -> dict[str, UseCaseEntry]:
                 },
             },
         )
+        if use_case.model_pins:
+            entries[str(use_case.pk)]["model_pins"] = dict(use_case.model_pins)
+        fallbacks = _fallbacks(use_case)
+        if fallbacks:
+            entries[str(use_case.pk)]["model_fallbacks"] = fallbacks
     return entries
 
 
+def _fallbacks(use_case: UseCase) -> dict[str, list[str]]:
+    """The use case's fallback chains, each keeping only models it may still call (a model
+    taken off its list since leaves its chains, and the gateway never meets it)."""
+    allowed = {model.public_id for model in use_case.allowed_models.all()}
+    chains = {
+        model: [name for name in chain if name in allowed]
+        for model, chain in (use_case.model_fallbacks or {}).items()
+        if model in allowed
+    }
+    return {model: chain for model, chain in chains.items() if chain}
+
+
 def _priority() -> tuple[dict[str, PriorityClassEntry], dict[tuple[str, str], str]]:
-    classes: dict[str, PriorityClassEntry] = {
-        pc.name: {
+    classes: dict[str, PriorityClassEntry] = {}
+    for pc in PriorityClass.objects.all():
+        classes[pc.name] = {
             "rank": pc.rank,
             "vllm_priority": pc.vllm_priority,
             "queue_timeout_s": pc.queue_timeout_seconds,
             "max_queue_length": pc.max_queue_length,
             "max_pool_share": pc.max_pool_share,
         }
-        for pc in PriorityClass.objects.all()
-    }
+        if pc.degrade_after_seconds is not None:
+            classes[pc.name]["degrade_after_s"] = pc.degrade_after_seconds
     matrix = {
         (rule.environment, rule.namespace): rule.priority_class.name
         for rule in PriorityRule.objects.select_related("priority_class")

@@ -94,6 +94,48 @@ class PolicyBuilder:
         }
         return self
 
+    def versions(
+        self,
+        public_id: str,
+        versions: dict[str, list[str]],
+        *,
+        split: dict[str, int] | None = None,
+        sticky: Literal["request", "use_case"] = "request",
+        aliases: dict[str, str] | None = None,
+        served_name: str | None = None,
+        served_names: dict[str, str] | None = None,
+        capabilities: tuple[ModelCapability, ...] = ("chat", "completions"),
+    ) -> PolicyBuilder:
+        """A model with versions (``versions``: label -> replicas), as governance publishes
+        it: the model's entry with its routing, and one entry ``<model>@<label>`` each.
+        ``served_names``: a version's served name where it is not ``served_name``."""
+        labels = list(versions)
+        self.model(public_id, [], capabilities=capabilities, served_name=served_name)
+        self.models[public_id]["routing"] = {
+            "versions": sorted(labels),
+            "split": [(v, w) for v, w in sorted((split or {labels[0]: 1}).items()) if w > 0],
+            "sticky": sticky,
+            "aliases": dict(aliases or {}),
+        }
+        for label, replicas in versions.items():
+            name = f"{public_id}@{label}"
+            served = (served_names or {}).get(label) or served_name or public_id
+            self.model(name, replicas, capabilities=capabilities, served_name=served)
+            self.models[name]["deployments"] = [{"served_name": served, "replicas": replicas}]
+            self.models[name]["version_of"] = public_id
+            self.models[name]["version"] = label
+        return self
+
+    def fallbacks(self, plaintext: str, model: str, chain: list[str]) -> PolicyBuilder:
+        """The models that serve the key's use case when ``model`` refuses for capacity."""
+        self._use_case(plaintext).setdefault("model_fallbacks", {})[model] = chain
+        return self
+
+    def pin(self, plaintext: str, model: str, target: str) -> PolicyBuilder:
+        """Pin the key's use case to a version or alias of ``model``."""
+        self._use_case(plaintext).setdefault("model_pins", {})[model] = target
+        return self
+
     def key(
         self,
         *,
@@ -153,6 +195,7 @@ class PolicyBuilder:
         queue_timeout_s: float = 30.0,
         max_queue_length: int = 1000,
         max_pool_share: float = 1.0,
+        degrade_after_s: float | None = None,
     ) -> PolicyBuilder:
         self.priority_classes[name] = {
             "rank": rank,
@@ -161,6 +204,8 @@ class PolicyBuilder:
             "max_queue_length": max_queue_length,
             "max_pool_share": max_pool_share,
         }
+        if degrade_after_s is not None:
+            self.priority_classes[name]["degrade_after_s"] = degrade_after_s
         return self
 
     def use_case_limits(self, plaintext: str, **limits: int | None) -> PolicyBuilder:

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gateway import errors
+from gateway import errors, model_routing
 from gateway.errors import GatewayError
 from gateway.policy import Principal
 from gateway.policy_store import PolicyStore
@@ -196,9 +196,14 @@ class FleetCaller:
         self, model: str, path: str, body: dict[str, Any], *, priority_class: str
     ) -> dict[str, Any]:
         policy = self._policy.current()
-        found = policy.models.get(model)
+        found = model_routing.named(policy, model)
         if found is None:
             raise GuardrailUnavailable(f"the guard model {model!r} is not in the policy")
+        if found.routing is not None:  # a guard model with versions: its split decides
+            try:
+                found = model_routing.route(policy, found, 0)
+            except GatewayError as exc:
+                raise GuardrailUnavailable(f"the guard model {model!r}: {exc}") from None
         service_class = policy.priority_classes.get(priority_class) or priority_class_for(
             policy, _NOBODY
         )

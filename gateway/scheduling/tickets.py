@@ -159,7 +159,7 @@ class TicketPlan:
     __slots__ = ("_base", "_has_token_limits", "packed", "split_layout")
 
     def __init__(self, policy: Policy, principal: Principal, model: Model) -> None:
-        limits = limits_for(policy, principal, model.public_id, 0)
+        limits = limits_for(policy, principal, model.base, 0)
         self._base = ticket_for(policy, principal, model, request_id="plan", cost=1, limits=limits)
         self._has_token_limits = any(limit.kind == "tok" for limit in limits)
         # The scheduler's packed form of the plan's fixed acquire values, made on first use

@@ -7,8 +7,10 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
+from governance import model_routing
 from governance.choices import Capability
 from governance.models import (
     ApiKey,
@@ -22,6 +24,7 @@ from governance.models import (
     RateLimitPolicy,
     Tenant,
     UseCase,
+    model_id_validator,
 )
 from governance.prices import currency
 from governance.services.record_bounds import RETENTION_DAYS_MAX
@@ -124,6 +127,15 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     lora_adapters = _strings(
         required=False, help_text="LoRA adapter names served on this base model"
     )
+    version = serializers.RegexField(
+        model_routing.LABEL,
+        max_length=32,
+        required=False,
+        allow_blank=True,
+        error_messages={"invalid": f"Use {model_routing.LABEL_HELP}."},
+        help_text="The model version it serves, e.g. v2 (docs/models.md); empty: no versions. "
+        "All of a model's active deployments name one, or none does.",
+    )
 
     class Meta:
         model = Deployment
@@ -133,6 +145,7 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
             "served_name",
             "replicas",
             "node_pool",
+            "version",
             "lora_adapters",
             "max_in_flight_per_replica",
             "active",
@@ -149,7 +162,7 @@ class DeploymentSummarySerializer(serializers.ModelSerializer[Deployment]):
 
     class Meta:
         model = Deployment
-        fields = ("id", "served_name", "lora_adapters", "active")
+        fields = ("id", "served_name", "version", "lora_adapters", "active")
         read_only_fields = fields
 
 
@@ -207,6 +220,12 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
         required=False,
         help_text="The public id of the model callers should move to (needed to deprecate)",
     )
+    routing = serializers.DictField(
+        required=False,
+        help_text='Which version answers (docs/models.md): {"split": {"v1": 95, "v2": 5}, '
+        '"sticky": "request" or "use_case", "aliases": {"stable": "v1"}}; the versions are '
+        "its active deployments' labels. {} with no versions, or to let the first answer.",
+    )
 
     class Meta:
         model = Model
@@ -223,6 +242,7 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
             "successor",
             "notice_url",
             "at_sunset",
+            "routing",
             "deployments",
             "prices",
             "created_at",
@@ -309,6 +329,12 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
         many=True, slug_field="public_id", queryset=Model.objects.all(), required=False
     )
     guardrails = GuardrailSelectionSerializer(many=True, read_only=True)
+    model_pins = serializers.DictField(
+        child=serializers.CharField(max_length=32),
+        required=False,
+        help_text='Model versions this use case always gets: {"<model id>": "<version or '
+        "alias>\"}, whatever the model's split (officers)",
+    )
     status_changed_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )
@@ -329,6 +355,7 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
             "status_reason",
             "namespace",
             "allowed_models",
+            "model_pins",
             "requests_per_minute",
             "tokens_per_minute",
             "tokens_per_day",
@@ -369,6 +396,16 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
         if self.instance is not None and tenant != self.instance.tenant:
             raise serializers.ValidationError("A use case cannot move to another tenant.")
         return tenant
+
+    def validate_model_pins(self, pins: dict[str, str]) -> dict[str, str]:
+        """Keys are model ids (the values are checked by the field, the pins by the use case):
+        a key no id can be never reaches a query."""
+        for model in pins:
+            try:
+                model_id_validator(model)
+            except DjangoValidationError:
+                raise serializers.ValidationError(f"{model!r} is not a model id.") from None
+        return pins
 
 
 class UseCaseTransitionSerializer(serializers.Serializer[Any]):

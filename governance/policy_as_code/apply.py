@@ -8,9 +8,9 @@ whole apply back, so a half-applied policy never reaches the gateway.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, ValidationError
@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Model as DjangoModel
 from django.db.models import ProtectedError
 
+from governance import model_routing
 from governance.audit import Actor
 from governance.errors import GovernanceError
 from governance.models import (
@@ -32,6 +33,7 @@ from governance.models import (
     SlaClass,
     Tenant,
     UseCase,
+    stale_pins,
 )
 from governance.policy_as_code.errors import PolicyApplyFailed, PolicyInvalid, Problem
 from governance.policy_as_code.plan import (
@@ -152,6 +154,8 @@ class _Applier:
         self._models: dict[str, Model] = {}
         self._tenants: dict[str, Tenant] = {}
         self._classes: dict[str, PriorityClass] = {}
+        # model id → the routing to set once its deployments are in place (model_upsert)
+        self._routing_later: dict[str, dict[str, Any]] = {}
         self.minted: list[MintedKey] = []
 
     # -- lookups of records the plan names (some created earlier in this same apply)
@@ -204,8 +208,13 @@ class _Applier:
     def run(self) -> tuple[MintedKey, ...]:
         delete = (Action.DELETE,)
         steps: list[tuple[Section, tuple[Action, ...], Callable[[Change], None]]] = [
-            (Section.MODELS, _UPSERT, self.upsert),
+            (Section.MODELS, _UPSERT, self.model_upsert),
+            # Deployments go before others come or change (nothing refers to a deployment):
+            # a model's versions then move in one direction (labelled or not) at a time.
+            (Section.DEPLOYMENTS, delete, self.delete),
             (Section.DEPLOYMENTS, _UPSERT, self.upsert),
+            # A routing that names versions the deployments above bring, once they are there.
+            (Section.MODELS, _UPSERT, self.routing_later),
             (Section.MODEL_PRICES, _UPSERT, self.price_upsert),
             (Section.TENANTS, _UPSERT, self.tenant_upsert),
             (Section.USE_CASES, _UPSERT, self.use_case_upsert),
@@ -227,13 +236,29 @@ class _Applier:
             (Section.RATE_LIMITS, delete, self.delete),
             (Section.PRIORITY_MATRIX, delete, self.delete),
             (Section.USE_CASES, (Action.RETIRE,), self.use_case_move),
-            (Section.DEPLOYMENTS, delete, self.delete),
             (Section.MODEL_PRICES, delete, self.price_delete),
             (Section.MODELS, delete, self.delete),
             (Section.TENANTS, delete, self.delete),
             (Section.PRIORITY_CLASSES, delete, self.delete),
             (Section.KEYS, (Action.MINT,), self.mint),
         ]
+        with model_routing.pins_checked_at_the_end():
+            self.apply_steps(steps)
+        # Pins are checked once everything is in place: the routing moves in steps.
+        stale = stale_pins()
+        if stale:
+            raise PolicyApplyFailed(
+                Problem(
+                    f"use_cases[{use_case}].model_pins.{model}",
+                    f"'{pin}' is no longer a version or alias of '{model}'.",
+                )
+                for use_case, model, pin in stale
+            )
+        return tuple(self.minted)
+
+    def apply_steps(
+        self, steps: list[tuple[Section, tuple[Action, ...], Callable[[Change], None]]]
+    ) -> None:
         for section, actions, step in steps:
             if section is Section.USE_CASES and step == self.use_case_upsert:
                 self.vacate_service_accounts()
@@ -244,10 +269,11 @@ class _Applier:
                 changes = sorted(changes, key=_place_in_file)
             if section is Section.MODELS and actions == _UPSERT:
                 changes = _successors_first(changes)
+            if section is Section.DEPLOYMENTS and actions == _UPSERT:
+                changes = sorted(changes, key=_deployment_order)
             for change in changes:
                 with _blame(change.path):
                     step(change)
-        return tuple(self.minted)
 
     def fields(self, section: Section, record: Record) -> dict[str, Any]:
         """Record names and values to model fields and values."""
@@ -294,6 +320,48 @@ class _Applier:
             case Section.RATE_LIMITS:
                 return RateLimitPolicy(name=key[0], **fields)
         raise AssertionError(f"{section} records are not created as rows")
+
+    def model_upsert(self, change: Change) -> None:
+        """A model's fields; its routing now if the versions it names are deployed already,
+        else once its deployments are in place (``routing_later``). Meanwhile a routing that
+        names a version the file takes away keeps only what stays (it would block that)."""
+        assert change.after is not None
+        wanted = change.after.get("routing") or {}
+        if change.action is Action.UPDATE and "routing" not in change.changed():
+            self.upsert(change)
+            return
+        model = Model.objects.filter(public_id=change.key[0]).first()
+        now = model.versions() if model is not None else set()
+        if _named(wanted) <= now:
+            self.upsert(change)
+            return
+        self._routing_later[change.key[0]] = wanted
+        old: dict[str, Any] = dict(model.routing or {}) if model is not None else {}
+        staying = now & self.versions_after(change.key[0])
+        interim = old if _named(old) <= staying else _restricted(old, staying)
+        self.upsert(replace(change, after={**change.after, "routing": interim}))
+
+    def versions_after(self, public_id: str) -> set[str]:
+        """The version labels of the model's active deployments once the plan is applied."""
+        state = {
+            d.served_name: (d.version, d.active)
+            for d in Deployment.objects.filter(model__public_id=public_id)
+        }
+        for change in self.plan.of(Section.DEPLOYMENTS, *_UPSERT, Action.DELETE):
+            if change.key[0] != public_id:
+                continue
+            if change.after is None:
+                state.pop(change.key[1], None)
+            else:
+                state[change.key[1]] = (change.after["version"], change.after["active"])
+        return {version for version, active in state.values() if version and active}
+
+    def routing_later(self, change: Change) -> None:
+        routing = self._routing_later.pop(change.key[0], None)
+        if routing is not None:
+            record_update(
+                actor=self.actor, instance=self.model(change.key[0]), changes={"routing": routing}
+            )
 
     def tenant_upsert(self, change: Change) -> None:
         """A tenant's fields through the record services; its hold through its own."""
@@ -504,6 +572,30 @@ def _model_fields(record: Record, model: Callable[[str], Model]) -> dict[str, An
             value = price_moment(value) if value else None
         fields[field_name] = value
     return fields
+
+
+def _named(routing: Mapping[str, Any]) -> set[str]:
+    """The versions a routing names (in its split or as an alias's target)."""
+    return set(routing.get("split", {})) | set(routing.get("aliases", {}).values())
+
+
+def _restricted(routing: Mapping[str, Any], versions: set[str]) -> dict[str, Any]:
+    """``routing`` without what it says of versions other than ``versions``."""
+    split = {v: w for v, w in routing.get("split", {}).items() if v in versions}
+    aliases = {a: v for a, v in routing.get("aliases", {}).items() if v in versions}
+    kept: dict[str, Any] = {"split": split} if sum(split.values()) > 0 else {}
+    if "sticky" in routing:
+        kept["sticky"] = routing["sticky"]
+    return {**kept, **({"aliases": aliases} if aliases else {})}
+
+
+def _deployment_order(change: Change) -> tuple[int, Key]:
+    """Deployments switched off first, then the changed ones, then the new ones: a model's
+    deployments move from unlabelled to labelled (or back) without a moment where its active
+    ones are both, which the deployments' rule refuses."""
+    if change.action is Action.UPDATE and change.changed().get("active") is False:
+        return 0, change.key
+    return (1 if change.action is Action.UPDATE else 2), change.key
 
 
 def _successors_first(changes: Sequence[Change]) -> list[Change]:

@@ -7,6 +7,7 @@ database it came from shows none.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -83,6 +84,7 @@ def _some(**fields: Any) -> dict[str, Any]:
 def _deployment(spec: DeploymentSpec) -> dict[str, Any]:
     return {
         "served_name": spec.served_name,
+        **_some(version=spec.version),
         "replicas": sorted(spec.replicas),
         **_some(node_pool=spec.node_pool, lora_adapters=_FlowList(sorted(spec.lora_adapters))),
         "max_in_flight_per_replica": spec.max_in_flight_per_replica,
@@ -116,7 +118,21 @@ def _model(spec: ModelSpec) -> dict[str, Any]:
             ]
         ),
         **_some(lifecycle=_lifecycle(spec.lifecycle)),
+        **_some(routing=_routing(spec.routing)),
     }
+
+
+def _routing(routing: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``split``, ``sticky`` and ``aliases`` as they are set; nothing for a model without."""
+    if not routing:
+        return None
+    return {
+        **({"split": _Flow(sorted(routing["split"].items()))} if routing.get("split") else {}),
+        **({"sticky": routing["sticky"]} if routing.get("sticky", "request") != "request" else {}),
+        **(
+            {"aliases": _Flow(sorted(routing["aliases"].items()))} if routing.get("aliases") else {}
+        ),
+    } or None
 
 
 def _lifecycle(spec: LifecycleSpec) -> dict[str, Any] | None:
@@ -242,6 +258,7 @@ def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
         **_some(service_account_client_id=spec.service_account_client_id),
         "purpose": spec.purpose,
         "models": _FlowList(sorted(spec.models)),
+        **({"model_pins": _Flow(sorted(spec.model_pins.items()))} if spec.model_pins else {}),
         **({"limits": limits} if limits else {}),
         **_some(guardrails=guardrails),
         # Only when it is not the default (fail closed), as the file may leave it out.

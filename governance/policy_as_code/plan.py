@@ -164,6 +164,7 @@ def _model_record(model: ModelSpec) -> Record:
         "capabilities": sorted(model.capabilities),
         "timeout_seconds": float(model.timeout_seconds),
         "max_tokens": model.max_tokens,
+        "routing": dict(model.routing),
     }
     # An active model's record says nothing of its lifecycle (a plan that creates one lists
     # no lifecycle fields); ``_lifecycle_on_both_sides`` completes it against a model that has.
@@ -208,6 +209,7 @@ def _use_case_record(use_case: UseCaseSpec) -> Record:
         "service_account_client_id": use_case.service_account_client_id,
         "guardrail_failure": use_case.guardrail_failure,
         "models": sorted(use_case.models),
+        "model_pins": dict(use_case.model_pins),
         "limits.requests_per_minute": limits.requests_per_minute,
         "limits.tokens_per_minute": limits.tokens_per_minute,
         "limits.tokens_per_day": limits.tokens_per_day,
@@ -233,6 +235,7 @@ def document_records(document: PolicyDocument) -> dict[Section, dict[Key, Record
             (m.id, d.served_name): {
                 "replicas": sorted(d.replicas),
                 "node_pool": d.node_pool,
+                "version": d.version,
                 "lora_adapters": sorted(d.lora_adapters),
                 "max_in_flight_per_replica": d.max_in_flight_per_replica,
                 "active": d.active,
@@ -359,6 +362,7 @@ def _known(desired: PolicyDocument, current: PolicyDocument) -> Known:
             mine.priority_classes if mine.priority_classes is not None else theirs.priority_classes
         ),
         where="in the file, nor in the database for a section the file leaves out",
+        routes=mine.routes if mine.routes is not None else theirs.routes,
     )
 
 
@@ -572,21 +576,23 @@ class _Builder:
         self._drop_models_from_use_cases(dropped)
 
     def _drop_models_from_use_cases(self, dropped: set[str]) -> None:
-        """A deleted model leaves the allowed models of use cases the file does not list."""
+        """A deleted model leaves the allowed models (and the pins) of use cases the file does
+        not list."""
         if not dropped:
             return
         wanted = self.want[Section.USE_CASES] or {}
         for key, record in sorted(self.have[Section.USE_CASES].items()):
-            if key in wanted or not dropped & set(record["models"]):
+            if key in wanted or not dropped & {*record["models"], *record["model_pins"]}:
                 continue
             remaining = [m for m in record["models"] if m not in dropped]
+            pins = {m: pin for m, pin in record["model_pins"].items() if m not in dropped}
             self.changes.append(
                 Change(
                     Action.UPDATE,
                     Section.USE_CASES,
                     key,
                     before=record,
-                    after={**record, "models": remaining},
+                    after={**record, "models": remaining, "model_pins": pins},
                 )
             )
 

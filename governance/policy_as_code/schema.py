@@ -15,7 +15,9 @@ from datetime import datetime
 from typing import Any, Final, TypeVar
 
 import yaml
+from django.core.exceptions import ValidationError
 
+from governance import model_routing
 from governance.choices import (
     SLA_CLASS_FIELDS,
     SLA_MIN_TURNAROUND_SECONDS,
@@ -75,6 +77,7 @@ class DeploymentSpec:
     served_name: str
     replicas: tuple[str, ...]
     node_pool: str = ""
+    version: str = ""  # the model version it serves (docs/models.md); "" for none
     lora_adapters: tuple[str, ...] = ()
     max_in_flight_per_replica: int = 64
     active: bool = True
@@ -103,6 +106,13 @@ class ModelSpec:
     # which leaves the stored ones as they are.
     prices: tuple[Price, ...] | None = None
     lifecycle: LifecycleSpec = LifecycleSpec()
+    # Which version answers: ``{split, sticky, aliases}`` in the canonical form
+    # ``governance.model_routing.clean_routing`` gives it; {} for none.
+    routing: Mapping[str, Any] = field(default_factory=dict)
+
+    def versions(self) -> set[str]:
+        """The version labels of the model's active deployments in the file."""
+        return {d.version for d in self.deployments if d.active and d.version}
 
 
 @dataclass(frozen=True)
@@ -195,6 +205,8 @@ class UseCaseSpec:
     records: RecordsSpec = RecordsSpec()
     async_tasks: AsyncTasksSpec = AsyncTasksSpec()
     sla_classes: tuple[SlaClassSpec, ...] = ()
+    # {model id: version or alias} the use case always gets (``model_pins:``)
+    model_pins: Mapping[str, str] = field(default_factory=dict)
     legal_hold: bool | None = None  # as on TenantSpec
     legal_hold_reason: str = ""
 
@@ -273,6 +285,7 @@ def _deployments(raw: list[Any], path: str, problems: list[Problem]) -> tuple[De
         "served_name",
         "replicas",
         "node_pool",
+        "version",
         "lora_adapters",
         "max_in_flight_per_replica",
         "active",
@@ -288,6 +301,7 @@ def _deployments(raw: list[Any], path: str, problems: list[Problem]) -> tuple[De
                 served_name=served_name,
                 replicas=r.texts("replicas", required=True, check=check_replica_url),
                 node_pool=r.text("node_pool", required=False, max_length=64),
+                version=r.text("version", required=False, max_length=32, check=check_label),
                 lora_adapters=r.texts("lora_adapters"),
                 max_in_flight_per_replica=r.integer(
                     "max_in_flight_per_replica", default=64, minimum=1
@@ -295,7 +309,24 @@ def _deployments(raw: list[Any], path: str, problems: list[Problem]) -> tuple[De
                 active=r.boolean("active", default=True),
             )
         )
+    active = [d for d in deployments if d.active]
+    if any(d.version for d in active) and not all(d.version for d in active):
+        for d in active:
+            if not d.version:
+                problems.append(
+                    Problem(
+                        f"{path}.deployments[{d.served_name}].version",
+                        "name a version on all of this model's active deployments or on none",
+                    )
+                )
     return tuple(deployments)
+
+
+def check_label(value: str) -> str | None:
+    """A version (or alias) label, as ``governance.model_routing`` has it."""
+    if model_routing.LABEL.fullmatch(value) is None:
+        return f"use {model_routing.LABEL_HELP}"
+    return None
 
 
 def _prices(raw: Any, path: str, problems: list[Problem]) -> tuple[Price, ...]:
@@ -346,6 +377,7 @@ def _models(raw: Any, problems: list[Problem]) -> tuple[ModelSpec, ...]:
         "deployments",
         "prices",
         "lifecycle",
+        "routing",
     )
     models: list[ModelSpec] = []
     seen: dict[str, str] = {}
@@ -353,6 +385,7 @@ def _models(raw: Any, problems: list[Problem]) -> tuple[ModelSpec, ...]:
         r = Reader(item, path, problems, known)
         ident = r.text("id", max_length=128, check=check_model_id)
         _once(seen, ident, path, problems)
+        deployments = _deployments(r.listing("deployments"), path, problems)
         models.append(
             ModelSpec(
                 id=ident,
@@ -362,7 +395,7 @@ def _models(raw: Any, problems: list[Problem]) -> tuple[ModelSpec, ...]:
                     "timeout_seconds", default=60.0, minimum=0.1, unit="seconds"
                 ),
                 max_tokens=r.optional_positive("max_tokens"),
-                deployments=_deployments(r.listing("deployments"), path, problems),
+                deployments=deployments,
                 # ``prices: []`` (or a bare ``prices:``) manages none; no key leaves them.
                 prices=(
                     _prices([] if item["prices"] is None else item["prices"], path, problems)
@@ -370,9 +403,25 @@ def _models(raw: Any, problems: list[Problem]) -> tuple[ModelSpec, ...]:
                     else None
                 ),
                 lifecycle=_lifecycle(r),
+                routing=_routing(r, deployments),
             )
         )
     return tuple(models)
+
+
+def _routing(model: Reader, deployments: tuple[DeploymentSpec, ...]) -> dict[str, Any]:
+    """``routing: {split, sticky, aliases}`` checked against the versions of the model's
+    active deployments in the file (the model's own rule, ``model_routing.clean_routing``)."""
+    raw = model.mapping("routing")
+    if raw is None:
+        return {}
+    versions = {d.version for d in deployments if d.active and d.version}
+    try:
+        return model_routing.clean_routing(raw, versions)
+    except ValidationError as exc:
+        for message in exc.messages:
+            model.problem("routing", message)
+    return {}
 
 
 def _lifecycle(model: Reader) -> LifecycleSpec:
@@ -621,6 +670,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
         "ticket_ref",
         "service_account_client_id",
         "models",
+        "model_pins",
         "limits",
         "guardrails",
         "guardrail_failure",
@@ -670,6 +720,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
                 ticket_ref=r.text("ticket_ref", required=False, max_length=64),
                 service_account_client_id=client,
                 models=r.texts("models", check=check_model_id),
+                model_pins=_model_pins(r),
                 limits=_limits(r.mapping("limits"), path, problems),
                 guardrails=_guardrails(r.listing("guardrails"), path, problems),
                 guardrail_failure=r.choice(
@@ -684,6 +735,22 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
             )
         )
     return tuple(use_cases)
+
+
+def _model_pins(use_case: Reader) -> dict[str, str]:
+    """``model_pins: {model: version or alias}``; whether each names one of the model's is a
+    reference, checked by ``reference_problems``."""
+    raw = use_case.mapping("model_pins") or {}
+    pins: dict[str, str] = {}
+    for model, target in raw.items():
+        where = f"model_pins.{model}"
+        if not isinstance(model, str) or (problem := check_model_id(model)) is not None:
+            use_case.problem(where, problem or "must be a model id")
+        elif not isinstance(target, str) or (problem := check_label(target)) is not None:
+            use_case.problem(where, f"must name a version or an alias: {problem or 'a string'}")
+        else:
+            pins[model] = target
+    return {model: pins[model] for model in sorted(pins)}
 
 
 def _priority_classes(raw: Any, problems: list[Problem]) -> tuple[PriorityClassSpec, ...]:
@@ -823,6 +890,8 @@ class Known:
     use_cases: frozenset[str] | None
     priority_classes: frozenset[str] | None
     where: str = "in the file"
+    # model id → what ``model@…`` may name (its versions and aliases); None as for models
+    routes: Mapping[str, frozenset[str]] | None = None
 
     @classmethod
     def of(cls, document: PolicyDocument) -> Known:
@@ -831,6 +900,14 @@ class Known:
             tenants=_ids(document.tenants, lambda t: t.id),
             use_cases=_ids(document.use_cases, lambda u: u.id),
             priority_classes=_ids(document.priority_classes, lambda c: c.name),
+            routes=(
+                None
+                if document.models is None
+                else {
+                    m.id: frozenset(model_routing.targets(m.routing, m.versions()))
+                    for m in document.models
+                }
+            ),
         )
 
 
@@ -851,6 +928,17 @@ def reference_problems(document: PolicyDocument, known: Known) -> list[Problem]:
         check(f"{path}.id", "tenant", use_case.tenant, known.tenants)
         for index, model in enumerate(use_case.models):
             check(f"{path}.models[{index}]", "model", model, known.models)
+        for model, target in use_case.model_pins.items():
+            check(f"{path}.model_pins.{model}", "model", model, known.models)
+            targets = None if known.routes is None else known.routes.get(model)
+            if targets is not None and target not in targets:
+                listed = ", ".join(sorted(targets)) or "none: it has no versions"
+                problems.append(
+                    Problem(
+                        f"{path}.model_pins.{model}",
+                        f"{target!r} is not a version or an alias of {model} ({listed})",
+                    )
+                )
         for sla in use_case.sla_classes:
             check(
                 f"{path}.sla_classes[{sla.name}].priority_class",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Prefetch, Q
 from django.utils import timezone
@@ -61,11 +62,26 @@ def _deployments(model: Model) -> tuple[DeploymentSpec, ...]:
             served_name=deployment.served_name,
             replicas=tuple(deployment.replicas),
             node_pool=deployment.node_pool,
+            version=deployment.version,
             lora_adapters=tuple(deployment.lora_adapters),
             max_in_flight_per_replica=deployment.max_in_flight_per_replica,
             active=deployment.active,
         )
     return tuple(specs[name] for name in sorted(specs))
+
+
+def _routing(routing: Any) -> dict[str, Any]:
+    """The stored routing in the form the file's is compared in (``clean_routing``'s: empty
+    members and the default ``sticky: request`` left out), whatever wrote it."""
+    if not isinstance(routing, dict):
+        return {}
+    canonical: dict[str, Any] = {}
+    for member in ("split", "aliases"):
+        if routing.get(member):
+            canonical[member] = dict(sorted(routing[member].items()))
+    if routing.get("sticky", "request") != "request":
+        canonical["sticky"] = routing["sticky"]
+    return canonical
 
 
 def _use_case(use_case: UseCase) -> UseCaseSpec:
@@ -83,6 +99,7 @@ def _use_case(use_case: UseCase) -> UseCaseSpec:
         service_account_client_id=use_case.service_account_client_id,
         guardrail_failure=use_case.guardrail_failure,
         models=tuple(sorted(m.public_id for m in use_case.allowed_models.all())),
+        model_pins=dict(sorted((use_case.model_pins or {}).items())),
         limits=LimitsSpec(
             requests_per_minute=use_case.requests_per_minute,
             tokens_per_minute=use_case.tokens_per_minute,
@@ -178,6 +195,7 @@ def policy_current(*, now: datetime | None = None) -> PolicyDocument:
                     notice_url=model.notice_url,
                     at_sunset=model.at_sunset,
                 ),
+                routing=_routing(model.routing),
             )
             for model in models
         ),

@@ -16,7 +16,7 @@ from django.db.models import Model as DjangoModel
 
 from governance.audit import Actor, audit_record, object_state
 from governance.guardrail_selections import model_change_check
-from governance.models import GuardrailSelection, Model, Tenant, UseCase
+from governance.models import Deployment, GuardrailSelection, Model, Tenant, UseCase
 from governance.services.authority import require_governor
 from governance.services.guardrail_positions import guardrail_prepare, guardrails_renumber
 from governance.services.model_lifecycle import lifecycle_audit, lifecycle_prepare
@@ -105,6 +105,8 @@ def record_delete(*, actor: Actor, instance: DjangoModel) -> None:
     require_governor(actor)
     if isinstance(instance, Model):
         model_change_check(instance, deleting=True)
+    if isinstance(instance, Deployment):
+        instance.check_delete()
     before = object_state(instance)
     tenant_slug = tenant_of(instance)
     audit_record(

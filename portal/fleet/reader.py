@@ -239,7 +239,8 @@ def _across_models(rows: Sequence[ModelRow]) -> list[ClassRow]:
 
 
 def _model_names(policy: Policy | None) -> list[str]:
-    return sorted(policy.models) if policy else []
+    # A model with versions has no pool of its own: its versions (``model@v2``) are pools.
+    return sorted(n for n, m in policy.models.items() if m.routing is None) if policy else []
 
 
 def _replica_row(

@@ -99,6 +99,19 @@ def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.replace(",", "\n").splitlines() if line.strip()]
 
 
+class JsonObjectField(forms.JSONField):
+    """A JSON object typed in a textarea; empty (shown empty) for none."""
+
+    def to_python(self, value: Any) -> Any:
+        converted = super().to_python(value)
+        if converted is not None and not isinstance(converted, dict):
+            raise ValidationError("Give a JSON object, {…}, or leave it empty.")
+        return converted or {}
+
+    def prepare_value(self, value: Any) -> Any:
+        return "" if value in (None, {}, "") else super().prepare_value(value)
+
+
 class TenantForm(OfficerForm):
     slug = forms.CharField(
         label="Tenant id",
@@ -177,6 +190,13 @@ class UseCaseForm(OfficerForm):
     models = forms.MultipleChoiceField(
         label="Allowed models", required=False, widget=forms.CheckboxSelectMultiple
     )
+    model_pins = JsonObjectField(
+        label="Pinned model versions",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="The version (or alias) of a model this use case always gets, whatever the "
+        'model\'s split, e.g. {"llama-3.1-8b": "stable"}. Empty: none.',
+    )
     requests_per_minute = forms.IntegerField(required=False, label="Requests per minute")
     tokens_per_minute = forms.IntegerField(required=False, label="Tokens per minute")
     tokens_per_day = forms.IntegerField(required=False, label="Tokens per day")
@@ -226,6 +246,7 @@ class UseCaseForm(OfficerForm):
             "namespace": data["namespace"],
             "ticket_ref": data["ticket_ref"],
             "models": sorted(data["models"]),
+            "model_pins": data["model_pins"] or {},
             "limits": {n: data[n] for n in LIMIT_FIELDS if data[n] is not None},
             "guardrails": guardrails,
             "guardrail_failure": data["guardrail_failure"],
@@ -261,6 +282,7 @@ class UseCaseForm(OfficerForm):
             "namespace": spec.namespace,
             "ticket_ref": spec.ticket_ref,
             "models": list(spec.models),
+            "model_pins": dict(spec.model_pins),
             **{n: getattr(spec.limits, n) for n in LIMIT_FIELDS},
             "guardrail_failure": spec.guardrail_failure,
             "record_policy": spec.records.policy,
@@ -474,6 +496,15 @@ class ModelRecordForm(OfficerForm):
     at_sunset = forms.ChoiceField(
         label="At the sunset", choices=AtSunset.choices, initial=AtSunset.REFUSE, required=False
     )
+    # Versions (docs/models.md): the labels are on the deployments; this says which answers.
+    routing = JsonObjectField(
+        label="Version routing",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text='Which version answers, e.g. {"split": {"v1": 95, "v2": 5}, "sticky": '
+        '"request" (or "use_case"), "aliases": {"stable": "v1"}}. The versions are the labels '
+        "on its active deployments. Empty: the version deployed first answers.",
+    )
 
     def __init__(self, *args: Any, editing: Model | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -523,6 +554,9 @@ class ModelRecordForm(OfficerForm):
         entry.pop("lifecycle", None)
         if lifecycle != _ACTIVE:  # an active model's file says nothing of it
             entry["lifecycle"] = {k: v for k, v in lifecycle.items() if v not in ("", None)}
+        entry.pop("routing", None)
+        if data["routing"]:
+            entry["routing"] = data["routing"]
         return entry
 
     @staticmethod
@@ -538,6 +572,7 @@ class ModelRecordForm(OfficerForm):
             "successor": model.successor.public_id if model.successor else "",
             "notice_url": model.notice_url,
             "at_sunset": model.at_sunset,
+            "routing": dict(model.routing or {}),
         }
 
 
@@ -557,6 +592,13 @@ class DeploymentForm(OfficerForm):
     )
     node_pool = forms.CharField(
         label="Node pool", max_length=64, required=False, help_text="e.g. h100 or h200"
+    )
+    version = forms.CharField(
+        label="Version",
+        max_length=32,
+        required=False,
+        help_text="The model version it serves, e.g. v2: label all of the model's active "
+        "deployments, or none. The model's routing says which version answers.",
     )
     lora_adapters = forms.CharField(
         label="LoRA adapters",
@@ -601,6 +643,8 @@ class DeploymentForm(OfficerForm):
         }
         if data["node_pool"]:
             entry["node_pool"] = data["node_pool"]
+        if data["version"]:
+            entry["version"] = data["version"]
         return entry
 
     @staticmethod
@@ -609,6 +653,7 @@ class DeploymentForm(OfficerForm):
             "served_name": deployment.served_name,
             "replicas": "\n".join(deployment.replicas),
             "node_pool": deployment.node_pool,
+            "version": deployment.version,
             "lora_adapters": "\n".join(deployment.lora_adapters),
             "max_in_flight_per_replica": deployment.max_in_flight_per_replica,
             "active": deployment.active,

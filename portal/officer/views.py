@@ -81,6 +81,7 @@ USE_CASE_FIELDS = {
     "ticket_ref": "ticket_ref",
     "models": "models",
     "allowed_models": "models",
+    "model_pins": "model_pins",
     "guardrail_failure": "guardrail_failure",
     "records.policy": "record_policy",
     "record_policy": "record_policy",
@@ -433,11 +434,23 @@ def models_list(request: HttpRequest) -> HttpResponse:
         request,
         "portal/officer/models.html",
         {
-            "models": [(model, prices[model.pk], callers.get(model.pk)) for model in models],
+            "models": [
+                (model, prices[model.pk], callers.get(model.pk), _versions_of(model))
+                for model in models
+            ],
             "currency": currency(),
             "recent_days": RECENT.days,
         },
     )
+
+
+def _versions_of(model: Model) -> list[tuple[str, list[str]]]:
+    """The model's versions, each with the served names of its active deployments."""
+    versions: dict[str, list[str]] = {}
+    for deployment in sorted(model.deployments.all(), key=lambda d: d.served_name):
+        if deployment.active and deployment.version:
+            versions.setdefault(deployment.version, []).append(deployment.served_name)
+    return sorted(versions.items())
 
 
 def _model_page(request: HttpRequest, model: Model | None) -> HttpResponse:

@@ -55,6 +55,11 @@ class BatcherMetrics:
             "switchyard_batcher_task_retries", "Failed attempts that will be tried again.",
             ["model"], registry=r,
         )  # fmt: skip
+        self.fallbacks = Counter(
+            "switchyard_batcher_fallbacks",
+            "Tasks a model refused for capacity that a fallback model was asked to serve.",
+            ["model", "fallback"], registry=r,
+        )  # fmt: skip
         self.dlq_size = Gauge(
             "switchyard_batcher_dead_letters", "Entries in the dead-letter stream.", registry=r
         )

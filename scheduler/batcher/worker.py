@@ -32,17 +32,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 import valkey
 
-from gateway import errors
+from gateway import errors, model_routing
 from gateway.accounting import Accounting, Usage
 from gateway.async_tasks import layout
 from gateway.autopipeline import auto_pipeline
 from gateway.errors import GatewayError
+from gateway.front_door import CAPABILITY
 from gateway.guardrails.fleet import ask_logprobs_document
 from gateway.guardrails.run import Guardrails
 from gateway.model_lifecycle import serving_model
@@ -137,6 +138,7 @@ class Answer:
     body: bytes | None
     tokens: tuple[int, int]  # (prompt, completion) the answer says it used
     collapsed: bool = False
+    served_by: Model | None = None  # a fallback model, when one served instead (issue 27)
 
 
 @dataclass(slots=True)
@@ -180,6 +182,28 @@ def acting_as(task: Task, policy: Policy) -> Principal:
         models=frozenset(),
         expires_at=None,
     )
+
+
+def _fallback_chain(policy: Policy, task: Task, model: Model) -> tuple[str, ...]:
+    """The task's use case's fallbacks for the model it was queued for."""
+    chains = policy.fallbacks.get(use_case_of(task))
+    return chains.get(model.base, ()) if chains is not None else ()
+
+
+def _fallback_model(policy: Policy, task: Task, name: str) -> Model | None:
+    """The fallback ``name`` as it would serve the task (its version chosen), or None if it
+    is not served or lacks the endpoint's capability. The snapshot's chains hold only models
+    the use case may call (governance/snapshot.py): a task carries no key to check."""
+    found = model_routing.named(policy, name)
+    if found is None:
+        return None
+    if found.routing is not None:
+        try:
+            found = model_routing.route(policy, found, use_case_of(task))
+        except GatewayError:
+            return None
+    capability = CAPABILITY.get(task.endpoint)  # the front door's table: one source
+    return found if capability in found.capabilities else None
 
 
 def service_class(policy: Policy, name: str) -> PriorityClass:
@@ -547,7 +571,12 @@ class Batcher:
                 else:
                     running.append(task)
             live = running
-        model = policy.models.get(live[0].model) if live else None
+        model = model_routing.named(policy, live[0].model) if live else None
+        if live and model is None and "@" in live[0].model:
+            # Queued for a version (the front door chose it) that is no longer deployed:
+            # the model's routing chooses again rather than failing the task.
+            parent = policy.models.get(live[0].model.partition("@")[0])
+            model = parent if parent is not None and parent.routing is not None else None
         if live and model is None:
             error = error_object(
                 f"The model '{live[0].model}' is not served any more.",
@@ -564,7 +593,20 @@ class Batcher:
             except GatewayError as refused:
                 endings += [self._failed(t, refused.status, refused.error()) for t in live]
                 live = []
-        if live:
+        if live and model is not None and model.routing is not None:
+            # A model with versions: each task goes where the front door would have sent
+            # it (its use case's pin, else the split), one call per version.
+            versions: dict[str, tuple[Model, list[Task]]] = {}
+            for task in live:
+                try:
+                    version = model_routing.route(policy, model, use_case_of(task))
+                except GatewayError as refused:
+                    endings.append(self._failed(task, refused.status, refused.error()))
+                    continue
+                versions.setdefault(version.public_id, (version, []))[1].append(task)
+            for version, tasks in versions.values():
+                endings += await self._answer(tasks, version, policy)
+        elif live:
             assert model is not None
             endings += await self._answer(live, model, policy)
         await self._end(endings)
@@ -598,15 +640,17 @@ class Batcher:
             )
         if groups:
             representatives = [group[0] for group in groups.values()]
-            outcomes = await self._call(representatives, model, policy)
+            wait = self._degraded_wait(representatives, model, policy)
+            outcomes = await self._call(representatives, model, policy, wait=wait)
+            served = await self._fall_back(representatives, outcomes, model, policy)
             to_cache: list[tuple[str, bytes, int]] = []
-            for group, outcome in zip(groups.values(), outcomes, strict=True):
+            for group, outcome, by in zip(groups.values(), outcomes, served, strict=True):
                 if isinstance(outcome, Retryable):
                     endings += await self._attempt_failed(group, outcome)
                     continue
                 if outcome.result is None:
                     assert outcome.error is not None
-                    answers += [Answer(task, outcome, None, (0, 0)) for task in group]
+                    answers += [Answer(task, outcome, None, (0, 0), served_by=by) for task in group]
                     continue
                 shared = len(group) > 1
                 if shared:
@@ -615,8 +659,11 @@ class Batcher:
                 # Each copy is billed what its answer says it used: one computation served
                 # them, but each task of the use case asked for (and got) the whole answer.
                 tokens = payloads.tokens_of(outcome.result)
-                answers += [Answer(task, outcome, body, tokens, collapsed=shared) for task in group]
-                if outcome.status == 200:
+                answers += [
+                    Answer(task, outcome, body, tokens, collapsed=shared, served_by=by)
+                    for task in group
+                ]
+                if outcome.status == 200 and by is None:  # a fallback's answer is not cached
                     # The answer as the replica gave it: the response stage runs again on
                     # each task it answers, under the policy of that day.
                     head = group[0]
@@ -638,6 +685,7 @@ class Batcher:
         then its record policy — the usage entry, and for ``full`` the transcript of the
         request as forwarded and the answer as the client reads it."""
         task, outcome = answer.task, answer.outcome
+        model = answer.served_by or model
         use_case_id = use_case_of(task)
         status, body, error = outcome.status, answer.body, outcome.error
         guard = policy.guarded.get(use_case_id)
@@ -699,12 +747,58 @@ class Batcher:
         response, response_cut = capped(sent, limit)
         return Transcript(request, response, b"application/json", request_cut or response_cut)
 
+    def _degraded_wait(self, tasks: list[Task], model: Model, policy: Policy) -> float | None:
+        """The class's ``degrade_after_s`` when every task has a fallback for ``model``: how
+        long the call waits on a saturated pool before the fallback is asked."""
+        klass = service_class(policy, tasks[0].priority_class)
+        if klass.degrade_after_s is None or not all(
+            _fallback_chain(policy, task, model) for task in tasks
+        ):
+            return None
+        return max(klass.degrade_after_s, 0.001)
+
+    async def _fall_back(
+        self,
+        tasks: list[Task],
+        outcomes: list[Outcome | Retryable],
+        model: Model,
+        policy: Policy,
+    ) -> list[Model | None]:
+        """Where ``model`` refused a task for capacity (its queue, a 5xx, no replica) and the
+        task's use case has fallbacks for it, the first fallback that answers serves it, as
+        at the front door (gateway/fallbacks.py); ``outcomes`` updated in place. Which model
+        served each task: None for ``model``."""
+        served: list[Model | None] = [None] * len(tasks)
+
+        async def one(i: int, task: Task) -> None:
+            for name in _fallback_chain(policy, task, model):
+                fallback = _fallback_model(policy, task, name)
+                if fallback is None:
+                    continue
+                [outcome] = await self._call([task], fallback, policy)
+                self.metrics.fallbacks.labels(model.public_id, fallback.public_id).inc()
+                if not isinstance(outcome, Retryable):
+                    outcomes[i], served[i] = outcome, fallback
+                    return
+
+        await asyncio.gather(
+            *(
+                one(i, task)
+                for i, (task, outcome) in enumerate(zip(tasks, outcomes, strict=True))
+                if isinstance(outcome, Retryable) and (not outcome.counts or outcome.status >= 500)
+            )
+        )
+        return served
+
     async def _call(
-        self, tasks: list[Task], model: Model, policy: Policy
+        self, tasks: list[Task], model: Model, policy: Policy, *, wait: float | None = None
     ) -> list[Outcome | Retryable]:
-        """Each task's outcome: one call for a batchable endpoint, else one call each."""
+        """Each task's outcome: one call for a batchable endpoint, else one call each.
+        ``wait``: the most the call waits in the pool's queue, if less than its class's."""
         endpoint = tasks[0].endpoint
         klass = service_class(policy, tasks[0].priority_class)
+        if wait is not None and wait < klass.queue_timeout_s:
+            klass = replace(klass, queue_timeout_s=wait)
         if endpoint in payloads.INPUT_MEMBER:
             call = payloads.batch_call(tasks, model.served_name, model.max_tokens)
             cost = sum(t.estimate for t in tasks)

@@ -148,7 +148,8 @@ def batch_create(
             f"The file's requests are for {summary.url}, not {request.endpoint}.",
             param="endpoint",
         )
-    model = use_case.allowed_models.filter(public_id=summary.model).first()
+    # A line may name a version or an alias (model@v2): the grant is the model's.
+    model = use_case.allowed_models.filter(public_id=summary.model.partition("@")[0]).first()
     if model is None:  # the use case lost the model since the upload
         raise InvalidRequest(
             f"The use case may no longer use the model {summary.model!r}.", param="input_file_id"

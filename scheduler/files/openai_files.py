@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from governance import model_routing
 from governance.audit import Actor, audit_record, object_state
 from governance.choices import Capability
 from governance.errors import Conflict
@@ -167,9 +168,15 @@ def _lines(stream: IO[bytes], digest: Any = None) -> Iterator[bytes]:
 
 
 def use_case_models(use_case: UseCase) -> dict[str, frozenset[str]]:
-    return {
-        model.public_id: frozenset(model.capabilities) for model in use_case.allowed_models.all()
-    }
+    """What a batch line may name: the use case's models, and each version and alias of
+    those that have versions (``model@v2``, ``model@stable``; docs/models.md)."""
+    models: dict[str, frozenset[str]] = {}
+    for model in use_case.allowed_models.all():
+        capabilities = frozenset(model.capabilities)
+        models[model.public_id] = capabilities
+        for label in model_routing.targets(model.routing or {}, model.versions()):
+            models[f"{model.public_id}@{label}"] = capabilities
+    return models
 
 
 def files_storage() -> Storage:

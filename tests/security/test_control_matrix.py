@@ -83,6 +83,7 @@ CONTROLS: dict[str, str] = {
     "use-case-retired": "use case retired",
     "model-not-allowed": "model not allowed",
     "model-sunset": "model past its sunset",
+    "model-version-not-allowed": "model not allowed, named by version or alias",
     "max-tokens-cap": "max_tokens cap",
     "n-cap": "n cap",
     **{f"rpm-{level}": f"requests/min, {words}" for level, words in LEVELS.items()},
@@ -426,6 +427,31 @@ def model_not_allowed(world: World, cell: Cell) -> None:
     response = send(world.url, cell.door, cell.key, cell.model)
     error = refused(response, 403, "model_not_allowed", kind="permission_error")
     assert error["param"] == "model"
+
+
+def other_versioned_models_only(policy: PolicyBuilder, cell: Cell) -> None:
+    """The cell's model has versions (both on the base model's replicas) and an alias; the
+    key may call every other model."""
+    base = cell.model
+    cell.model = f"{base}-{cell.door}-versioned"
+    replicas = list(policy.models[base]["replicas"])
+    policy.versions(cell.model, {"v1": replicas, "v2": replicas}, aliases={"stable": "v1"},
+                    served_name=base, capabilities=CAPABILITIES[base])  # fmt: skip
+    allowed = [name for name in policy.models if name.partition("@")[0] != cell.model]
+    cell.key = policy.key(
+        use_case=f"{cell.door}-{cell.control}", models=allowed, priority_class="prod"
+    )
+
+
+@control("model-version-not-allowed", GATEWAY_DOORS, other_versioned_models_only)
+def model_version_not_allowed(world: World, cell: Cell) -> None:
+    """GIVEN a model with versions the use case may not call WHEN a request names one of
+    its versions or an alias THEN it is refused as the model itself is: the grant is the
+    model's, whatever name reaches it."""
+    for name in (f"{cell.model}@v1", f"{cell.model}@stable", cell.model):
+        response = send(world.url, cell.door, cell.key, name)
+        error = refused(response, 403, "model_not_allowed", kind="permission_error")
+        assert error["param"] == "model"
 
 
 def sunset_model(policy: PolicyBuilder, cell: Cell) -> None:

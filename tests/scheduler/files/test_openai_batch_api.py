@@ -21,7 +21,15 @@ from rest_framework.test import APIClient
 
 from governance.audit import Actor
 from governance.choices import FileState
-from governance.models import ApiFile, AuditEvent, FileRegistration, PriorityClass, SlaClass
+from governance.models import (
+    ApiFile,
+    AuditEvent,
+    Deployment,
+    FileRegistration,
+    Model,
+    PriorityClass,
+    SlaClass,
+)
 from scheduler.files.states import (
     file_done,
     file_failed,
@@ -421,3 +429,38 @@ def arrived(worker: Actor, registration: FileRegistration) -> FileRegistration:
         source_bytes=registration.input_file.bytes,
         source_sha256=registration.input_file.sha256,
     )
+
+
+def test_a_line_may_name_a_version_or_an_alias_of_a_model_the_use_case_may_use(
+    world: dict[str, Any],
+) -> None:
+    """GIVEN llama with versions v1 and v2 and the alias stable, and 'other' the use case
+    may not use WHEN batches name llama@stable, llama@v2, other@v1 or llama@v9 THEN the first
+    two are accepted and become a batch; the others are refused naming the line."""
+    llama = Model.objects.get(public_id="llama")
+    llama.deployments.update(version="v1")
+    Deployment.objects.create(model=llama, served_name="llama", replicas=["http://127.0.0.1:9"],
+                              version="v2")  # fmt: skip
+    llama.routing = {"split": {"v1": 100}, "aliases": {"stable": "v1"}}
+    llama.full_clean()
+    llama.save()
+    for name in ("llama@stable", "llama@v2"):
+        answer = upload(world["alice"], jsonl([chat_line("a", model=name)]))
+        assert answer.status_code == 200, (name, answer.content)
+    batch = world["alice"].post(
+        "/v1/batches",
+        {
+            "input_file_id": answer.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+        format="json",
+    )
+    assert batch.status_code == 200, batch.content
+    for name in ("other@v1", "llama@v9"):
+        refused = upload(world["alice"], jsonl([chat_line("a", model=name)]))
+        assert refused.status_code == 400, (name, refused.content)
+        assert (
+            f"line 1: the use case may not use the model '{name}'"
+            in (refused.json()["error"]["message"])
+        )
