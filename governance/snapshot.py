@@ -77,11 +77,10 @@ def _models() -> dict[str, ModelEntry]:
             models[model.public_id] = _model_entry(model, deployments)
             continue
         # A model with versions: each version is a pool of its own, ``<model>@<version>``
-        # ("@" is never in a public id), and the model's entry says how to choose one.
-        models[model.public_id] = _model_entry(model, [])
-        models[model.public_id]["max_in_flight_per_replica"] = min(
-            d.max_in_flight_per_replica for d in deployments
-        )
+        # ("@" is never in a public id), and the model's ``routing`` says how to choose one.
+        # Its entry still lists every deployment: a gateway from before versions, still
+        # running during an upgrade, serves the model on all of them rather than not at all.
+        models[model.public_id] = _model_entry(model, deployments)
         models[model.public_id]["routing"] = _routing(model, list(versions))
         for version, serving in versions.items():
             entry = _model_entry(model, serving)

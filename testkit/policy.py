@@ -110,7 +110,10 @@ class PolicyBuilder:
         it: the model's entry with its routing, and one entry ``<model>@<label>`` each.
         ``served_names``: a version's served name where it is not ``served_name``."""
         labels = list(versions)
-        self.model(public_id, [], capabilities=capabilities, served_name=served_name)
+        # Every version's replicas on the model's own entry too, as governance publishes it
+        # (for gateways from before versions); a gateway that knows routing never uses them.
+        every = [url for replicas in versions.values() for url in replicas]
+        self.model(public_id, every, capabilities=capabilities, served_name=served_name)
         self.models[public_id]["routing"] = {
             "versions": sorted(labels),
             "split": [(v, w) for v, w in sorted((split or {labels[0]: 1}).items()) if w > 0],

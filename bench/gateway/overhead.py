@@ -313,6 +313,12 @@ def main() -> None:
         metavar="GIT-REF",
         help="also measure the gateway of this commit, side by side (a temporary git worktree)",
     )
+    parser.add_argument(
+        "--routing",
+        action="store_true",
+        help="the model with versions, a 95/5 split and a fallback (issue 27); writes the "
+        '"Gateway — routing on" section',
+    )
     parser.add_argument("--no-write", action="store_true", help="leave bench/RESULTS.md alone")
     parser.add_argument("--profile", type=Path, help="also record a py-spy flame graph here")
     args = parser.parse_args()
@@ -326,7 +332,9 @@ def main() -> None:
     log(f"starting valkey, two {replicas}, the gateway and the two bare relays")
     with (
         baseline_checkout(args.baseline) as baseline_src,
-        running_stack(upstream=args.upstream, baseline_src=baseline_src) as stack,
+        running_stack(
+            upstream=args.upstream, baseline_src=baseline_src, routing=args.routing
+        ) as stack,
         tempfile.TemporaryDirectory() as tmp,
     ):
         bench = Bench(
@@ -346,8 +354,9 @@ def main() -> None:
     print()
     print(section)
     if not args.no_write:
-        report.replace_section(RESULTS, section)
-        log(f"wrote the Gateway section of {RESULTS}")
+        title = report.title(args)
+        report.replace_section(RESULTS, section, title)
+        log(f"wrote the {title} section of {RESULTS}")
     if report.total_errors(measurements):
         raise SystemExit("some requests failed")
 

@@ -93,6 +93,21 @@ UPSTREAM_LONG = {
 }
 
 
+ROUTING = """\
+Issue 27: the same measurements with routing on. The model has two versions (v1 on the first
+replica, v2 on the second) split 95/5 per request with an alias, and the use case a fallback
+chain for it: what a request pays is the version choice at the front door and the fallback
+lookup. The baseline, from before versions, reads the same snapshot and serves the model on
+both replicas without a split (the snapshot keeps that entry for gateways mid-upgrade).
+Reproduce with `--routing --baseline <commit>`.
+"""
+
+
+def title(args: argparse.Namespace) -> str:
+    """The RESULTS.md section this run writes."""
+    return "Gateway — routing on" if getattr(args, "routing", False) else "Gateway"
+
+
 def render(
     m: Measurements,
     *,
@@ -114,8 +129,9 @@ def render(
         retry_budget=args.retry_budget,
     )
     lines = [
-        "## Gateway",
+        f"## {title(args)}",
         "",
+        *(ROUTING.splitlines() if args.routing else ()),
         method,
         f"Machine: {machine['nproc']} CPUs (`nproc`), {machine['cpu']}, Python "
         f"{machine['python']}, uvicorn {machine['uvicorn']}, uvloop {machine['uvloop']}, "

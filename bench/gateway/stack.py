@@ -33,6 +33,7 @@ from gateway.policy import (
     SNAPSHOT_KEY,
     VERSION_KEY,
     LimitsEntry,
+    ModelEntry,
     SnapshotDocument,
     snapshot_write,
 )
@@ -107,8 +108,17 @@ def relay_name(client: str) -> str:
     return f"relay ({client})"
 
 
-def publish_policy(client: valkey.Valkey, replicas: list[str]) -> str:
-    """One model on every replica, one key allowed to use it; returns the key's plaintext."""
+#: with ``routing``: the model the use case falls back to (on the same replicas)
+FALLBACK_MODEL = "bench-chat-small"
+
+
+def publish_policy(client: valkey.Valkey, replicas: list[str], *, routing: bool = False) -> str:
+    """One model on every replica, one key allowed to use it; returns the key's plaintext.
+
+    ``routing``: the model as governance publishes one with versions (issue 27) — v1 on the
+    first replica, v2 on the others, a 95/5 split per request, an alias — and a fallback model
+    in the use case's chain. Its own entry lists every replica, as governance publishes it, so
+    a baseline gateway from before versions serves it too (without the split)."""
     plaintext = "sk-sy-" + secrets.token_urlsafe(32)
     use_case_id = 1
     document: SnapshotDocument = {
@@ -148,8 +158,35 @@ def publish_policy(client: valkey.Valkey, replicas: list[str]) -> str:
             }
         },
     }
+    if routing:
+        _with_routing(document, replicas, use_case_id)
     snapshot_write(client, document)
     return plaintext
+
+
+def _with_routing(document: SnapshotDocument, replicas: list[str], use_case_id: int) -> None:
+    model = document["models"][MODEL]
+    versions = {"v1": replicas[:1], "v2": replicas[1:] or replicas[:1]}
+    model["routing"] = {
+        "versions": sorted(versions),
+        "split": [("v1", 95), ("v2", 5)],
+        "sticky": "request",
+        "aliases": {"stable": "v1"},
+    }
+    for label, urls in versions.items():
+        version = cast(ModelEntry, {**model, "replicas": urls})
+        del version["routing"]
+        version["deployments"] = [{"served_name": MODEL, "replicas": urls}]
+        version["version_of"] = MODEL
+        version["version"] = label
+        document["models"][f"{MODEL}@{label}"] = version
+    document["models"][FALLBACK_MODEL] = cast(ModelEntry, {**model, "served_name": MODEL})
+    del document["models"][FALLBACK_MODEL]["routing"]
+    document["keys"] = {
+        digest: {**key, "models": [MODEL, FALLBACK_MODEL]}
+        for digest, key in document["keys"].items()
+    }
+    document["use_cases"][str(use_case_id)]["model_fallbacks"] = {MODEL: [FALLBACK_MODEL]}
 
 
 def start_replica(
@@ -183,10 +220,12 @@ def running_stack(
     baseline_src: Path | None = None,
     *,
     content_bytes: int = 0,
+    routing: bool = False,
 ) -> Iterator[Stack]:
     """``baseline_src``: another checkout of the project (``git worktree``) whose gateway is
     started beside this one's, on the same Valkey, replicas and policy. ``content_bytes``:
-    the instant replicas' answer text size (0: four short words)."""
+    the instant replicas' answer text size (0: four short words). ``routing``: the model with
+    versions, a split and a fallback (``publish_policy``)."""
     if upstream not in UPSTREAMS:
         raise ValueError(f"upstream is one of {UPSTREAMS}, not {upstream!r}")
     if content_bytes and upstream != "instant":
@@ -201,7 +240,7 @@ def running_stack(
             start_replica(processes, upstream, content_bytes=content_bytes) for _ in range(replicas)
         ]
         urls = [url for _, url in started]
-        api_key = publish_policy(client, urls)
+        api_key = publish_policy(client, urls, routing=routing)
         if baseline_src is not None:
             # A baseline from before the snapshot's keys took their hash tag (issue 16)
             # reads them under their old names: the same document there too.

@@ -103,7 +103,9 @@ def test_a_routing_change_is_audited_and_republished(
         "sticky": "use_case",
         "aliases": {"stable": "v1"},
     }
-    assert published["llama"]["replicas"] == []  # the model's entry only chooses a version
+    # The model's entry chooses a version; it lists every replica for gateways from before
+    # versions, during an upgrade.
+    assert published["llama"]["replicas"] == ["http://127.0.0.1:9", "http://10.0.0.2:8000"]
     assert (published["llama@v1"]["version_of"], published["llama@v1"]["version"]) == (
         "llama",
         "v1",
