@@ -144,7 +144,7 @@ RECORDS_STREAM: Final = "sy:records"
 RECORD_FIELDS: Final = (*USAGE_FIELDS, "request", "response", "response_type", "truncated")
 STREAMS: Final = (USAGE_STREAM, DECISIONS_STREAM, GUARDRAILS_STREAM, RECORDS_STREAM)
 
-Decision = Literal["admitted", "queued", "rejected", "shed"]
+Decision = Literal["admitted", "queued", "rejected", "shed", "fallback"]
 # Error replies that say "not now, not here" (a failover, a reshard, a replica missing
 # under min-replicas-to-write), never "not this record": a batch that gets one is retried.
 _TRANSIENT: Final = (

@@ -17,7 +17,14 @@ from dataclasses import replace
 
 from gateway.call import Call
 from gateway.errors import GatewayError
-from gateway.front_door import CAPABILITY, FrontDoor, plan_ticket, rebuilt_body, resolve_model
+from gateway.front_door import (
+    CAPABILITY,
+    FrontDoor,
+    decided,
+    plan_ticket,
+    rebuilt_body,
+    resolve_model,
+)
 from gateway.policy import Policy
 from gateway.scheduling import Ticket
 
@@ -79,6 +86,9 @@ def fall_back(door: FrontDoor, call: Call, policy: Policy, refused: FallBack) ->
             continue
         primary = call.model.public_id
         door.metrics.fell_back(model=primary, fallback=model.public_id, reason=refused.reason)
+        # In the decisions stream under the model that refused: the live fleet view's
+        # fallbacks per second, and the admission decisions page's row.
+        decided(door, call, "fallback", f"{refused.reason}:{model.public_id}")
         logger.info("fell_back model=%s fallback=%s reason=%s", primary, model.public_id,
                     refused.reason)  # fmt: skip
         call.model = replace(

@@ -55,7 +55,7 @@ GUARDRAIL_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 
-Decision = Literal["admitted", "queued", "rejected", "shed"]
+Decision = Literal["admitted", "queued", "rejected", "shed", "fallback"]
 # How an async submit call ended (gateway/async_tasks/api.py).
 AsyncSubmitOutcome = Literal[
     "accepted", "invalid", "blocked", "rate_limited", "backlog_full", "unavailable"

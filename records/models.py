@@ -58,6 +58,9 @@ class AdmissionDecision(models.Model):
         QUEUED = "queued"
         REJECTED = "rejected"
         SHED = "shed"
+        # Refused by its model for capacity and handed to the use case's fallback (issue 27):
+        # the entry names the model that refused; the reason, why and which fallback.
+        FALLBACK = "fallback"
 
     stream_id = models.CharField(
         max_length=40, unique=True, help_text="The sy:decisions entry it came from."

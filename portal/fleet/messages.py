@@ -53,6 +53,7 @@ class Rates(TypedDict):
     queued: float  # requests that waited for a grant (sy:decisions "queued"), per second
     shed: float  # dropped from the queue at their deadline, per second
     refused: float  # refused at admission (over a limit, queue full, ...), per second
+    fallbacks: float  # refused by the model for capacity, served by a fallback, per second
     prompt_tokens: float
     completion_tokens: float
     tokens: float

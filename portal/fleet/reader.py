@@ -60,6 +60,7 @@ class _Counter:
     queued: int = 0
     shed: int = 0
     refused: int = 0
+    fallbacks: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -70,6 +71,7 @@ class _Counter:
             "queued": round(self.queued * per, 2),
             "shed": round(self.shed * per, 2),
             "refused": round(self.refused * per, 2),
+            "fallbacks": round(self.fallbacks * per, 2),
             "prompt_tokens": round(self.prompt_tokens * per, 1),
             "completion_tokens": round(self.completion_tokens * per, 1),
             "tokens": round((self.prompt_tokens + self.completion_tokens) * per, 1),
@@ -311,4 +313,6 @@ def _count(usage: Sequence[Any], decisions: Sequence[Any]) -> tuple[_Counter, di
                 counter.shed += 1
             elif decision == "rejected":
                 counter.refused += 1
+            elif decision == "fallback":
+                counter.fallbacks += 1
     return total, by_model

@@ -24,6 +24,7 @@ import orjson
 import pytest
 import valkey
 
+from gateway.accounting import DECISIONS_STREAM
 from ops.processes import wait_until
 from testkit.async_tasks import wait_ended
 from testkit.module_stack import module_stack
@@ -109,10 +110,23 @@ def usage_model(world: World, answer: httpx.Response) -> bytes:
 
 
 def test_a_5xx_before_the_first_byte_is_served_by_the_fallback(world: World) -> None:
+    """... and the decisions stream says so under the model that refused (what the live
+    fleet view counts as fallbacks per second)."""
     answer = post(world, world.dev, chat("broken"))
     assert served_by(answer) == "small"
     assert answer.headers["x-switchyard-served-model"] == "small"
     assert usage_model(world, answer) == b"small"
+    record_id = answer.headers["x-switchyard-record-id"].encode()
+    [decision] = [
+        fields
+        for _, fields in world.valkey.xrange(DECISIONS_STREAM)
+        if fields.get(b"record_id") == record_id
+    ]
+    assert (decision[b"decision"], decision[b"model"], decision[b"reason"]) == (
+        b"fallback",
+        b"broken",
+        b"upstream_error:small",
+    )
 
 
 def test_a_stream_falls_back_too_before_its_first_byte(world: World) -> None:

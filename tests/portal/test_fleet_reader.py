@@ -81,6 +81,7 @@ async def _write_accounting(url: str) -> None:
         ("rejected", "queue_full"),
         ("shed", "queue_timeout"),
         ("queued", "prod"),
+        ("fallback", "queue_timeout:llama-small"),
     )
     for decision, reason in decisions:
         accounting.record_decision(
@@ -175,6 +176,7 @@ def test_reader_shows_what_the_watcher_scheduler_and_gateway_wrote(
     assert rates["refused"] == round(2 / window, 2)
     assert rates["shed"] == round(1 / window, 2)
     assert rates["queued"] == round(1 / window, 2)
+    assert rates["fallbacks"] == round(1 / window, 2)
     assert rates["tokens"] == round(90 / window, 1)
     assert rates["completion_tokens"] == round(60 / window, 1)
     assert rates["capped"] is False

@@ -69,6 +69,7 @@
       first,
       td(num(rates.admitted, 2), "admitted"), td(num(rates.queued, 2), "queued"),
       td(num(rates.shed, 2), "shed"), td(num(rates.refused, 2), "refused"),
+      td(num(rates.fallbacks, 2), "fallbacks"),
       td(num(rates.prompt_tokens, 1), "prompt_tokens"),
       td(num(rates.completion_tokens, 1), "completion_tokens"),
       td(num(rates.tokens, 1), "tokens")
