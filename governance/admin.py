@@ -39,6 +39,7 @@ from governance.models import (
 )
 from governance.services.api_keys import api_key_decide, api_key_revoke
 from governance.services.generic_records import record_create, record_delete, record_update
+from governance.services.model_fallbacks import outside_models
 from governance.services.record_policy import tenant_set_legal_hold, use_case_set_legal_hold
 from governance.services.use_cases import use_case_transition
 from governance.sla_classes import (
@@ -287,10 +288,25 @@ class DeploymentAdmin(AuditedAdmin):
 
 
 class UseCaseForm(LegalHoldForm):
-    """A use case's form; its pins (``model_pins``) are checked by the use case."""
+    """A use case's form; its pins (``model_pins``) and fallbacks (``model_fallbacks``) are
+    checked by the use case."""
 
     def clean_model_pins(self) -> Any:
         return _none_is_empty(self, "model_pins")
+
+    def clean_model_fallbacks(self) -> Any:
+        return _none_is_empty(self, "model_fallbacks")
+
+    def clean(self) -> dict[str, Any]:
+        """The chains against the models this form gives the use case (not the stored ones:
+        both may change in one save)."""
+        cleaned: dict[str, Any] = super().clean() or {}
+        chains, models = cleaned.get("model_fallbacks"), cleaned.get("allowed_models")
+        if chains and models is not None:
+            problem = outside_models(chains, {model.public_id for model in models})
+            if problem is not None:
+                self.add_error("model_fallbacks", problem)
+        return cleaned
 
 
 @admin.register(UseCase)
@@ -377,6 +393,7 @@ class PriorityClassAdmin(AuditedAdmin):
         "queue_timeout_seconds",
         "max_queue_length",
         "max_pool_share",
+        "degrade_after_seconds",
     )
 
 

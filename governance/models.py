@@ -507,8 +507,10 @@ class UseCase(models.Model):
             raise ValidationError({"model_pins": exc.messages}) from None
 
     def _clean_fallbacks(self) -> None:
-        """Each fallback a model the use case may call (once saved: the grant is its models'
-        list), other than the model it stands in for, at most ``MAX_FALLBACKS`` of them."""
+        """Each chain's models exist, none is the model it stands in for or named twice, at
+        most ``MAX_FALLBACKS`` of them. That each is among the use case's models is checked
+        by the services once the models are set (governance/services/model_fallbacks.py): a
+        request may set both at once."""
         value = self.model_fallbacks
         if value in (None, ""):
             self.model_fallbacks = {}
@@ -522,9 +524,8 @@ class UseCase(models.Model):
             )
         named = set(value) | {name for chain in value.values() for name in chain}
         known = set(Model.objects.filter(public_id__in=named).values_list("public_id", flat=True))
-        allowed = set(self.allowed_models.values_list("public_id", flat=True)) if self.pk else None
         for model, chain in value.items():
-            problem = _fallback_problem(model, chain, known, allowed)
+            problem = _fallback_problem(model, chain, known)
             if problem is not None:
                 raise ValidationError({"model_fallbacks": problem})
 
@@ -542,15 +543,10 @@ def stale_pins() -> list[tuple[UseCase, str, str]]:
     return stale
 
 
-def _fallback_problem(
-    model: str, chain: list[str], known: set[str], allowed: set[str] | None
-) -> str | None:
+def _fallback_problem(model: str, chain: list[str], known: set[str]) -> str | None:
     unknown = [name for name in (model, *chain) if name not in known]
     if unknown:
         return f"'{unknown[0]}' is not a model."
-    outside = [name for name in chain if allowed is not None and name not in allowed]
-    if outside:
-        return f"'{outside[0]}' is not one of the use case's models."
     if model in chain:
         return f"'{model}' cannot fall back to itself."
     if len(set(chain)) != len(chain):

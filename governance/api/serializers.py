@@ -3,6 +3,7 @@ models' ``clean()`` via the services, so every door gives the same message."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -335,6 +336,13 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
         help_text='Model versions this use case always gets: {"<model id>": "<version or '
         "alias>\"}, whatever the model's split (officers)",
     )
+    model_fallbacks = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField(max_length=128)),
+        required=False,
+        help_text='Models that serve, in order, when a model refuses for capacity: {"<model '
+        'id>": ["<fallback id>", ...]}, 1 to 3 of the use case\'s own models (officers; '
+        'docs/models.md, "Fallbacks")',
+    )
     status_changed_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )
@@ -356,6 +364,7 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
             "namespace",
             "allowed_models",
             "model_pins",
+            "model_fallbacks",
             "requests_per_minute",
             "tokens_per_minute",
             "tokens_per_day",
@@ -400,12 +409,21 @@ class UseCaseSerializer(serializers.ModelSerializer[UseCase]):
     def validate_model_pins(self, pins: dict[str, str]) -> dict[str, str]:
         """Keys are model ids (the values are checked by the field, the pins by the use case):
         a key no id can be never reaches a query."""
-        for model in pins:
-            try:
-                model_id_validator(model)
-            except DjangoValidationError:
-                raise serializers.ValidationError(f"{model!r} is not a model id.") from None
+        _model_ids(pins)
         return pins
+
+    def validate_model_fallbacks(self, fallbacks: dict[str, list[str]]) -> dict[str, list[str]]:
+        """Keys are model ids, as for the pins (the chains are checked by the use case)."""
+        _model_ids(fallbacks)
+        return fallbacks
+
+
+def _model_ids(models: Iterable[str]) -> None:
+    for model in models:
+        try:
+            model_id_validator(model)
+        except DjangoValidationError:
+            raise serializers.ValidationError(f"{model!r} is not a model id.") from None
 
 
 class UseCaseTransitionSerializer(serializers.Serializer[Any]):
@@ -423,6 +441,7 @@ class PriorityClassSerializer(serializers.ModelSerializer[PriorityClass]):
             "queue_timeout_seconds",
             "max_queue_length",
             "max_pool_share",
+            "degrade_after_seconds",
         )
         extra_kwargs = {
             "rank": {"min_value": 0, "max_value": SMALLINT_MAX},
@@ -430,6 +449,7 @@ class PriorityClassSerializer(serializers.ModelSerializer[PriorityClass]):
             "queue_timeout_seconds": {"min_value": 0.0, "max_value": 86400.0},
             "max_queue_length": {"min_value": 0, "max_value": INT32_MAX},
             "max_pool_share": {"min_value": 0.001, "max_value": 1.0},
+            "degrade_after_seconds": {"min_value": 0.0, "max_value": 86400.0},
         }
 
 

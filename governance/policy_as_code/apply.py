@@ -134,6 +134,24 @@ def _use_case_fields(record: Record) -> dict[str, Any]:
     }
 
 
+def _fallbacks_later(
+    use_case: UseCase, fields: dict[str, Any], allowed: list[Model] | None
+) -> dict[str, list[str]] | None:
+    """The chains to set once the use case's new ``models`` are in place, when they name a
+    model it is only now given (the use case checks its chains against the models it has);
+    meanwhile ``fields`` keep of them what it may call already. None when nothing waits."""
+    wanted = fields.get("model_fallbacks")
+    if not wanted or allowed is None:
+        return None
+    now = set(use_case.allowed_models.values_list("public_id", flat=True))
+    chains = {m: [f for f in chain if f in now] for m, chain in wanted.items() if m in now}
+    interim = {m: chain for m, chain in chains.items() if chain}
+    if interim == wanted:
+        return None
+    fields["model_fallbacks"] = interim
+    return dict(wanted)
+
+
 def _hold_reason(change: Change, hold: bool) -> str:
     # Placing needs the file's reason (the schema requires it); so does lifting (the plan).
     return change.hold_reason or f"{'placed' if hold else 'lifted'} by the policy file"
@@ -394,12 +412,21 @@ class _Applier:
         fields = _use_case_fields(changed)
         models = changed.get("models")
         if fields or models is not None:  # otherwise only the status moves, in use_case_move
+            use_case = self.use_case(change.key)
+            assert change.after is not None
+            # Also chains the file does not show (a model taken off the list has left them,
+            # governance.snapshot), which the use case's check would otherwise stumble on.
+            if use_case.model_fallbacks != change.after["model_fallbacks"]:
+                fields["model_fallbacks"] = change.after["model_fallbacks"]
+            allowed = None if models is None else [self.model(m) for m in models]
+            later = _fallbacks_later(use_case, fields, allowed)
             use_case_update(
-                actor=self.actor,
-                use_case=self.use_case(change.key),
-                changes=fields,
-                allowed_models=None if models is None else [self.model(m) for m in models],
+                actor=self.actor, use_case=use_case, changes=fields, allowed_models=allowed
             )
+            if later is not None:
+                use_case_update(
+                    actor=self.actor, use_case=use_case, changes={"model_fallbacks": later}
+                )
         self.use_case_hold(change, None, changed.get(_HOLD))
 
     def use_case_hold(self, change: Change, use_case: UseCase | None, hold: bool | None) -> None:

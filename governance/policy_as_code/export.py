@@ -259,6 +259,7 @@ def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
         "purpose": spec.purpose,
         "models": _FlowList(sorted(spec.models)),
         **({"model_pins": _Flow(sorted(spec.model_pins.items()))} if spec.model_pins else {}),
+        **_some(model_fallbacks=_fallbacks(spec.model_fallbacks)),
         **({"limits": limits} if limits else {}),
         **_some(guardrails=guardrails),
         # Only when it is not the default (fail closed), as the file may leave it out.
@@ -272,7 +273,13 @@ def _use_case(spec: UseCaseSpec) -> dict[str, Any]:
     }
 
 
+def _fallbacks(chains: Mapping[str, tuple[str, ...]]) -> _Flow | None:
+    """``{llama-70b: [llama-8b]}``: each chain in its order (the order they serve in)."""
+    return _Flow((model, list(chains[model])) for model in sorted(chains)) if chains else None
+
+
 def _priority_class(spec: PriorityClassSpec) -> _Flow:
+    degrade = spec.degrade_after_seconds
     return _Flow(
         name=spec.name,
         rank=spec.rank,
@@ -280,6 +287,8 @@ def _priority_class(spec: PriorityClassSpec) -> _Flow:
         queue_timeout_seconds=float(spec.queue_timeout_seconds),
         max_queue_length=spec.max_queue_length,
         max_pool_share=float(spec.max_pool_share),
+        # Left out when empty: the class degrades only when its model refuses it.
+        **_some(degrade_after_seconds=None if degrade is None else float(degrade)),
     )
 
 

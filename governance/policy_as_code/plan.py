@@ -210,6 +210,9 @@ def _use_case_record(use_case: UseCaseSpec) -> Record:
         "guardrail_failure": use_case.guardrail_failure,
         "models": sorted(use_case.models),
         "model_pins": dict(use_case.model_pins),
+        "model_fallbacks": {
+            model: list(chain) for model, chain in use_case.model_fallbacks.items()
+        },
         "limits.requests_per_minute": limits.requests_per_minute,
         "limits.tokens_per_minute": limits.tokens_per_minute,
         "limits.tokens_per_day": limits.tokens_per_day,
@@ -297,6 +300,9 @@ def document_records(document: PolicyDocument) -> dict[Section, dict[Key, Record
                 "queue_timeout_seconds": float(c.queue_timeout_seconds),
                 "max_queue_length": c.max_queue_length,
                 "max_pool_share": float(c.max_pool_share),
+                "degrade_after_seconds": (
+                    None if c.degrade_after_seconds is None else float(c.degrade_after_seconds)
+                ),
             }
             for c in document.priority_classes
         }
@@ -576,8 +582,8 @@ class _Builder:
         self._drop_models_from_use_cases(dropped)
 
     def _drop_models_from_use_cases(self, dropped: set[str]) -> None:
-        """A deleted model leaves the allowed models (and the pins) of use cases the file does
-        not list."""
+        """A deleted model leaves the allowed models (and the pins and fallback chains) of use
+        cases the file does not list."""
         if not dropped:
             return
         wanted = self.want[Section.USE_CASES] or {}
@@ -586,13 +592,23 @@ class _Builder:
                 continue
             remaining = [m for m in record["models"] if m not in dropped]
             pins = {m: pin for m, pin in record["model_pins"].items() if m not in dropped}
+            chains = {
+                m: [f for f in chain if f not in dropped]
+                for m, chain in record["model_fallbacks"].items()
+                if m not in dropped
+            }
             self.changes.append(
                 Change(
                     Action.UPDATE,
                     Section.USE_CASES,
                     key,
                     before=record,
-                    after={**record, "models": remaining, "model_pins": pins},
+                    after={
+                        **record,
+                        "models": remaining,
+                        "model_pins": pins,
+                        "model_fallbacks": {m: chain for m, chain in chains.items() if chain},
+                    },
                 )
             )
 

@@ -36,6 +36,7 @@ from governance.choices import (
     UseCaseKind,
     UseCaseStatus,
 )
+from governance.models import MAX_FALLBACKS
 from governance.policy_as_code.errors import PolicyInvalid, Problem
 from governance.policy_as_code.fields import (
     Reader,
@@ -207,6 +208,8 @@ class UseCaseSpec:
     sla_classes: tuple[SlaClassSpec, ...] = ()
     # {model id: version or alias} the use case always gets (``model_pins:``)
     model_pins: Mapping[str, str] = field(default_factory=dict)
+    # {model id: the models that serve, in order, when it refuses} (``model_fallbacks:``)
+    model_fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     legal_hold: bool | None = None  # as on TenantSpec
     legal_hold_reason: str = ""
 
@@ -223,6 +226,9 @@ class PriorityClassSpec:
     queue_timeout_seconds: float = 30.0
     max_queue_length: int = 1000
     max_pool_share: float = 1.0
+    # How long a request of the class waits on a saturated model before its fallback serves
+    # it; None (left out of the file): only when the model refuses it.
+    degrade_after_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -671,6 +677,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
         "service_account_client_id",
         "models",
         "model_pins",
+        "model_fallbacks",
         "limits",
         "guardrails",
         "guardrail_failure",
@@ -702,6 +709,7 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
             )
         elif client:
             clients[client] = path
+        models = r.texts("models", check=check_model_id)
         use_cases.append(
             UseCaseSpec(
                 tenant=tenant,
@@ -719,8 +727,9 @@ def _use_cases(raw: Any, problems: list[Problem]) -> tuple[UseCaseSpec, ...]:
                 namespace=r.choice("namespace", Namespace.values, default=Namespace.DEV.value),
                 ticket_ref=r.text("ticket_ref", required=False, max_length=64),
                 service_account_client_id=client,
-                models=r.texts("models", check=check_model_id),
+                models=models,
                 model_pins=_model_pins(r),
+                model_fallbacks=_model_fallbacks(r, models),
                 limits=_limits(r.mapping("limits"), path, problems),
                 guardrails=_guardrails(r.listing("guardrails"), path, problems),
                 guardrail_failure=r.choice(
@@ -753,6 +762,38 @@ def _model_pins(use_case: Reader) -> dict[str, str]:
     return {model: pins[model] for model in sorted(pins)}
 
 
+def _model_fallbacks(use_case: Reader, models: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """``model_fallbacks: {model: [fallback, ...]}``: the use case's rule (``UseCase.clean``)
+    against its ``models:`` in the file, so that a chain never names a model it may not call."""
+    raw = use_case.mapping("model_fallbacks") or {}
+    chains: dict[str, tuple[str, ...]] = {}
+    for model, chain in raw.items():
+        where = f"model_fallbacks.{model}"
+        if not isinstance(model, str) or (problem := check_model_id(model)) is not None:
+            use_case.problem(where, problem or "must be a model id")
+        elif not isinstance(chain, list) or not all(isinstance(name, str) for name in chain):
+            use_case.problem(where, "must list the models that serve in its place, in order")
+        elif (problem := _fallback_problem(model, chain, models)) is not None:
+            use_case.problem(where, problem)
+        else:
+            chains[model] = tuple(chain)
+    return {model: chains[model] for model in sorted(chains)}
+
+
+def _fallback_problem(model: str, chain: list[str], models: tuple[str, ...]) -> str | None:
+    outside = [name for name in (model, *chain) if name not in models]
+    if outside:
+        listed = ", ".join(models) or "none"
+        return f"{outside[0]!r} is not one of the use case's models ({listed})"
+    if model in chain:
+        return f"{model!r} cannot fall back to itself"
+    if len(set(chain)) != len(chain):
+        return "a fallback is listed twice"
+    if not 1 <= len(chain) <= MAX_FALLBACKS:
+        return f"give 1 to {MAX_FALLBACKS} fallbacks"
+    return None
+
+
 def _priority_classes(raw: Any, problems: list[Problem]) -> tuple[PriorityClassSpec, ...]:
     known = (
         "name",
@@ -761,6 +802,7 @@ def _priority_classes(raw: Any, problems: list[Problem]) -> tuple[PriorityClassS
         "queue_timeout_seconds",
         "max_queue_length",
         "max_pool_share",
+        "degrade_after_seconds",
     )
     classes: list[PriorityClassSpec] = []
     seen: dict[str, str] = {}
@@ -786,6 +828,12 @@ def _priority_classes(raw: Any, problems: list[Problem]) -> tuple[PriorityClassS
                 max_queue_length=r.integer("max_queue_length", default=1000, minimum=0),
                 max_pool_share=r.number(
                     "max_pool_share", default=1.0, minimum=0.001, maximum=1.0, unit="fraction"
+                ),
+                # Left out (or null): only when the model refuses the request.
+                degrade_after_seconds=(
+                    None
+                    if item.get("degrade_after_seconds") is None
+                    else r.number("degrade_after_seconds", default=0.0, minimum=0.0, unit="seconds")
                 ),
             )
         )

@@ -84,6 +84,18 @@ def _routing(routing: Any) -> dict[str, Any]:
     return canonical
 
 
+def _fallbacks(use_case: UseCase) -> dict[str, tuple[str, ...]]:
+    """The chains as the gateway is given them (``governance.snapshot``): a model taken off the
+    use case's list since has left them, so the file never names a model it may not call."""
+    allowed = {model.public_id for model in use_case.allowed_models.all()}
+    chains = {
+        model: tuple(name for name in chain if name in allowed)
+        for model, chain in (use_case.model_fallbacks or {}).items()
+        if model in allowed
+    }
+    return {model: chains[model] for model in sorted(chains) if chains[model]}
+
+
 def _use_case(use_case: UseCase) -> UseCaseSpec:
     return UseCaseSpec(
         tenant=use_case.tenant.slug,
@@ -100,6 +112,7 @@ def _use_case(use_case: UseCase) -> UseCaseSpec:
         guardrail_failure=use_case.guardrail_failure,
         models=tuple(sorted(m.public_id for m in use_case.allowed_models.all())),
         model_pins=dict(sorted((use_case.model_pins or {}).items())),
+        model_fallbacks=_fallbacks(use_case),
         limits=LimitsSpec(
             requests_per_minute=use_case.requests_per_minute,
             tokens_per_minute=use_case.tokens_per_minute,
@@ -222,6 +235,7 @@ def policy_current(*, now: datetime | None = None) -> PolicyDocument:
                 queue_timeout_seconds=float(pc.queue_timeout_seconds),
                 max_queue_length=pc.max_queue_length,
                 max_pool_share=float(pc.max_pool_share),
+                degrade_after_seconds=pc.degrade_after_seconds,
             )
             for pc in PriorityClass.objects.order_by("rank")
         ),

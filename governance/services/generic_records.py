@@ -19,6 +19,7 @@ from governance.guardrail_selections import model_change_check
 from governance.models import Deployment, GuardrailSelection, Model, Tenant, UseCase
 from governance.services.authority import require_governor
 from governance.services.guardrail_positions import guardrail_prepare, guardrails_renumber
+from governance.services.model_fallbacks import fallbacks_settle
 from governance.services.model_lifecycle import lifecycle_audit, lifecycle_prepare
 from governance.services.record_bounds import hold_unchanged, retention_in_range
 from governance.services.republish import policy_changed
@@ -53,6 +54,8 @@ def record_create(
     instance.full_clean()
     instance.save()
     _set_m2m(instance, m2m)
+    if isinstance(instance, UseCase):
+        fallbacks_settle(instance, chains_changed=True)
     _after_write(instance)
     audit_record(
         actor=actor,
@@ -83,6 +86,10 @@ def record_update(
     instance.full_clean()
     instance.save()
     _set_m2m(instance, m2m)
+    if isinstance(instance, UseCase):
+        fallbacks_settle(
+            instance, chains_changed=instance.model_fallbacks != before.get("model_fallbacks")
+        )
     _after_write(instance)
     after = object_state(instance)
     if after != before:

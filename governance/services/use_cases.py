@@ -19,6 +19,7 @@ from governance.choices import UseCaseStatus
 from governance.errors import Conflict
 from governance.models import Tenant, UseCase
 from governance.services.authority import governs, require_governor, require_member, same_person
+from governance.services.model_fallbacks import fallbacks_settle
 from governance.services.record_bounds import (
     LEGAL_HOLD_OWN_ACTION,
     hold_unchanged,
@@ -59,6 +60,7 @@ def use_case_create(
     use_case.save()
     if allowed_models is not None:
         use_case.allowed_models.set(allowed_models)
+    fallbacks_settle(use_case, chains_changed=True)
     audit_record(
         actor=actor,
         action="usecase.create",
@@ -100,6 +102,9 @@ def use_case_update(
     use_case.save()
     if allowed_models is not None:
         use_case.allowed_models.set(allowed_models)
+    fallbacks_settle(
+        use_case, chains_changed=use_case.model_fallbacks != before.get("model_fallbacks")
+    )
     after = object_state(use_case)
     if after != before:
         audit_record(

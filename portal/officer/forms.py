@@ -197,6 +197,14 @@ class UseCaseForm(OfficerForm):
         help_text="The version (or alias) of a model this use case always gets, whatever the "
         'model\'s split, e.g. {"llama-3.1-8b": "stable"}. Empty: none.',
     )
+    model_fallbacks = JsonObjectField(
+        label="Fallback models",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="The models that serve, in order, when a model refuses a request for capacity "
+        '(queue full or timed out, a 5xx, too long a prompt), e.g. {"llama-3.3-70b": '
+        '["llama-3.1-8b"]}: 1 to 3 of the allowed models above. Empty: none.',
+    )
     requests_per_minute = forms.IntegerField(required=False, label="Requests per minute")
     tokens_per_minute = forms.IntegerField(required=False, label="Tokens per minute")
     tokens_per_day = forms.IntegerField(required=False, label="Tokens per day")
@@ -247,6 +255,7 @@ class UseCaseForm(OfficerForm):
             "ticket_ref": data["ticket_ref"],
             "models": sorted(data["models"]),
             "model_pins": data["model_pins"] or {},
+            "model_fallbacks": data["model_fallbacks"] or {},
             "limits": {n: data[n] for n in LIMIT_FIELDS if data[n] is not None},
             "guardrails": guardrails,
             "guardrail_failure": data["guardrail_failure"],
@@ -283,6 +292,9 @@ class UseCaseForm(OfficerForm):
             "ticket_ref": spec.ticket_ref,
             "models": list(spec.models),
             "model_pins": dict(spec.model_pins),
+            "model_fallbacks": {
+                model: list(chain) for model, chain in spec.model_fallbacks.items()
+            },
             **{n: getattr(spec.limits, n) for n in LIMIT_FIELDS},
             "guardrail_failure": spec.guardrail_failure,
             "record_policy": spec.records.policy,
@@ -366,6 +378,14 @@ class PriorityClassForm(OfficerForm):
     max_pool_share = forms.FloatField(
         label="Largest share of a model's slots", help_text="Between 0 and 1; 1: all of them."
     )
+    degrade_after_seconds = forms.FloatField(
+        label="Fall back after (seconds)",
+        required=False,
+        min_value=0.0,
+        help_text="For use cases with fallback models: how long a request of this class waits "
+        "on a saturated model before its fallback serves it (0: at once). Empty: only when the "
+        "model refuses it. Set it on dev and batch classes so that prod keeps the large model.",
+    )
 
     def __init__(self, *args: Any, editing: PriorityClass | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -374,7 +394,10 @@ class PriorityClassForm(OfficerForm):
             self.fields["name"].disabled = True
 
     def entry(self) -> dict[str, Any]:
-        return dict(self.cleaned_data)
+        entry = dict(self.cleaned_data)
+        if entry["degrade_after_seconds"] is None:  # the file leaves an empty one out
+            del entry["degrade_after_seconds"]
+        return entry
 
     @staticmethod
     def initial_of(pc: PriorityClass) -> dict[str, Any]:
@@ -385,6 +408,7 @@ class PriorityClassForm(OfficerForm):
             "queue_timeout_seconds": float(pc.queue_timeout_seconds),
             "max_queue_length": pc.max_queue_length,
             "max_pool_share": float(pc.max_pool_share),
+            "degrade_after_seconds": pc.degrade_after_seconds,
         }
 
 

@@ -82,6 +82,7 @@ USE_CASE_FIELDS = {
     "models": "models",
     "allowed_models": "models",
     "model_pins": "model_pins",
+    "model_fallbacks": "model_fallbacks",
     "guardrail_failure": "guardrail_failure",
     "records.policy": "record_policy",
     "record_policy": "record_policy",
