@@ -387,6 +387,10 @@ class Gateway:
                 return
             except fallbacks.FallBack as refused:
                 if not fallbacks.fall_back(self.door, call, policy, refused):
+                    if refused.reason in ("queue_full", "queue_timeout"):
+                        # No fallback could take it: the queue's refusal, as without one.
+                        shed = refused.reason == "queue_timeout"
+                        decided(self.door, call, "shed" if shed else "rejected", refused.reason)
                     raise refused.error from None
 
     async def _serve(self, call: Call, send: Send, policy: Policy) -> None:

@@ -33,17 +33,17 @@ def route(policy: Policy, model: Model, use_case_id: int) -> Model:
     case's pin, else the split, per request or sticky per use case. ``model`` may be a
     successor serving under an old id: its notices then go with the version's."""
     routing: Routing = model.routing  # type: ignore[assignment]
-    use_case = policy.use_cases.get(use_case_id)
     version = None
-    if use_case is not None and use_case.model_pins:
-        pin = use_case.model_pins.get(model.public_id)
+    pins = policy.pins.get(use_case_id)  # only use cases with pins are there
+    if pins is not None:
+        pin = pins.get(model.public_id)
         version = routing.target(pin) if pin is not None else None
     if version is None:
         if routing.sticky == "use_case":
             version = routing.wheel.by_hash(f"{model.public_id}:{use_case_id}")
         else:
             version = routing.wheel.next()
-    chosen = policy.models.get(f"{model.public_id}@{version}")
+    chosen = policy.models.get(routing.pools[version])
     if chosen is None:  # a snapshot that names a version without its entry: not served
         raise errors.service_unavailable(
             f"No version of model '{model.public_id}' can serve now; retry shortly.",

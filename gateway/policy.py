@@ -7,6 +7,7 @@ request never waits on the database or on Valkey to authenticate.
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections.abc import Mapping
@@ -240,29 +241,50 @@ class SplitWheel:
     """Smooth weighted round robin (nginx's): over any run of requests each version's share
     is within one request of its weight's, and versions interleave (95/5 sends one request
     in twenty, not five in a row). One per snapshot and process; not shared across
-    gateways, each of which is exact on its own."""
+    gateways, each of which is exact on its own.
 
-    __slots__ = ("_current", "_names", "_total", "_weights")
+    The sequence repeats every sum-of-weights picks (after dividing by their common
+    divisor), so one cycle is worked out once and a pick is an index step."""
+
+    __slots__ = ("_current", "_cycle", "_i", "_names", "_weights")
+
+    #: the longest cycle kept (each pick's version name); past it, picks are worked out
+    MAX_CYCLE = 4096
 
     def __init__(self, split: tuple[tuple[str, int], ...]) -> None:
         self._names = [name for name, _ in split]
         self._weights = [weight for _, weight in split]
-        self._total = sum(self._weights)
-        self._current = [0] * len(split)
+        divisor = math.gcd(*self._weights)
+        weights = [weight // divisor for weight in self._weights]
+        current = [0] * len(weights)
+        cycle = (
+            [self._pick(weights, current) for _ in range(sum(weights))]
+            if sum(weights) <= self.MAX_CYCLE
+            else []
+        )
+        self._cycle = cycle or None
+        self._i = -1
+        self._current = current
 
-    def next(self) -> str:
-        current, weights = self._current, self._weights
+    def _pick(self, weights: list[int], current: list[int]) -> str:
         best = 0
         for i, weight in enumerate(weights):
             current[i] += weight
             if current[i] > current[best]:
                 best = i
-        current[best] -= self._total
+        current[best] -= sum(weights)
         return self._names[best]
+
+    def next(self) -> str:
+        cycle = self._cycle
+        if cycle is None:
+            return self._pick(self._weights, self._current)
+        self._i = i = (self._i + 1) % len(cycle)
+        return cycle[i]
 
     def by_hash(self, key: str) -> str:
         """The version a sticky key always gets: its hash's place in the weights."""
-        point = zlib.crc32(key.encode()) % self._total
+        point = zlib.crc32(key.encode()) % sum(self._weights)
         for name, weight in zip(self._names, self._weights, strict=True):
             if point < weight:
                 return name
@@ -277,6 +299,8 @@ class Routing:
     sticky: str
     aliases: Mapping[str, str]
     wheel: SplitWheel = field(compare=False, repr=False)
+    # Version -> its pool's snapshot entry, ``<model>@<version>``, made once.
+    pools: Mapping[str, str] = field(default_factory=dict)
 
     def target(self, label: str) -> str | None:
         """The version ``label`` (a version or an alias) names, if it is deployed."""
@@ -394,6 +418,8 @@ class Policy:
     # it. Governance leaves a suspended or retired one out of all of them, so work it asked
     # for earlier (a queued async task) finds it missing here.
     active_use_cases: frozenset[int] = frozenset()
+    # By UseCase id, only use cases with pins: {model: version or alias}.
+    pins: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
     # By UseCase id, only use cases with fallback chains: {model: fallbacks in order}.
     fallbacks: Mapping[int, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
 
@@ -488,6 +514,11 @@ def parse_snapshot(raw: bytes) -> Policy:
             if use_case.guardrails
         },
         records={use_case_id: use_case.record for use_case_id, use_case in use_cases.items()},
+        pins={
+            use_case_id: use_case.model_pins
+            for use_case_id, use_case in use_cases.items()
+            if use_case.model_pins
+        },
         fallbacks={
             use_case_id: use_case.model_fallbacks
             for use_case_id, use_case in use_cases.items()
@@ -555,11 +586,11 @@ def _model(public_id: str, entry: ModelEntry) -> Model:
         notices=notices,
         family=entry.get("version_of", ""),
         version=version,
-        routing=None if routing is None else _routing(routing),
+        routing=None if routing is None else _routing(public_id, routing),
     )
 
 
-def _routing(entry: RoutingEntry) -> Routing:
+def _routing(public_id: str, entry: RoutingEntry) -> Routing:
     split = tuple((str(name), int(weight)) for name, weight in entry["split"])
     if not split or any(weight <= 0 for _, weight in split):
         raise ValueError("a model's split names no version, or a weight that is not positive")
@@ -569,6 +600,7 @@ def _routing(entry: RoutingEntry) -> Routing:
         sticky=entry.get("sticky", "request"),
         aliases=dict(entry.get("aliases", {})),
         wheel=SplitWheel(split),
+        pools={version: f"{public_id}@{version}" for version in entry["versions"]},
     )
 
 
