@@ -25,6 +25,7 @@ from governance.policy_as_code.schema import policy_load, policy_parse
 from governance.policy_as_code.selectors import policy_current
 from governance.roles import Role
 from testkit.factories import make_model, make_tenant, make_use_case, make_user
+from testkit.officer_plans import applied, changed_fields, reviewed
 from tests.governance.test_admin import _use_case_form
 from tests.governance.test_policy_as_code_validation import acme_policy
 
@@ -361,20 +362,6 @@ def test_policy_as_code_names_unknown_versions_and_pins_at_their_place() -> None
 
 
 # --- the portal ------------------------------------------------------------------------------
-def reviewed(client: Client, path: str, data: dict[str, Any]) -> Any:
-    """The officer's "Review change": the plan the page shows (portal.officer.plans.Review)."""
-    response = client.post(path, {**data, "step": "review"})
-    assert response.status_code == 200
-    return response.context["review"]
-
-
-def applied(client: Client, path: str, data: dict[str, Any], review: Any) -> int:
-    fingerprint = review.fingerprint
-    return client.post(path, {**data, "step": "apply", "fingerprint": fingerprint}).status_code
-
-
-def changed_fields(review: Any) -> list[tuple[str, str, str]]:
-    return [(row.path, f.name, f.after) for row in review.rows for f in row.fields]
 
 
 def test_an_officer_sets_the_routing_and_a_pin_in_the_portal(llama: Model) -> None:
