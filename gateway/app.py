@@ -387,10 +387,9 @@ class Gateway:
                 return
             except fallbacks.FallBack as refused:
                 if not fallbacks.fall_back(self.door, call, policy, refused):
-                    if refused.reason in ("queue_full", "queue_timeout"):
-                        # No fallback could take it: the queue's refusal, as without one.
-                        shed = refused.reason == "queue_timeout"
-                        decided(self.door, call, "shed" if shed else "rejected", refused.reason)
+                    if refused.decision is not None:  # recorded as it is without fallbacks
+                        decided(self.door, call, refused.decision[0], refused.reason,
+                                refused.decision[1])  # fmt: skip
                     raise refused.error from None
 
     async def _serve(self, call: Call, send: Send, policy: Policy) -> None:
@@ -449,12 +448,14 @@ class Gateway:
             decided(self.door, call, "rejected", refused.code, refused.retry_after_s)
             raise refusal(429, "rate_limit_error", refused) from None
         except (QueueFull, QueueTimeout) as refused:
-            if call.fallbacks:
-                error = refusal(503, "service_unavailable", refused)
-                raise fallbacks.FallBack(refused.code, error) from None
             decision: Decision = "rejected" if isinstance(refused, QueueFull) else "shed"
+            error = refusal(503, "service_unavailable", refused)
+            if call.fallbacks:  # recorded by whoever learns that no fallback takes it
+                raise fallbacks.FallBack(
+                    refused.code, error, (decision, refused.retry_after_s)
+                ) from None
             decided(self.door, call, decision, refused.code, refused.retry_after_s)
-            raise refusal(503, "service_unavailable", refused) from None
+            raise error from None
         except VALKEY_FAILURES as exc:
             raise admission_unavailable(exc) from None
         call.admitted_ms = grant.admitted_ms  # this grant's charge is the one reconciled
@@ -630,14 +631,10 @@ class Gateway:
                 code="upstream_error",
             )
             raise fallbacks.FallBack("upstream_error", error)
-        body = await response.peek(fallbacks.MAX_ERROR_BYTES)
-        if fallbacks.context_too_long(body):
+        too_long = fallbacks.context_too_long(await response.peek(fallbacks.MAX_ERROR_BYTES))
+        if too_long is not None:
             response.close()
-            error = GatewayError(
-                400, orjson.loads(body).get("error", {}).get("message", "") or "Prompt too long.",
-                code="context_length_exceeded", param="messages",
-            )  # fmt: skip
-            raise fallbacks.FallBack("context_length", error)
+            raise fallbacks.FallBack("context_length", too_long)
 
     async def _relay_checked(
         self, call: Call, guard: GuardPlan, response: Any, meter: UsageMeter, send: Send

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import orjson
+
 from gateway.call import Call
 from gateway.errors import GatewayError
 from gateway.front_door import (
@@ -25,6 +27,7 @@ from gateway.front_door import (
     rebuilt_body,
     resolve_model,
 )
+from gateway.metrics import Decision
 from gateway.policy import Policy
 from gateway.scheduling import Ticket
 
@@ -40,10 +43,15 @@ class FallBack(Exception):
     """The model refused ``call`` for capacity before any byte reached the client: ``error``
     is what the client gets if no fallback can serve it."""
 
-    def __init__(self, reason: str, error: GatewayError) -> None:
+    def __init__(
+        self, reason: str, error: GatewayError, decision: tuple[Decision, int] | None = None
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
+        # The admission decision (and its Retry-After) the refusal is, should no fallback
+        # take the request: a queue's refusal is recorded as it is without fallbacks.
+        self.decision = decision
 
 
 def chain_for(policy: Policy, call: Call) -> tuple[str, ...]:
@@ -68,9 +76,21 @@ def waiting_ticket(policy: Policy, call: Call, ticket: Ticket) -> Ticket:
     return replace(ticket, queue_timeout_s=max(wait, 0.001), plan=None)
 
 
-def context_too_long(body: bytes) -> bool:
-    """A 400 from vLLM that says the prompt does not fit the model's context."""
-    return any(message in body for message in _CONTEXT_MESSAGES)
+def context_too_long(body: bytes) -> GatewayError | None:
+    """A 400 from vLLM that says the prompt does not fit the model's context, as the error
+    the client gets if no fallback takes the request; None for any other 400."""
+    if not any(message in body for message in _CONTEXT_MESSAGES):
+        return None
+    try:
+        message = orjson.loads(body)["error"]["message"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        message = None
+    return GatewayError(
+        400,
+        message if isinstance(message, str) and message else "The prompt is too long.",
+        code="context_length_exceeded",
+        param="messages",
+    )
 
 
 def fall_back(door: FrontDoor, call: Call, policy: Policy, refused: FallBack) -> bool:

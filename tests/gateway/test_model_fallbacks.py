@@ -25,6 +25,7 @@ import pytest
 import valkey
 
 from gateway.accounting import DECISIONS_STREAM
+from gateway.fallbacks import context_too_long
 from ops.processes import wait_until
 from testkit.async_tasks import wait_ended
 from testkit.module_stack import module_stack
@@ -242,3 +243,17 @@ def test_an_async_task_falls_back_in_the_batcher_as_at_the_front_door(world: Wor
     assert ended["result"]["model"] == SERVED["small"], ended
     assert int(ended["attempts"]) == 0, ended
     assert usage_models(world.valkey, task_id) == [b"small"]
+
+
+def test_a_context_refusal_is_told_from_other_400s_whatever_its_body() -> None:
+    """vLLM's words decide; the client's error keeps vLLM's message when there is one, and a
+    body cut short or not JSON still gives a clear error, not a crash."""
+    said = b'{"error": {"message": "This model\'s maximum context length is 64 tokens."}}'
+    error = context_too_long(said)
+    assert error is not None
+    assert (error.status, error.code) == (400, "context_length_exceeded")
+    assert error.message == "This model's maximum context length is 64 tokens."
+    cut = context_too_long(b'{"error": {"message": "This model\'s maximum context length is')
+    assert cut is not None
+    assert cut.message == "The prompt is too long."
+    assert context_too_long(b'{"error": {"message": "temperature must be >= 0"}}') is None
